@@ -1,0 +1,36 @@
+# The README's two quickstart commands: `make run` and `make test`.
+# Both create .venv with the system python3 and install the project from pyproject.toml.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/overspill serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+demo: $(STAMP)
+	$(BIN)/overspill demo
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/placement_bench.py
+	$(BIN)/python benchmarks/submit_load_bench.py
+
+clean:
+	rm -rf $(VENV) .overspill .pytest_cache

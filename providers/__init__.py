@@ -1,0 +1,1 @@
+"""Provider adapters: the shared domain types and one small contract per kind of capacity."""

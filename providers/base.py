@@ -1,0 +1,154 @@
+"""The one small contract every compute provider implements, its typed errors and optional capabilities.
+
+Contract (asynchronous and eventually consistent, after Ray autoscaler v2 and Karpenter):
+- `launch(request)` is idempotent on `request.launch_token`: calling it again with the same token returns the
+  instance the first call made and never makes a second one.
+- `terminate(instance_id)` converges: an unknown or already-gone instance is success.
+- `get(instance_id)` returns the provider's current view or raises `NotFound`.
+- `list_instances()` returns only instances carrying this broker's tags.
+SDK clients are injected by the caller, so tests hand real clients pointed at local servers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from providers.model import JobSpec, Offering, PressureSample, Tags
+
+
+class InstanceState(StrEnum):
+    PENDING = "pending"  # requested, not yet running (for on-prem: queued)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # the job's command exited 0
+    FAILED = "failed"  # the job's command failed
+    PREEMPTED = "preempted"  # reclaimed by the provider
+    TERMINATED = "terminated"  # stopped by us
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (InstanceState.PENDING, InstanceState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """Everything a provider needs to start one job attempt."""
+
+    offering: Offering
+    launch_token: str
+    tags: Tags
+    spec: JobSpec
+    remaining_work_hours: Decimal
+    resume_from: str | None = None
+    checkpoint_interval_hours: Decimal = Decimal("0.5")
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A provider's view of one instance. `checkpointed_work_hours` is the work saved so far, when known."""
+
+    id: str
+    provider: str
+    offering_key: str
+    launch_token: str
+    state: InstanceState
+    tags: dict[str, str]
+    launched_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    checkpointed_work_hours: Decimal | None = None
+    detail: str = ""
+
+
+class Scope(StrEnum):
+    """How far a failure reaches, so failover blocklists the right thing."""
+
+    ZONE = "zone"
+    REGION = "region"
+    PROVIDER = "provider"
+    REQUEST = "request"
+
+
+class ProviderError(Exception):
+    """Base of every provider failure. `scope` says what to avoid on retry; `retryable` whether to retry."""
+
+    scope: Scope = Scope.REQUEST
+    retryable: bool = False
+
+    def __init__(self, message: str, *, provider: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.detail = detail
+
+
+class InsufficientCapacity(ProviderError):
+    scope = Scope.ZONE
+    retryable = True
+
+
+class QuotaExceeded(ProviderError):
+    scope = Scope.REGION
+    retryable = True
+
+
+class Throttled(ProviderError):
+    scope = Scope.REQUEST
+    retryable = True
+
+
+class AuthError(ProviderError):
+    scope = Scope.PROVIDER
+
+
+class NotFound(ProviderError):
+    scope = Scope.REQUEST
+
+
+class InvalidRequest(ProviderError):
+    scope = Scope.REQUEST
+
+
+@runtime_checkable
+class ComputeProvider(Protocol):
+    """Launch, watch and stop capacity on one provider. See the module docstring for the contract."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> Instance: ...
+
+    def terminate(self, instance_id: str) -> None: ...
+
+    def get(self, instance_id: str) -> Instance: ...
+
+    def list_instances(self) -> list[Instance]: ...
+
+
+@runtime_checkable
+class OfferingSource(Protocol):
+    """A provider that can list its pools with current prices (a price feed)."""
+
+    name: str
+
+    def offerings(self, now: datetime) -> list[Offering]: ...
+
+
+@runtime_checkable
+class QueuePressureSource(Protocol):
+    """An on-prem scheduler that reports how backed up its GPU queue is."""
+
+    name: str
+
+    def pressure(self, now: datetime) -> list[PressureSample]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionNotice:
+    instance_id: str
+    provider: str
+    kind: str  # "interruption" | "rebalance"
+    at: datetime
+    action_at: datetime | None = None
+    raw: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,261 @@
+"""Domain model shared by every layer: offerings, job specs, placements, checkpoints and cost entries.
+
+Pure dataclasses with no I/O. Money is `Decimal` in USD (fields end in `_usd`), times are tz-aware UTC
+(fields end in `_at`), durations are hours as `Decimal` where they feed money and `float` only inside scoring.
+Enums are `StrEnum` whose lowercase values are also the wire values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+
+ZERO_USD = Decimal("0")
+CENT = Decimal("0.01")
+MICRO_USD = Decimal("0.000001")
+
+
+class CapacityType(StrEnum):
+    """How a pool's capacity is bought."""
+
+    ON_PREM = "on_prem"
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+    RESERVED = "reserved"
+
+
+class JobState(StrEnum):
+    """Life of a job in the broker.
+
+    pending: waiting to be placed (the job's `wait_reason` says why it is not running yet);
+    running: a placement is launching or running; paused: stopped because its budget cannot finish it;
+    succeeded / failed / cancelled: terminal.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class PlacementState(StrEnum):
+    """Life of one attempt to run a job on one offering."""
+
+    LAUNCHING = "launching"  # recorded, launch requested (idempotent on the launch token)
+    QUEUED = "queued"  # accepted by the pool but not started (on-prem queue)
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # terminated by the broker (cancel, ceiling, re-placement)
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            PlacementState.PREEMPTED,
+            PlacementState.SUCCEEDED,
+            PlacementState.FAILED,
+            PlacementState.STOPPED,
+        )
+
+
+class CostKind(StrEnum):
+    """What a ledger entry pays for."""
+
+    COMPUTE = "compute"
+    WASTED = "wasted"  # compute whose work was lost to a preemption (already counted once as compute)
+    EGRESS = "egress"
+    STORAGE = "storage"
+    CORRECTION = "correction"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """An hourly price with its provenance."""
+
+    hourly_usd: Decimal
+    source: str
+    observed_at: datetime
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Offering:
+    """One pool: an instance type in a zone at a capacity type, with its current price.
+
+    `key` identifies the pool across price refreshes. `interruption_rate_per_hour` is the expected number of
+    reclaims per running hour (0 for on-demand and on-prem). `expected_wait_hours` is how long a job would queue
+    before starting (on-prem pressure; 0 for clouds). `available` is False when the provider knows the pool has no
+    capacity right now.
+    """
+
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    accelerator: str
+    accelerator_count: int
+    gpu_memory_gib: int
+    vcpus: int
+    memory_gib: Decimal
+    capacity_type: CapacityType
+    price: Price
+    interruption_rate_per_hour: float = 0.0
+    egress_usd_per_gb: Decimal = ZERO_USD
+    expected_wait_hours: float = 0.0
+    available: bool = True
+    simulated: bool = False
+
+    @property
+    def key(self) -> str:
+        return offering_key(self.provider, self.region, self.zone, self.instance_type, self.capacity_type)
+
+    @property
+    def hourly_usd(self) -> Decimal:
+        return self.price.hourly_usd
+
+
+def offering_key(provider: str, region: str, zone: str, instance_type: str, capacity_type: str) -> str:
+    """The stable identity of a pool, e.g. `aws/us-east-1/us-east-1a/p4d.24xlarge/spot`."""
+    return f"{provider}/{region}/{zone}/{instance_type}/{capacity_type}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user asks for. Validated at the API edge; here it is trusted.
+
+    Work is given either as `work_gpu_hours` (divided over `gpu_count` GPUs) or as `runtime_hours` of wall time;
+    `work_hours` gives the wall-clock hours the job needs on `gpu_count` GPUs. `max_total_usd` is a promise: the
+    sum of every attempt's spend never exceeds it. `max_hourly_usd` caps the price of any pool the job runs on.
+    """
+
+    tenant: str
+    team: str
+    project: str
+    name: str
+    image: str
+    command: tuple[str, ...]
+    accelerators: tuple[str, ...]
+    gpu_count: int
+    max_total_usd: Decimal
+    min_gpu_memory_gib: int = 0
+    cpus: int = 0
+    memory_gib: Decimal = ZERO_USD
+    work_gpu_hours: Decimal | None = None
+    runtime_hours: Decimal | None = None
+    deadline_at: datetime | None = None
+    max_hourly_usd: Decimal | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_size_gb: Decimal = ZERO_USD
+    allowed_providers: tuple[str, ...] = ()
+    allowed_regions: tuple[str, ...] = ()
+    priority: int = 0
+    preemptible: bool = True
+
+    @property
+    def work_hours(self) -> Decimal:
+        if self.runtime_hours is not None:
+            return self.runtime_hours
+        assert self.work_gpu_hours is not None, "a JobSpec needs work_gpu_hours or runtime_hours"
+        return self.work_gpu_hours / Decimal(self.gpu_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One attempt to run a job on one offering. `launch_token` makes the launch idempotent."""
+
+    id: str
+    job_id: str
+    offering_key: str
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    capacity_type: CapacityType
+    hourly_usd: Decimal
+    on_demand_hourly_usd: Decimal
+    launch_token: str
+    state: PlacementState
+    created_at: datetime
+    instance_id: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A saved state of a job: where it lives and how much work it holds."""
+
+    job_id: str
+    uri: str
+    size_gb: Decimal
+    progress_hours: Decimal
+    provider: str
+    region: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CostEntry:
+    """One append-only ledger line. `on_demand_usd` is what the same usage would have cost on-demand."""
+
+    job_id: str
+    placement_id: str | None
+    tenant: str
+    team: str
+    project: str
+    provider: str
+    capacity_type: CapacityType
+    kind: CostKind
+    period_start_at: datetime
+    period_end_at: datetime
+    hourly_usd: Decimal
+    usd: Decimal
+    on_demand_usd: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class PressureSample:
+    """On-prem queue pressure for one GPU type at one moment."""
+
+    accelerator: str
+    total_gpus: int
+    free_gpus: int
+    pending_jobs: int
+    pending_gpus: int
+    expected_wait_hours: float
+    observed_at: datetime
+    source: str = "simulated"
+
+
+def hours_between(start: datetime, end: datetime) -> Decimal:
+    """Exact hours between two instants as Decimal (microsecond resolution)."""
+    delta: timedelta = end - start
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return Decimal(micros) / Decimal(3_600_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Tags:
+    """The tags every instance the broker launches carries, so `list` can find ours and only ours."""
+
+    broker_id: str
+    job_id: str
+    placement_id: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "overspill:broker": self.broker_id,
+            "overspill:job": self.job_id,
+            "overspill:placement": self.placement_id,
+            **self.extra,
+        }
