@@ -1,0 +1,1 @@
+"""Built-in simulated pools (a cloud market and an on-prem cluster), deterministic under a seed."""
