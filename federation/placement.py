@@ -1,0 +1,255 @@
+"""Placement: which pool should run a job, at what expected total cost, and why every other pool was rejected.
+
+Expected total cost of running the job's remaining work on a pool:
+
+    run_hours = remaining_work x (1 + rate x (checkpoint_interval / 2 + restart)) + startup
+    cost      = hourly_price x run_hours + egress_per_gb x checkpoint_size (when the checkpoint lives elsewhere)
+
+where `rate` is the pool's expected interruptions per hour: each reclaim loses on average half a checkpoint
+interval of work plus a restart. Pools are ranked by `cost + wait_hours x gpus x wait_value` (the value of GPU
+time lost while queuing; 0 ranks by cost alone), ties broken by finish time and then pool key, so a decision is
+deterministic. A pool is rejected with a reason when it does not fit the job (permanent reasons: the job could
+never run there) or does not fit right now (price over a ceiling, deadline missed, no capacity, blocklisted).
+
+`quote` explains every relevant pool; `place` is the fast path used per decision: it walks each accelerator's
+pools in price order and stops once price alone cannot beat the best candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from enum import StrEnum
+
+from pricing.book import PriceBook
+from providers.model import CENT, CapacityType, JobSpec, Offering
+
+
+class RejectReason(StrEnum):
+    WRONG_ACCELERATOR = "wrong_accelerator"
+    TOO_FEW_GPUS = "too_few_gpus"
+    GPU_MEMORY = "gpu_memory_too_small"
+    TOO_FEW_CPUS = "too_few_cpus"
+    TOO_LITTLE_MEMORY = "too_little_memory"
+    PROVIDER_NOT_ALLOWED = "provider_not_allowed"
+    REGION_NOT_ALLOWED = "region_not_allowed"
+    NOT_PREEMPTIBLE = "job_not_preemptible"
+    UNAVAILABLE = "no_capacity"
+    BLOCKLISTED = "blocklisted"
+    OVER_HOURLY_CEILING = "over_hourly_ceiling"
+    OVER_TOTAL_CEILING = "over_total_ceiling"
+    MISSES_DEADLINE = "misses_deadline"
+
+    @property
+    def permanent(self) -> bool:
+        """True when the pool could never run this job, whatever prices or capacity do."""
+        return self in _PERMANENT
+
+
+_PERMANENT = frozenset(
+    {
+        RejectReason.WRONG_ACCELERATOR,
+        RejectReason.TOO_FEW_GPUS,
+        RejectReason.GPU_MEMORY,
+        RejectReason.TOO_FEW_CPUS,
+        RejectReason.TOO_LITTLE_MEMORY,
+        RejectReason.PROVIDER_NOT_ALLOWED,
+        RejectReason.REGION_NOT_ALLOWED,
+        RejectReason.NOT_PREEMPTIBLE,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementParams:
+    """Tunables of the cost model. Hours are floats: they only feed scoring."""
+
+    checkpoint_interval_hours: float = 0.5
+    restart_hours: float = 0.1
+    cloud_startup_hours: float = 0.05
+    wait_value_usd_per_gpu_hour: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementContext:
+    """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region` and
+    `provider/region/zone` keys to avoid; `checkpoint_at` is `(provider, region)` of the latest checkpoint."""
+
+    now: datetime
+    remaining_work_hours: Decimal
+    spent_usd: Decimal = Decimal("0")
+    blocklist: frozenset[str] = frozenset()
+    checkpoint_at: tuple[str, str] | None = None
+    checkpoint_egress_usd_per_gb: Decimal = Decimal("0")
+    params: PlacementParams = field(default_factory=PlacementParams)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    offering: Offering
+    expected_cost_usd: Decimal
+    expected_run_hours: float
+    expected_wait_hours: float
+    expected_finish_at: datetime
+    transfer_usd: Decimal
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    offering: Offering
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """Ranked candidates (best first) and a reason for every rejected pool."""
+
+    candidates: tuple[Candidate, ...]
+    rejections: tuple[Rejection, ...]
+    other_accelerator_pools: int = 0
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def ever_feasible(self) -> bool:
+        """False when every pool is rejected for a permanent reason: the job can never run anywhere."""
+        return bool(self.candidates) or any(not r.reason.permanent for r in self.rejections)
+
+    def wait_reason(self) -> str:
+        """Why the job cannot be placed now, naming the cheapest blocked pool."""
+        if self.candidates:
+            return ""
+        transient = [r for r in self.rejections if not r.reason.permanent]
+        if not transient:
+            return "no pool fits this job's shape and constraints"
+        cheapest = min(transient, key=lambda r: (r.offering.price.hourly_usd, r.offering.key))
+        return f"{cheapest.reason.value}: {cheapest.message} (cheapest suitable pool {cheapest.offering.key})"
+
+
+def _shape_rejection(job: JobSpec, off: Offering) -> Rejection | None:
+    if off.accelerator not in job.accelerators:
+        return Rejection(off, RejectReason.WRONG_ACCELERATOR, f"pool has {off.accelerator}")
+    if off.accelerator_count < job.gpu_count:
+        return Rejection(
+            off, RejectReason.TOO_FEW_GPUS, f"pool has {off.accelerator_count} GPUs, job needs {job.gpu_count}"
+        )
+    if off.gpu_memory_gib < job.min_gpu_memory_gib:
+        return Rejection(
+            off,
+            RejectReason.GPU_MEMORY,
+            f"pool GPUs have {off.gpu_memory_gib} GiB, job needs {job.min_gpu_memory_gib}",
+        )
+    if off.vcpus < job.cpus:
+        return Rejection(off, RejectReason.TOO_FEW_CPUS, f"pool has {off.vcpus} vCPUs, job needs {job.cpus}")
+    if off.memory_gib < job.memory_gib:
+        return Rejection(
+            off, RejectReason.TOO_LITTLE_MEMORY, f"pool has {off.memory_gib} GiB, job needs {job.memory_gib}"
+        )
+    if job.allowed_providers and off.provider not in job.allowed_providers:
+        return Rejection(off, RejectReason.PROVIDER_NOT_ALLOWED, f"provider {off.provider} not allowed")
+    if job.allowed_regions and off.region not in job.allowed_regions:
+        return Rejection(off, RejectReason.REGION_NOT_ALLOWED, f"region {off.region} not allowed")
+    if off.capacity_type is CapacityType.SPOT and not job.preemptible:
+        return Rejection(off, RejectReason.NOT_PREEMPTIBLE, "spot pool, job is not preemptible")
+    return None
+
+
+def evaluate(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rejection:
+    """Judge one pool for one job: a Candidate with its expected cost, or a Rejection with its reason."""
+    shape = _shape_rejection(job, off)
+    if shape is not None:
+        return shape
+    if not off.available:
+        return Rejection(off, RejectReason.UNAVAILABLE, "provider reports no capacity")
+    if ctx.blocklist and (
+        off.provider in ctx.blocklist
+        or f"{off.provider}/{off.region}" in ctx.blocklist
+        or f"{off.provider}/{off.region}/{off.zone}" in ctx.blocklist
+    ):
+        return Rejection(off, RejectReason.BLOCKLISTED, "recent launch failure here")
+    hourly = off.price.hourly_usd
+    if job.max_hourly_usd is not None and hourly > job.max_hourly_usd:
+        return Rejection(
+            off,
+            RejectReason.OVER_HOURLY_CEILING,
+            f"${hourly}/h is over max_hourly_usd ${job.max_hourly_usd}/h",
+        )
+    p = ctx.params
+    work = float(ctx.remaining_work_hours)
+    overhead = 1.0 + off.interruption_rate_per_hour * (p.checkpoint_interval_hours / 2 + p.restart_hours)
+    startup = 0.0 if off.capacity_type is CapacityType.ON_PREM else p.cloud_startup_hours
+    run_hours = work * overhead + startup
+    transfer = Decimal("0")
+    if ctx.checkpoint_at is not None and (off.provider, off.region) != ctx.checkpoint_at:
+        transfer = ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
+    cost = (hourly * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
+    if ctx.spent_usd + cost > job.max_total_usd:
+        left = job.max_total_usd - ctx.spent_usd
+        return Rejection(
+            off,
+            RejectReason.OVER_TOTAL_CEILING,
+            f"expected ${cost} exceeds the ${left} left of max_total_usd ${job.max_total_usd}",
+        )
+    wait = off.expected_wait_hours
+    finish = ctx.now + timedelta(hours=wait + run_hours)
+    if job.deadline_at is not None and finish > job.deadline_at:
+        return Rejection(
+            off,
+            RejectReason.MISSES_DEADLINE,
+            f"expected finish {finish.isoformat(timespec='minutes')} is after the deadline",
+        )
+    score = float(cost) + wait * job.gpu_count * p.wait_value_usd_per_gpu_hour
+    return Candidate(off, cost, run_hours, wait, finish, transfer, score)
+
+
+def _rank_key(c: Candidate) -> tuple[float, datetime, str]:
+    return (c.score, c.expected_finish_at, c.offering.key)
+
+
+def quote(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Quote:
+    """Every pool of the job's accelerators judged, candidates ranked best first.
+
+    Pools of other accelerators are rejected for one obvious reason; they are counted, not listed.
+    """
+    candidates: list[Candidate] = []
+    rejections: list[Rejection] = []
+    relevant = 0
+    for group in book.for_accelerators(job.accelerators):
+        relevant += len(group)
+        for item in group:
+            verdict = evaluate(job, item.offering, ctx)
+            if isinstance(verdict, Candidate):
+                candidates.append(verdict)
+            else:
+                rejections.append(verdict)
+    candidates.sort(key=_rank_key)
+    rejections.sort(key=lambda r: (r.offering.price.hourly_usd, r.offering.key))
+    return Quote(tuple(candidates), tuple(rejections), other_accelerator_pools=len(book) - relevant)
+
+
+def place(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Candidate | None:
+    """The best pool for the job now, or None (then `quote` explains why). Same ranking as `quote`."""
+    best: Candidate | None = None
+    work = float(ctx.remaining_work_hours)
+    max_hourly = float(job.max_hourly_usd) if job.max_hourly_usd is not None else float("inf")
+    for group in book.for_accelerators(job.accelerators):
+        for item in group:
+            if item.hourly > max_hourly:
+                break  # sorted by price: every later pool is over the hourly ceiling too
+            if best is not None and item.hourly * work - 0.005 > best.score:
+                break  # even with no overhead, transfer or wait this pool costs more than the best
+            verdict = evaluate(job, item.offering, ctx)
+            if isinstance(verdict, Candidate) and (best is None or _rank_key(verdict) < _rank_key(best)):
+                best = verdict
+    return best
+
+
+def ever_feasible(job: JobSpec, offerings: Iterable[Offering]) -> bool:
+    """True when at least one pool fits the job's shape and constraints (prices and capacity aside)."""
+    return any(_shape_rejection(job, off) is None for off in offerings)

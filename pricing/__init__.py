@@ -1,0 +1,1 @@
+"""Price feeds and the PriceBook: current prices of every offering, with source and freshness."""

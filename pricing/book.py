@@ -1,0 +1,72 @@
+"""The PriceBook: an immutable snapshot of every offering with its current price, indexed for placement.
+
+A snapshot is built once per refresh and then only read, so placement never sees a half-updated catalog.
+Offerings are grouped by canonical accelerator name and sorted by hourly price, which lets placement stop
+scanning as soon as price alone rules out beating the best candidate found so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from providers.model import Offering
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedOffering:
+    """An offering with its price as a float for scoring (money stays Decimal in the Offering)."""
+
+    hourly: float
+    offering: Offering
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    """Current offerings, by key and by accelerator. Build with `PriceBook.build`."""
+
+    built_at: datetime
+    by_key: dict[str, Offering]
+    by_accelerator: dict[str, tuple[IndexedOffering, ...]]
+    feed_observed_at: dict[str, datetime] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        offerings: Iterable[Offering],
+        built_at: datetime,
+        feed_observed_at: dict[str, datetime] | None = None,
+    ) -> PriceBook:
+        by_key: dict[str, Offering] = {}
+        for off in offerings:
+            by_key[off.key] = off
+        groups: dict[str, list[IndexedOffering]] = {}
+        for off in by_key.values():
+            groups.setdefault(off.accelerator, []).append(IndexedOffering(float(off.price.hourly_usd), off))
+        by_acc = {acc: tuple(sorted(items, key=lambda i: (i.hourly, i.offering.key))) for acc, items in groups.items()}
+        return cls(built_at, by_key, by_acc, dict(feed_observed_at or {}))
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def __iter__(self) -> Iterator[Offering]:
+        return iter(self.by_key.values())
+
+    def get(self, key: str) -> Offering | None:
+        return self.by_key.get(key)
+
+    def for_accelerators(self, names: Iterable[str]) -> list[tuple[IndexedOffering, ...]]:
+        return [self.by_accelerator[n] for n in names if n in self.by_accelerator]
+
+    def with_provider(self, provider: str, offerings: Iterable[Offering], built_at: datetime) -> PriceBook:
+        """A new snapshot with one provider's offerings replaced (the others shared, unchanged)."""
+        kept = (o for o in self.by_key.values() if o.provider != provider)
+        return PriceBook.build([*kept, *offerings], built_at, self.feed_observed_at)
+
+    def on_demand_price(self, offering: Offering) -> Offering | None:
+        """The on-demand twin of a pool (same provider, zone and type), for counterfactual costs."""
+        if offering.capacity_type.value in ("on_demand", "on_prem"):
+            return offering
+        twin = f"{offering.provider}/{offering.region}/{offering.zone}/{offering.instance_type}/on_demand"
+        return self.by_key.get(twin)

@@ -1,0 +1,84 @@
+"""Builders for test inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def job_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "resnet-finetune",
+        "team": "vision",
+        "project": "atlas",
+        "image": "ghcr.io/acme/train:1.0",
+        "command": ["python", "train.py"],
+        "accelerators": ["A100"],
+        "gpu_count": 1,
+        "work_gpu_hours": "2",
+        "max_total_usd": "50",
+    }
+    body.update(overrides)
+    return body
+
+
+def offering(
+    *,
+    provider: str = "aws",
+    region: str = "us-east-1",
+    zone: str = "us-east-1a",
+    instance_type: str = "p4d.24xlarge",
+    accelerator: str = "A100",
+    count: int = 8,
+    gpu_memory: int = 40,
+    vcpus: int = 96,
+    memory: str = "1152",
+    capacity: str = "spot",
+    price: str = "10",
+    rate: float = 0.0,
+    egress: str = "0.09",
+    wait: float = 0.0,
+    available: bool = True,
+) -> Any:
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from providers.model import CapacityType, Offering, Price
+
+    return Offering(
+        provider=provider,
+        region=region,
+        zone=zone,
+        instance_type=instance_type,
+        accelerator=accelerator,
+        accelerator_count=count,
+        gpu_memory_gib=gpu_memory,
+        vcpus=vcpus,
+        memory_gib=Decimal(memory),
+        capacity_type=CapacityType(capacity),
+        price=Price(Decimal(price), "test", datetime(2026, 11, 2, tzinfo=UTC)),
+        interruption_rate_per_hour=rate,
+        egress_usd_per_gb=Decimal(egress),
+        expected_wait_hours=wait,
+        available=available,
+    )
+
+
+def spec(**overrides: Any) -> Any:
+    from decimal import Decimal
+
+    from providers.model import JobSpec
+
+    fields: dict[str, Any] = {
+        "tenant": "t",
+        "team": "vision",
+        "project": "atlas",
+        "name": "job",
+        "image": "img",
+        "command": (),
+        "accelerators": ("A100",),
+        "gpu_count": 8,
+        "max_total_usd": Decimal("1000"),
+        "work_gpu_hours": Decimal("80"),
+    }
+    fields.update(overrides)
+    return JobSpec(**fields)

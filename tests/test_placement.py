@@ -1,0 +1,129 @@
+"""Placement decisions (federation/placement.py): filters with reasons, expected total cost, ceilings, ties."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from federation.placement import (
+    Candidate,
+    PlacementContext,
+    PlacementParams,
+    RejectReason,
+    evaluate,
+    place,
+    quote,
+)
+from pricing.book import PriceBook
+from tests.builders import offering, spec
+
+NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+
+
+def ctx(**kw: object) -> PlacementContext:
+    base: dict[str, object] = {"now": NOW, "remaining_work_hours": Decimal("10")}
+    base.update(kw)
+    return PlacementContext(**base)  # type: ignore[arg-type]
+
+
+def test_expected_cost_includes_preemption_overhead_and_transfer() -> None:
+    off = offering(price="10", rate=0.2, region="us-west-2", zone="us-west-2a")
+    params = PlacementParams(checkpoint_interval_hours=0.5, restart_hours=0.1, cloud_startup_hours=0.0)
+    c = evaluate(
+        spec(checkpoint_size_gb=Decimal("100")),
+        off,
+        ctx(params=params, checkpoint_at=("aws", "us-east-1"), checkpoint_egress_usd_per_gb=Decimal("0.02")),
+    )
+    assert isinstance(c, Candidate)
+    # 10 h x (1 + 0.2 x (0.25 + 0.1)) = 10.7 h at $10 = $107, plus 100 GB x $0.02 = $2
+    assert abs(c.expected_run_hours - 10.7) < 1e-9
+    assert c.transfer_usd == Decimal("2.00")
+    assert c.expected_cost_usd == Decimal("109.00")
+
+
+def test_no_transfer_when_checkpoint_is_local() -> None:
+    c = evaluate(
+        spec(checkpoint_size_gb=Decimal("100")),
+        offering(),
+        ctx(checkpoint_at=("aws", "us-east-1"), checkpoint_egress_usd_per_gb=Decimal("0.09")),
+    )
+    assert isinstance(c, Candidate) and c.transfer_usd == 0
+
+
+def test_rejections_carry_reasons() -> None:
+    cases = [
+        (offering(accelerator="V100"), spec(), RejectReason.WRONG_ACCELERATOR),
+        (offering(count=4), spec(), RejectReason.TOO_FEW_GPUS),
+        (offering(gpu_memory=40), spec(min_gpu_memory_gib=80), RejectReason.GPU_MEMORY),
+        (offering(vcpus=8), spec(cpus=16), RejectReason.TOO_FEW_CPUS),
+        (offering(memory="64"), spec(memory_gib=Decimal("128")), RejectReason.TOO_LITTLE_MEMORY),
+        (offering(provider="gcp"), spec(allowed_providers=("aws",)), RejectReason.PROVIDER_NOT_ALLOWED),
+        (offering(), spec(allowed_regions=("eu-west-1",)), RejectReason.REGION_NOT_ALLOWED),
+        (offering(), spec(preemptible=False), RejectReason.NOT_PREEMPTIBLE),
+        (offering(available=False), spec(), RejectReason.UNAVAILABLE),
+        (offering(price="50"), spec(max_hourly_usd=Decimal("40")), RejectReason.OVER_HOURLY_CEILING),
+        (offering(price="50"), spec(max_total_usd=Decimal("400")), RejectReason.OVER_TOTAL_CEILING),
+        (offering(wait=20), spec(deadline_at=NOW + timedelta(hours=12)), RejectReason.MISSES_DEADLINE),
+    ]
+    for off, job, reason in cases:
+        verdict = evaluate(job, off, ctx())
+        assert not isinstance(verdict, Candidate), reason
+        assert verdict.reason is reason
+        assert verdict.message
+
+
+def test_blocklist_scopes() -> None:
+    off = offering()
+    for key in ("aws", "aws/us-east-1", "aws/us-east-1/us-east-1a"):
+        verdict = evaluate(spec(), off, ctx(blocklist=frozenset({key})))
+        assert not isinstance(verdict, Candidate) and verdict.reason is RejectReason.BLOCKLISTED
+    assert isinstance(evaluate(spec(), off, ctx(blocklist=frozenset({"aws/us-east-1/us-east-1b"}))), Candidate)
+
+
+def test_total_ceiling_counts_what_was_already_spent() -> None:
+    job = spec(max_total_usd=Decimal("120"))
+    off = offering(price="10")
+    assert isinstance(evaluate(job, off, ctx(spent_usd=Decimal("0"))), Candidate)
+    verdict = evaluate(job, off, ctx(spent_usd=Decimal("30")))
+    assert not isinstance(verdict, Candidate) and verdict.reason is RejectReason.OVER_TOTAL_CEILING
+
+
+def test_cheapest_total_cost_wins_not_cheapest_hourly() -> None:
+    risky = offering(zone="us-east-1a", price="9", rate=2.0)  # cheap per hour, reclaimed twice an hour
+    steady = offering(zone="us-east-1b", price="10", rate=0.0)
+    book = PriceBook.build([risky, steady], NOW)
+    best = place(spec(), book, ctx())
+    assert best is not None and best.offering.zone == "us-east-1b"
+    q = quote(spec(), book, ctx())
+    assert [c.offering.zone for c in q.candidates] == ["us-east-1b", "us-east-1a"]
+
+
+def test_place_matches_quote_and_ties_are_deterministic() -> None:
+    offs = [offering(zone=f"us-east-1{z}", price="10") for z in "dcba"]
+    offs += [offering(zone=f"us-east-2{z}", region="us-east-2", price=str(9 + i)) for i, z in enumerate("ab")]
+    book = PriceBook.build(offs, NOW)
+    q = quote(spec(), book, ctx())
+    best = place(spec(), book, ctx())
+    assert best is not None and q.best is not None
+    assert best.offering.key == q.best.offering.key == "aws/us-east-2/us-east-2a/p4d.24xlarge/spot"
+    ties = [c.offering.zone for c in q.candidates if c.offering.price.hourly_usd == 10]
+    assert ties == sorted(ties)
+
+
+def test_wait_value_trades_queue_time_against_price() -> None:
+    onprem = offering(provider="onprem", capacity="on_prem", price="8", wait=30)
+    cloud = offering(price="10")
+    book = PriceBook.build([onprem, cloud], NOW)
+    cheap_only = place(spec(), book, ctx())
+    assert cheap_only is not None and cheap_only.offering.provider == "onprem"
+    valued = place(spec(), book, ctx(params=PlacementParams(wait_value_usd_per_gpu_hour=1.0)))
+    assert valued is not None and valued.offering.provider == "aws"
+
+
+def test_wait_reason_and_feasibility() -> None:
+    book = PriceBook.build([offering(price="50"), offering(accelerator="V100", instance_type="p3.16xlarge")], NOW)
+    q = quote(spec(max_hourly_usd=Decimal("40")), book, ctx())
+    assert q.best is None and q.ever_feasible
+    assert q.wait_reason().startswith("over_hourly_ceiling")
+    q2 = quote(spec(accelerators=("H100",)), book, ctx())
+    assert not q2.ever_feasible and q2.other_accelerator_pools == 2
