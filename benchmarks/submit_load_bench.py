@@ -1,0 +1,602 @@
+"""Submission throughput: `POST /v1/jobs` under concurrent load against uvicorn, on SQLite and on PostgreSQL.
+
+What it measures, per backend (`--db sqlite|postgresql|both`, default both):
+  1. A fresh database: a SQLite file in a temp dir, or a new database on a throw-away PostgreSQL server started
+     from the installed binaries (`tests.pg.start_postgres()`), or on the server given by `--pg-url`.
+  2. One control-loop tick in a subprocess (`broker.cli tick`): migrates, installs the development admin key
+     `ovs_devadmin_local-development-only` and loads the simulated prices, so submissions are checked against a
+     real catalog (set OVERSPILL_SIMULATED=false to skip: the catalog is then empty and so is the check).
+  3. `uvicorn --factory broker.app:app_from_env --workers W` (API only, no control loop) on 127.0.0.1.
+  4. `wrk` POSTing one valid job (A100 x1, 2 GPU-hours, $50 ceiling) with the admin key: `--warmup` seconds
+     unmeasured, then `-t T -c C -d D --latency`. From wrk: requests/s, latency p50/p90/p99, non-2xx answers and
+     socket errors; a Lua `response()` hook also counts answers by status.
+  5. Accounting: the rows added to table `job` during the measured run must equal the 202 answers wrk reported
+     (its total minus non-2xx). Requests still in flight when wrk stops are completed by the server but never
+     counted by wrk, so up to `--connections` extra rows are expected and reported as "in flight".
+  6. CPU seconds the uvicorn processes (and PostgreSQL) used per request, and how many cores uvicorn, wrk and
+     the whole machine kept busy, read from /proc (Linux; other load on the machine shows up there).
+  Optionally (`--py-spy DIR`) one uvicorn worker is sampled with py-spy during the run (only samples holding the
+  GIL: the Python work competing for the worker's one core) and its hottest functions are printed (py-spy must
+  be installed: `pip install py-spy`; its raw collapsed stacks stay in DIR).
+
+All traffic goes to 127.0.0.1. Needs wrk (`apt-get install wrk`) and, for PostgreSQL, its server binaries
+(`apt-get install postgresql`) unless `--pg-url` names a server on which it may create a database.
+
+Run (from the repository root, in the environment where the project is installed):
+    python benchmarks/submit_load_bench.py
+    python benchmarks/submit_load_bench.py --db sqlite --workers 1 --duration 20 --connections 64
+    python benchmarks/submit_load_bench.py --db postgresql --pg-url postgresql://postgres@127.0.0.1:5432/postgres
+    python benchmarks/submit_load_bench.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEV_API_KEY = "ovs_devadmin_local-development-only"
+JOB_BODY: dict[str, Any] = {
+    "name": "resnet-finetune",
+    "team": "vision",
+    "project": "atlas",
+    "image": "ghcr.io/acme/train:1.0",
+    "command": ["python", "train.py"],
+    "accelerators": ["A100"],
+    "gpu_count": 1,
+    "work_gpu_hours": "2",
+    "max_total_usd": "50",
+}
+
+LUA_TEMPLATE = """
+wrk.method = "POST"
+wrk.body = [==[{body}]==]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {key}"
+
+local threads = {{}}
+
+function setup(thread)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  codes = {{}}
+end
+
+function response(status, headers, body)
+  codes[status] = (codes[status] or 0) + 1
+end
+
+function done(summary, latency, requests)
+  local total = {{}}
+  for _, t in ipairs(threads) do
+    for code, n in pairs(t:get("codes")) do
+      total[code] = (total[code] or 0) + n
+    end
+  end
+  for code, n in pairs(total) do
+    io.write(string.format("overspill_status %d %d\\n", code, n))
+  end
+  for _, p in ipairs({{50, 90, 99}}) do
+    io.write(string.format("overspill_latency_us %d %d\\n", p, latency:percentile(p)))
+  end
+  io.write(string.format("overspill_latency_us 100 %d\\n", latency.max))
+end
+"""
+
+
+@dataclass
+class Result:
+    backend: str
+    workers: int
+    connections: int
+    threads: int
+    duration_s: float
+    offerings_seeded: int = 0
+    requests: int = 0
+    requests_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    non_2xx: int = 0
+    socket_errors: dict[str, int] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
+    accepted_reported: int = 0
+    jobs_added: int = 0
+    in_flight_at_stop: int = 0
+    accounting_ok: bool = False
+    server_cpu_ms_per_request: float | None = None
+    server_cores_busy: float | None = None
+    db_cpu_ms_per_request: float | None = None
+    wrk_cores_busy: float | None = None
+    machine_cores_busy: float | None = None
+    hotspots: list[dict[str, Any]] | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def broker_env(database_url: str, data_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OVERSPILL_DATABASE_URL=database_url,
+        OVERSPILL_DATA_DIR=str(data_dir),
+        OVERSPILL_ENV="development",
+        OVERSPILL_BOOTSTRAP_API_KEY=DEV_API_KEY,
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    return env
+
+
+def seed_database(env: dict[str, str], cwd: Path) -> int:
+    """Run one tick (migrate, bootstrap key, simulated prices). Returns how many offerings were refreshed."""
+    cmd = [sys.executable, "-c", "from broker.cli import main; main()", "tick", "--json"]
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"seeding tick failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
+    steps = json.loads(proc.stdout.strip().splitlines()[-1])
+    return sum(int(s["count"]) for s in steps if s["step"] == "refresh_prices")
+
+
+@contextlib.contextmanager
+def uvicorn_server(env: dict[str, str], cwd: Path, workers: int) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "broker.app:app_from_env",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    log_path = cwd / "uvicorn.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(proc, port, log_path)
+        yield proc, port
+    finally:
+        stop_process_group(proc)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{port}/healthz"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"uvicorn exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"uvicorn not healthy on {url} after {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """SIGTERM the server (uvicorn shuts its workers down), SIGKILL its process group if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # any worker left behind
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def process_tree(pid: int) -> list[int]:
+    out = [pid]
+    for child in children(pid):
+        out.extend(process_tree(child))
+    return out
+
+
+def worker_pids(master: int, workers: int) -> list[int]:
+    """uvicorn's worker processes (the master itself when it runs a single worker in-process)."""
+    if workers <= 1:
+        return [master]
+    found = []
+    for child in children(master):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(child)
+    return found or [master]
+
+
+def machine_busy_seconds() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat; None when unreadable."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    values = [int(v) for v in first[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """utime + stime of the given processes (Linux /proc); None when unreadable."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+# ---------------------------------------------------------------------------------------------- databases
+
+
+@dataclass
+class Database:
+    backend: str
+    url: str
+    count_jobs: Callable[[], int]
+    server_pids: Callable[[], list[int]]
+    close: Callable[[], None]
+
+
+def sqlite_database(workdir: Path) -> Database:
+    path = workdir / "overspill.db"
+
+    def count() -> int:
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+            return int(conn.execute("SELECT count(*) FROM job").fetchone()[0])
+
+    return Database("sqlite", f"sqlite:///{path}", count, lambda: [], lambda: None)
+
+
+def postgres_database(pg_url: str | None) -> Database:
+    import psycopg
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from tests.pg import PgServer, start_postgres
+
+    server = PgServer(admin_url=pg_url) if pg_url else start_postgres()
+    try:
+        url = server.create_database()
+    except Exception:
+        server.stop()
+        raise
+
+    def count() -> int:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM job").fetchone()
+            return int(row[0]) if row else 0
+
+    def pids() -> list[int]:
+        if server.data_dir is None:
+            return []  # an external server: not ours to measure
+        try:
+            postmaster = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        return process_tree(postmaster)
+
+    def close() -> None:
+        if server.data_dir is None:  # external server: drop the database we made
+            name = url.rsplit("/", 1)[1]
+            with contextlib.suppress(psycopg.Error), psycopg.connect(server.admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        server.stop()
+
+    return Database("postgresql", url, count, pids, close)
+
+
+# ---------------------------------------------------------------------------------------------- wrk
+
+
+def write_lua(path: Path) -> None:
+    path.write_text(LUA_TEMPLATE.format(body=json.dumps(JOB_BODY), key=DEV_API_KEY))
+
+
+def run_wrk(url: str, script: Path, threads: int, connections: int, seconds: float, timeout: float) -> str:
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{seconds:g}s",
+        f"--timeout={timeout:g}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + timeout + 60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def parse_wrk(out: str, result: Result) -> None:
+    """Fill the result from wrk's report (and the Lua hook's `overspill_*` lines)."""
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    result.requests_per_s = float(m.group(1)) if m else 0.0
+    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", out)
+    result.requests = int(m.group(1)) if m else 0
+    distribution = re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.M)
+    pct = {int(p): float(v) * _UNITS_MS[u] for p, v, u in distribution}
+    lua = {int(p): int(v) / 1000 for p, v in re.findall(r"^overspill_latency_us (\d+) (\d+)$", out, re.M)}
+    result.p50_ms = pct.get(50, lua.get(50, 0.0))
+    result.p90_ms = pct.get(90, lua.get(90, 0.0))
+    result.p99_ms = pct.get(99, lua.get(99, 0.0))
+    result.max_ms = lua.get(100, 0.0)
+    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    result.non_2xx = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    kinds = ("connect", "read", "write", "timeout")
+    result.socket_errors = {k: int(v) for k, v in zip(kinds, m.groups(), strict=True)} if m else dict.fromkeys(kinds, 0)
+    result.statuses = {code: int(n) for code, n in re.findall(r"^overspill_status (\d+) (\d+)$", out, re.M)}
+
+
+# ---------------------------------------------------------------------------------------------- py-spy
+
+
+def find_py_spy() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def summarize_py_spy(raw: Path, top: int = 15) -> list[dict[str, Any]]:
+    """Self and inclusive sample shares per function from py-spy's collapsed-stack output."""
+    self_samples: Counter[str] = Counter()
+    incl_samples: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        frames = [f for f in frames if "(" in f]  # drop process/thread pseudo-frames
+        if not frames:
+            continue
+        total += count
+        self_samples[frames[-1]] += count
+        for f in set(frames):
+            incl_samples[f] += count
+    rows: list[dict[str, Any]] = []
+    for name, n in self_samples.most_common(top):
+        rows.append({"kind": "self", "function": name, "share": round(n / total, 4)})
+    skip = ("<module>", "run (threading.py)", "_bootstrap", "worker (", "spawn_main", "run_until_complete")
+    shown = 0
+    for name, n in incl_samples.most_common():
+        if any(s in name for s in skip):
+            continue
+        rows.append({"kind": "inclusive", "function": name, "share": round(n / total, 4)})
+        shown += 1
+        if shown >= top:
+            break
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- one backend
+
+
+def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., None]) -> Result:
+    result = Result(backend, args.workers, args.connections, args.threads, args.duration)
+    workdir = Path(tempfile.mkdtemp(prefix=f"overspill-bench-{backend}-"))
+    db: Database | None = None
+    try:
+        db = sqlite_database(workdir) if backend == "sqlite" else postgres_database(args.pg_url)
+        env = broker_env(db.url, workdir)
+        say(f"[{backend}] database {db.url}")
+        t0 = time.perf_counter()
+        result.offerings_seeded = seed_database(env, workdir)
+        say(f"[{backend}] migrated and seeded {result.offerings_seeded} offerings in {time.perf_counter() - t0:.1f} s")
+        script = workdir / "submit.lua"
+        write_lua(script)
+        with uvicorn_server(env, workdir, args.workers) as (proc, port):
+            url = f"http://127.0.0.1:{port}/v1/jobs"
+            say(f"[{backend}] uvicorn pid {proc.pid}, {args.workers} worker(s) on {url}")
+            if args.warmup > 0:
+                run_wrk(url, script, args.threads, args.connections, args.warmup, args.timeout)
+            time.sleep(args.settle)
+            before = db.count_jobs()
+            server = process_tree(proc.pid)
+            cpu0, db0, machine0 = cpu_seconds(server), cpu_seconds(db.server_pids()), machine_busy_seconds()
+            spy: subprocess.Popen[bytes] | None = None
+            raw = Path(args.py_spy) / f"{backend}-worker.txt" if args.py_spy else None
+            if raw is not None:
+                spy = start_py_spy(worker_pids(proc.pid, args.workers)[0], raw, args.duration)
+            say(f"[{backend}] wrk -t{args.threads} -c{args.connections} -d{args.duration:g}s ...")
+            wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out = run_wrk(url, script, args.threads, args.connections, args.duration, args.timeout)
+            wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu1, db1, machine1 = (
+                cpu_seconds(process_tree(proc.pid)),
+                cpu_seconds(db.server_pids()),
+                machine_busy_seconds(),
+            )
+            if spy is not None and raw is not None:
+                spy.wait(timeout=60)
+                result.hotspots = summarize_py_spy(raw) if raw.exists() else None
+            time.sleep(args.settle)  # let requests that were in flight when wrk stopped commit
+            after = db.count_jobs()
+        if args.verbose:
+            say(out)
+        parse_wrk(out, result)
+        result.accepted_reported = result.requests - result.non_2xx
+        result.jobs_added = after - before
+        result.in_flight_at_stop = result.jobs_added - result.accepted_reported
+        result.accounting_ok = 0 <= result.in_flight_at_stop <= args.connections
+        if cpu0 is not None and cpu1 is not None and result.requests:
+            result.server_cpu_ms_per_request = round((cpu1 - cpu0) * 1000 / result.requests, 3)
+            result.server_cores_busy = round((cpu1 - cpu0) / args.duration, 2)
+        if machine0 is not None and machine1 is not None and machine1[1] > machine0[1]:
+            share = (machine1[0] - machine0[0]) / (machine1[1] - machine0[1])
+            result.machine_cores_busy = round(share * (os.cpu_count() or 1), 2)
+        wrk_cpu = (wrk1.ru_utime + wrk1.ru_stime) - (wrk0.ru_utime + wrk0.ru_stime)
+        result.wrk_cores_busy = round(wrk_cpu / args.duration, 2)
+        if db0 is not None and db1 is not None and result.requests and backend == "postgresql" and db1 > 0:
+            result.db_cpu_ms_per_request = round((db1 - db0) * 1000 / result.requests, 3)
+    except Exception as exc:  # report and go on with the next backend
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def start_py_spy(pid: int, raw: Path, seconds: float) -> subprocess.Popen[bytes] | None:
+    exe = find_py_spy()
+    if exe is None:
+        print("py-spy not found: pip install py-spy (profiling skipped)", file=sys.stderr)
+        return None
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200"]
+    # --gil: only samples holding the GIL, i.e. the Python work that competes for the worker's one core
+    cmd += ["--gil", "--format", "raw", "--output", str(raw), "--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def print_table(results: Sequence[Result]) -> None:
+    header = (
+        f"{'backend':<11}{'workers':>8}{'conns':>6}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'max ms':>9}{'requests':>10}{'non-2xx':>8}{'sock err':>9}{'jobs +':>8}{'in flight':>10}"
+        f"{'check':>7}{'cpu ms/req':>11}{'db ms/req':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if r.error:
+            print(f"{r.backend:<11} FAILED: {r.error}")
+            continue
+        sock = sum(r.socket_errors.values())
+        cpu = f"{r.server_cpu_ms_per_request:.2f}" if r.server_cpu_ms_per_request is not None else "-"
+        dbc = f"{r.db_cpu_ms_per_request:.2f}" if r.db_cpu_ms_per_request is not None else "-"
+        print(
+            f"{r.backend:<11}{r.workers:>8}{r.connections:>6}{r.requests_per_s:>9.1f}{r.p50_ms:>9.1f}"
+            f"{r.p90_ms:>9.1f}{r.p99_ms:>9.1f}{r.max_ms:>9.1f}{r.requests:>10}{r.non_2xx:>8}{sock:>9}"
+            f"{r.jobs_added:>8}{r.in_flight_at_stop:>10}{'ok' if r.accounting_ok else 'FAIL':>7}{cpu:>11}{dbc:>10}"
+        )
+    for r in results:
+        if r.error:
+            continue
+        extra = []
+        if r.statuses:
+            extra.append("statuses " + ", ".join(f"{k}: {v}" for k, v in sorted(r.statuses.items())))
+        if any(r.socket_errors.values()):
+            extra.append("socket errors " + ", ".join(f"{k} {v}" for k, v in r.socket_errors.items() if v))
+        if r.server_cores_busy is not None:
+            extra.append(f"uvicorn busy {r.server_cores_busy} cores")
+        if r.wrk_cores_busy is not None:
+            extra.append(f"wrk busy {r.wrk_cores_busy} cores")
+        if r.machine_cores_busy is not None:
+            extra.append(f"whole machine busy {r.machine_cores_busy} of {os.cpu_count()} cores")
+        extra.append(f"{r.offerings_seeded} offerings in the catalog")
+        print(f"  {r.backend}: " + "; ".join(extra))
+        if not r.accounting_ok:
+            print(
+                f"  {r.backend}: ACCOUNTING MISMATCH: {r.jobs_added} jobs stored vs {r.accepted_reported} accepted "
+                "answers reported by wrk"
+            )
+        if r.hotspots:
+            print(f"  {r.backend}: hottest functions in one worker (py-spy, share of samples):")
+            for h in r.hotspots:
+                print(f"    {h['kind']:<9} {h['share'] * 100:5.1f}%  {h['function']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent connections (default 32)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first (default 2)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="wrk request timeout, s (default 10)")
+    parser.add_argument("--settle", type=float, default=1.0, help="pause before counting rows, s (default 1)")
+    parser.add_argument("--pg-url", help="admin URL of an existing PostgreSQL (a fresh database is created)")
+    parser.add_argument("--py-spy", metavar="DIR", help="sample one uvicorn worker with py-spy, raw stacks in DIR")
+    parser.add_argument("--verbose", action="store_true", help="also print wrk's own report")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
+    args = parser.parse_args(argv)
+
+    if shutil.which("wrk") is None:
+        print("wrk is not installed: apt-get install wrk (or build it from https://github.com/wg/wrk)")
+        return 2
+    say: Callable[..., None] = (lambda *_: None) if args.json else print
+    backends = ("sqlite", "postgresql") if args.db == "both" else (args.db,)
+    say(
+        f"submit_load_bench: {os.cpu_count()} CPUs, wrk -t{args.threads} -c{args.connections} "
+        f"-d{args.duration:g}s after {args.warmup:g} s warm-up, OVERSPILL_SIMULATED="
+        f"{os.environ.get('OVERSPILL_SIMULATED', 'true')}"
+    )
+    results = [bench_backend(b, args, say) for b in backends]
+    if args.json:
+        print(json.dumps({"cpus": os.cpu_count(), "results": [asdict(r) for r in results]}))
+    else:
+        print()
+        print_table(results)
+    return 1 if any(r.error or not r.accounting_ok for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

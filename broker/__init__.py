@@ -1,0 +1,1 @@
+"""The broker service: FastAPI app, SQLModel persistence, the control loop and the CLI."""

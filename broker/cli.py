@@ -1,0 +1,270 @@
+"""The `overspill` command line: run the broker (serve, tick, demo), use it (submit, jobs, quote, pools) and
+administer it (keys create). Tables for people, `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from broker.client import ApiError, BrokerClient
+
+app = typer.Typer(help="Overspill: burst GPU training jobs to the cheapest suitable pool within a cost ceiling.")
+keys_app = typer.Typer(help="API keys.")
+app.add_typer(keys_app, name="keys")
+console = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="OVERSPILL_URL", help="broker URL")]
+KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")]
+
+
+def _load_spec(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path} must hold one job spec (a mapping)")
+    return data
+
+
+def _fail(exc: ApiError) -> None:
+    err.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="bind address (default OVERSPILL_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default OVERSPILL_PORT or 8000)")] = None,
+    loop: Annotated[bool, typer.Option(help="run the control loop in this process")] = True,
+) -> None:
+    """Run the REST API (and the control loop on an interval)."""
+    import uvicorn
+
+    from broker.app import create_app
+    from broker.settings import DEV_API_KEY, Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = Settings()
+    app_ = create_app(settings, loop=loop)
+    bind_host, bind_port = host or settings.host, port or settings.port
+    console.print(f"[bold]Overspill[/bold] on http://{bind_host}:{bind_port}  (OpenAPI: /docs)")
+    console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
+    if settings.bootstrap_api_key == DEV_API_KEY:
+        console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
+    uvicorn.run(app_, host=bind_host, port=bind_port, log_level="warning")
+
+
+@app.command()
+def tick(
+    loop: Annotated[bool, typer.Option(help="keep ticking every tick_interval_seconds")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run the control loop once (for cron or a serverless schedule)."""
+    import threading
+
+    from broker.loop.runner import run_forever
+    from broker.loop.tick import tick as run_tick
+    from broker.runtime import build_runtime
+    from broker.settings import Settings
+
+    rt = build_runtime(Settings())
+    if loop:
+        run_forever(rt, threading.Event())
+        return
+    report = run_tick(rt, rt.clock())
+    rows = [{"step": s.name, "count": s.count, "seconds": round(s.seconds, 4), "error": s.error} for s in report.steps]
+    if as_json:
+        print(json.dumps(rows))
+    else:
+        table = Table("step", "count", "seconds", "error")
+        for r in rows:
+            table.add_row(r["step"], str(r["count"]), f"{r['seconds']:.3f}", r["error"])
+        console.print(table)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    jobs: Annotated[int, typer.Option(help="number of jobs to submit")] = 24,
+    hours: Annotated[float, typer.Option(help="simulated hours to run")] = 36.0,
+    seed: Annotated[int, typer.Option(help="market seed")] = 7,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a simulated day of bursting in seconds: what ran where, what it cost, what spot saved."""
+    from broker.demo import print_summary, run_demo
+
+    result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json)
+    if as_json:
+        print(json.dumps(result.as_dict(), default=str))
+    else:
+        print_summary(result, Console(width=max(console.width, 120)))
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="job spec, YAML or JSON")],
+    idempotency_key: Annotated[str | None, typer.Option(help="makes retries safe")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit a job."""
+    try:
+        job = BrokerClient(url, api_key).submit(_load_spec(file), idempotency_key)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(job))
+    else:
+        console.print(f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}")
+
+
+@app.command(name="jobs")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help="filter by state")] = None,
+    team: Annotated[str | None, typer.Option(help="filter by team")] = None,
+    limit: Annotated[int, typer.Option(help="page size")] = 50,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List jobs, newest first."""
+    try:
+        page = BrokerClient(url, api_key).jobs(state=state, team=team, limit=limit)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(page))
+        return
+    table = Table("id", "name", "team", "state", "where", "spent", "ceiling", "note")
+    for j in page["items"]:
+        p = j.get("placement") or {}
+        where = f"{p.get('provider')}/{p.get('zone')} {p.get('capacity_type')}" if p else ""
+        table.add_row(
+            j["id"],
+            j["name"],
+            j["team"],
+            j["state"],
+            where,
+            f"${j['spent_usd']}",
+            f"${j['max_total_usd']}",
+            j["wait_reason"][:60],
+        )
+    console.print(table)
+
+
+@app.command()
+def quote(
+    file: Annotated[Path, typer.Argument(help="job spec, YAML or JSON")],
+    limit: Annotated[int, typer.Option(help="pools to show")] = 10,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Rank pools for a job spec without submitting it."""
+    try:
+        q = BrokerClient(url, api_key).quote(_load_spec(file), limit)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(q))
+        return
+    table = Table("#", "pool", "$/h", "expected $", "finish", "wait h")
+    for c in q["candidates"]:
+        o = c["offering"]
+        table.add_row(
+            str(c["rank"]),
+            o["key"],
+            o["hourly_usd"],
+            c["expected_cost_usd"],
+            c["expected_finish_at"][:16],
+            f"{c['expected_wait_hours']:.2f}",
+        )
+    console.print(table)
+    if not q["placeable_now"]:
+        console.print(f"[yellow]not placeable now:[/yellow] {q['wait_reason']}")
+    console.print(f"{q['rejections_total']} pools rejected; first reasons:")
+    for r in q["rejections"][:limit]:
+        console.print(f"  {r['offering_key']}: {r['reason']} ({r['message']})")
+
+
+@app.command()
+def pools(
+    accelerator: Annotated[str | None, typer.Option(help="e.g. A100")] = None,
+    provider: Annotated[str | None, typer.Option(help="e.g. sim-aws")] = None,
+    limit: Annotated[int, typer.Option(help="rows")] = 50,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Pools with live prices and their freshness."""
+    try:
+        rows = BrokerClient(url, api_key).pools(accelerator=accelerator, provider=provider, limit=limit)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table("pool", "gpus", "$/h", "source", "age s", "interrupts/h", "wait h", "sim")
+    for o in rows:
+        table.add_row(
+            o["key"],
+            f"{o['accelerator_count']}x{o['accelerator']}",
+            o["hourly_usd"],
+            o["price_source"],
+            f"{o['age_seconds']:.0f}",
+            f"{o['interruption_rate_per_hour']:.3f}",
+            f"{o['expected_wait_hours']:.2f}",
+            "yes" if o["simulated"] else "",
+        )
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="tenant the key belongs to")],
+    role: Annotated[str, typer.Option(help="admin, submitter or finance")] = "submitter",
+    name: Annotated[str, typer.Option(help="what the key is for")] = "",
+    as_json: JsonFlag = False,
+) -> None:
+    """Create an API key directly in the database (prints it once)."""
+    from broker.auth import Role, create_key
+    from broker.db import make_engine, utcnow
+    from broker.migrate import upgrade
+    from broker.settings import Settings
+
+    try:
+        role_ = Role(role)
+    except ValueError as exc:
+        raise typer.BadParameter("role must be admin, submitter or finance", param_hint="--role") from exc
+    engine = make_engine(Settings())
+    upgrade(engine)
+    key = create_key(engine, tenant=tenant, role=role_, name=name, now=utcnow())
+    if as_json:
+        print(json.dumps({"tenant": tenant, "role": role, "key": key}))
+    else:
+        console.print(f"API key for tenant {tenant!r} ({role}); shown once:\n{key}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""The control loop: `tick(now)` and its idempotent steps."""

@@ -1,0 +1,90 @@
+"""Tick steps that read the outside world: refresh prices (offerings) and sample on-prem queue pressure.
+
+Each feed is refreshed on its own: a failing feed records its error and keeps its last good data; the others go
+on. Writes are upserts, so concurrent replicas refreshing together converge on the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlmodel import Session, col, delete
+
+from broker.catalog import row_from_offering
+from broker.loop.common import upsert
+from broker.runtime import Runtime
+from broker.tables import FeedStatus, OfferingRow, PressureRow
+
+log = logging.getLogger(__name__)
+
+
+def _feed_status(session: Session, name: str, now: datetime, items: int, error: str = "") -> None:
+    row: dict[str, object] = {"name": name, "items": items, "last_error": error[:1000]}
+    if error:
+        row["last_error_at"] = now
+    else:
+        row["last_success_at"] = now
+    upsert(session, FeedStatus, [row], ["name"])
+
+
+def refresh_prices(rt: Runtime, now: datetime) -> int:
+    """Fetch every offering source; replace each provider's rows with what it returned. Returns rows written."""
+    written = 0
+    for source in rt.offering_sources:
+        feed = f"prices:{source.name}"
+        try:
+            offerings = source.offerings(now)
+        except Exception as exc:  # one feed's failure must not stop the others; last good data is kept
+            log.warning("price feed %s failed: %s", feed, exc)
+            with Session(rt.engine) as session:
+                _feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
+                session.commit()
+            continue
+        rows = [row_from_offering(o, now).model_dump() for o in offerings]
+        with Session(rt.engine) as session:
+            for start in range(0, len(rows), 1000):
+                upsert(session, OfferingRow, rows[start : start + 1000], ["key"])
+            keys = [r["key"] for r in rows]
+            session.exec(  # type: ignore[call-overload]
+                delete(OfferingRow).where(col(OfferingRow.provider) == source.name, col(OfferingRow.key).not_in(keys))
+            )
+            _feed_status(session, feed, now, len(rows))
+            session.commit()
+        written += len(rows)
+    rt.catalog.invalidate()
+    return written
+
+
+def sample_pressure(rt: Runtime, now: datetime) -> int:
+    """Record each on-prem scheduler's queue pressure per GPU type."""
+    written = 0
+    for source in rt.pressure_sources:
+        feed = f"pressure:{source.name}"
+        try:
+            samples = source.pressure(now)
+        except Exception as exc:  # keep the last sample; the feed status says it is stale
+            log.warning("pressure feed %s failed: %s", feed, exc)
+            with Session(rt.engine) as session:
+                _feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
+                session.commit()
+            continue
+        rows = [
+            {
+                "source": source.name,
+                "accelerator": s.accelerator,
+                "total_gpus": s.total_gpus,
+                "free_gpus": s.free_gpus,
+                "pending_jobs": s.pending_jobs,
+                "pending_gpus": s.pending_gpus,
+                "expected_wait_hours": s.expected_wait_hours,
+                "observed_at": s.observed_at,
+            }
+            for s in samples
+        ]
+        with Session(rt.engine) as session:
+            upsert(session, PressureRow, rows, ["source", "accelerator"])
+            _feed_status(session, feed, now, len(rows))
+            session.commit()
+        written += len(rows)
+    return written

@@ -1,0 +1,209 @@
+"""Tick step: place pending jobs on their best pool, and launch recorded placements.
+
+Exactly-once: a job moves pending -> running in the same transaction that inserts its placement, under a row
+lock (PostgreSQL `FOR UPDATE SKIP LOCKED`) and a conditional state check, so two replicas can never place one job
+twice. The launch itself happens after that commit and is idempotent on the placement's launch token, so a crash
+between the two is repaired by the next tick relaunching with the same token.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from broker.loop.common import (
+    AUTH_BLOCK,
+    CAPACITY_BLOCK,
+    QUOTA_BLOCK,
+    active_blocklist,
+    block,
+    locked,
+)
+from broker.runtime import Runtime
+from broker.services.jobs import add_event, new_id, spec_of
+from broker.tables import Job, Placement
+from federation.placement import PlacementContext, place, quote
+from pricing.book import PriceBook
+from providers.base import (
+    AuthError,
+    InsufficientCapacity,
+    LaunchRequest,
+    ProviderError,
+    QuotaExceeded,
+    Scope,
+)
+from providers.model import CapacityType, JobState, PlacementState, Tags
+
+log = logging.getLogger(__name__)
+
+
+def _context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
+    checkpoint_at = (
+        (job.checkpoint_provider, job.checkpoint_region) if job.checkpoint_provider and job.checkpoint_region else None
+    )
+    return PlacementContext(
+        now=now,
+        remaining_work_hours=job.remaining_work_hours,
+        spent_usd=job.spent_usd,
+        blocklist=blocklist,
+        checkpoint_at=checkpoint_at,
+        params=rt.params,
+    )
+
+
+def place_pending(rt: Runtime, now: datetime) -> int:
+    """Place as many pending jobs as the catalog allows, highest priority first. Returns placements made."""
+    book = rt.catalog.book(now)
+    with Session(rt.engine) as session:
+        blocklist = active_blocklist(session, now)
+        ids = session.exec(
+            select(Job.id)
+            .where(Job.state == JobState.PENDING.value)
+            .order_by(col(Job.priority).desc(), col(Job.id))
+            .limit(rt.settings.max_placements_per_tick)
+        ).all()
+    placed: list[str] = []
+    for job_id in ids:
+        placement_id, book = _place_one(rt, job_id, book, blocklist, now)
+        if placement_id:
+            placed.append(placement_id)
+            launch_placement(rt, placement_id, now)
+    return len(placed)
+
+
+def _place_one(
+    rt: Runtime, job_id: str, book: PriceBook, blocklist: frozenset[str], now: datetime
+) -> tuple[str | None, PriceBook]:
+    with Session(rt.engine, expire_on_commit=False) as session:
+        job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
+        if job is None or job.state != JobState.PENDING.value:
+            return None, book  # another replica has it, or it changed state
+        spec = spec_of(job)
+        ctx = _context(rt, job, now, blocklist)
+        best = place(spec, book, ctx)
+        if best is None:
+            reason = quote(spec, book, ctx).wait_reason()
+            if reason != job.wait_reason:
+                job.wait_reason = reason
+                job.updated_at = now
+                session.add(job)
+                add_event(session, job, now, "waiting", reason)
+            session.commit()
+            return None, book
+        off = best.offering
+        twin = book.on_demand_price(off)
+        placement = Placement(
+            id=new_id("plc"),
+            job_id=job.id,
+            tenant=job.tenant,
+            offering_key=off.key,
+            provider=off.provider,
+            region=off.region,
+            zone=off.zone,
+            instance_type=off.instance_type,
+            capacity_type=off.capacity_type.value,
+            accelerator=off.accelerator,
+            accelerator_count=off.accelerator_count,
+            hourly_usd=off.price.hourly_usd,
+            on_demand_hourly_usd=twin.price.hourly_usd if twin else off.price.hourly_usd,
+            expected_cost_usd=best.expected_cost_usd,
+            launch_token=uuid.uuid4().hex,
+            state=PlacementState.LAUNCHING.value,
+            simulated=off.simulated,
+            work_hours_at_start=job.remaining_work_hours,
+            created_at=now,
+        )
+        session.add(placement)
+        job.state = JobState.RUNNING.value
+        job.current_placement_id = placement.id
+        job.attempts += 1
+        job.wait_reason = ""
+        job.updated_at = now
+        session.add(job)
+        add_event(
+            session,
+            job,
+            now,
+            "placed",
+            f"placed on {off.key} at ${off.price.hourly_usd}/h, expected ${best.expected_cost_usd}",
+            placement_id=placement.id,
+            offering_key=off.key,
+            hourly_usd=str(off.price.hourly_usd),
+            expected_cost_usd=str(best.expected_cost_usd),
+            expected_finish_at=best.expected_finish_at.isoformat(),
+            simulated=off.simulated,
+        )
+        session.commit()
+    if off.capacity_type is CapacityType.ON_PREM:
+        book = _refresh_provider(rt, book, off.provider, now)
+    return placement.id, book
+
+
+def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime) -> PriceBook:
+    """After an on-prem placement its queue (and so its expected wait) changed: re-read that feed."""
+    for source in rt.offering_sources:
+        if source.name == provider:
+            return book.with_provider(provider, source.offerings(now), now)
+    return book
+
+
+def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
+    """Launch a LAUNCHING placement (idempotent on its token); on a typed failure, blocklist and re-queue."""
+    with Session(rt.engine, expire_on_commit=False) as session:
+        p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
+        if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
+            return
+        job = session.get(Job, p.job_id)
+        provider = rt.provider(p.provider)
+        offering = rt.catalog.book(now).get(p.offering_key)
+        assert job is not None
+        try:
+            if provider is None or offering is None:
+                raise ProviderError(f"pool {p.offering_key} is no longer offered", provider=p.provider)
+            instance = provider.launch(
+                LaunchRequest(
+                    offering=offering,
+                    launch_token=p.launch_token,
+                    tags=Tags(rt.settings.broker_id, job.id, p.id),
+                    spec=spec_of(job),
+                    remaining_work_hours=p.work_hours_at_start,
+                    resume_from=job.checkpoint_uri if job.attempts > 1 else None,
+                )
+            )
+        except ProviderError as exc:
+            _launch_failed(session, p, job, exc, now)
+            session.commit()
+            return
+        p.instance_id = instance.id
+        p.detail = instance.detail
+        session.add(p)
+        add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
+        session.commit()
+
+
+def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> None:
+    p.state = PlacementState.FAILED.value
+    p.ended_at = now
+    p.detail = f"{type(exc).__name__}: {exc}"[:500]
+    session.add(p)
+    scope = {
+        Scope.ZONE: f"{p.provider}/{p.region}/{p.zone}",
+        Scope.REGION: f"{p.provider}/{p.region}",
+        Scope.PROVIDER: p.provider,
+    }.get(exc.scope)
+    ttl = {InsufficientCapacity: CAPACITY_BLOCK, QuotaExceeded: QUOTA_BLOCK, AuthError: AUTH_BLOCK}.get(
+        type(exc), CAPACITY_BLOCK
+    )
+    if scope is not None:
+        block(session, scope, now + ttl, p.detail)
+    if job.state == JobState.RUNNING.value:
+        job.state = JobState.PENDING.value
+        job.current_placement_id = None
+        job.wait_reason = f"launch failed on {p.offering_key} ({type(exc).__name__}); trying elsewhere"
+        job.updated_at = now
+        session.add(job)
+    add_event(session, job, now, "launch_failed", p.detail, placement_id=p.id, blocked=scope)
+    log.info("launch of %s on %s failed: %s", p.id, p.offering_key, exc)

@@ -1,0 +1,187 @@
+"""Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
+
+For each non-terminal placement (row-locked, so one replica handles it):
+- a placement recorded but never launched (the broker crashed in between) is launched again with its token;
+- a job that was cancelled has its instance terminated;
+- a running placement that would break its job's `max_total_usd` before the next tick is stopped and the job
+  paused with the reason (the ceiling is a promise: stopping early is allowed, overspending is not);
+- otherwise the provider's view is copied: started, finished, preempted (the job goes back to pending with the
+  work its last checkpoint saved, and the zone is avoided for a while), failed or gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from sqlmodel import Session, col, select
+
+from broker.loop.common import PREEMPTION_BLOCK, block, locked
+from broker.loop.place import launch_placement
+from broker.runtime import Runtime
+from broker.services.jobs import add_event
+from broker.tables import Job, Placement
+from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError
+from providers.model import JobState, PlacementState, hours_between
+
+log = logging.getLogger(__name__)
+
+_LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
+
+
+def sync_instances(rt: Runtime, now: datetime) -> int:
+    """Returns the number of placements whose state changed."""
+    with Session(rt.engine) as session:
+        ids = session.exec(select(Placement.id).where(col(Placement.state).in_(_LIVE))).all()
+    changed = 0
+    for pid in ids:
+        with Session(rt.engine, expire_on_commit=False) as session:
+            p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
+            if p is None or p.state not in _LIVE:
+                continue
+            if p.instance_id is None:
+                session.rollback()
+                launch_placement(rt, pid, now)
+                changed += 1
+                continue
+            job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+            provider = rt.provider(p.provider)
+            if provider is None:
+                continue  # provider disabled in this process's configuration; leave it to one that has it
+            before = p.state
+            try:
+                _sync_one(rt, session, provider, p, job, now)
+            except ProviderError as exc:
+                log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
+                session.rollback()
+                continue
+            session.commit()
+            changed += p.state != before
+    return changed
+
+
+def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Placement, job: Job, now: datetime) -> None:
+    assert p.instance_id is not None
+    if job.state == JobState.CANCELLED.value:
+        _stop(session, provider, p, job, now, "job cancelled")
+        return
+    try:
+        inst = provider.get(p.instance_id)
+    except NotFound:
+        _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
+        return
+    if inst.state is InstanceState.PENDING:
+        if p.state == PlacementState.LAUNCHING.value:
+            p.state = PlacementState.QUEUED.value
+            session.add(p)
+        return
+    if inst.started_at is not None and p.started_at is None:
+        p.started_at = inst.started_at
+        p.state = PlacementState.RUNNING.value
+        p.accrued_until = inst.started_at
+        session.add(p)
+        add_event(session, job, inst.started_at, "started", f"running on {p.offering_key}", placement_id=p.id)
+    if inst.state is InstanceState.RUNNING:
+        _guard_ceiling(rt, session, provider, p, job, inst, now)
+        return
+    if inst.state is InstanceState.SUCCEEDED:
+        _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished")
+    elif inst.state is InstanceState.PREEMPTED:
+        _ended(session, p, job, now, PlacementState.PREEMPTED, inst, "preempted by the provider")
+        block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
+    elif inst.state is InstanceState.FAILED:
+        _ended(session, p, job, now, PlacementState.FAILED, inst, inst.detail or "the job's command failed")
+    else:
+        _ended(session, p, job, now, PlacementState.STOPPED, inst, "terminated")
+
+
+def _remaining_after(p: Placement, inst: Instance | None) -> Decimal:
+    if inst is None or inst.checkpointed_work_hours is None:
+        return p.work_hours_at_start
+    return max(Decimal("0"), p.work_hours_at_start - inst.checkpointed_work_hours)
+
+
+def _ended(
+    session: Session,
+    p: Placement,
+    job: Job,
+    now: datetime,
+    state: PlacementState,
+    inst: Instance | None,
+    message: str,
+) -> None:
+    p.state = state.value
+    p.ended_at = (inst.ended_at if inst and inst.ended_at else None) or now
+    session.add(p)
+    remaining = Decimal("0") if state is PlacementState.SUCCEEDED else _remaining_after(p, inst)
+    add_event(
+        session,
+        job,
+        p.ended_at,
+        {PlacementState.SUCCEEDED: "finished", PlacementState.PREEMPTED: "preempted"}.get(state, state.value),
+        f"{message} on {p.offering_key}",
+        placement_id=p.id,
+        remaining_work_hours=str(remaining),
+    )
+    if job.current_placement_id != p.id or JobState(job.state).terminal:
+        return
+    job.remaining_work_hours = remaining
+    job.current_placement_id = None
+    job.updated_at = now
+    if state is PlacementState.SUCCEEDED:
+        job.state = JobState.SUCCEEDED.value
+        job.finished_at = p.ended_at
+        job.wait_reason = ""
+    elif job.state == JobState.RUNNING.value:
+        job.state = JobState.PENDING.value
+        job.wait_reason = f"{message}; re-placing with {remaining} h of work left"
+        if inst is not None and inst.checkpointed_work_hours is not None and job.checkpoint_uri:
+            job.checkpoint_provider = p.provider
+            job.checkpoint_region = p.region
+    session.add(job)
+
+
+def _stop(
+    session: Session, provider: ComputeProvider, p: Placement, job: Job, now: datetime, why: str
+) -> Instance | None:
+    assert p.instance_id is not None
+    provider.terminate(p.instance_id)
+    try:
+        inst = provider.get(p.instance_id)
+    except NotFound:
+        inst = None
+    _ended(session, p, job, now, PlacementState.STOPPED, inst, why)
+    return inst
+
+
+def _guard_ceiling(
+    rt: Runtime,
+    session: Session,
+    provider: ComputeProvider,
+    p: Placement,
+    job: Job,
+    inst: Instance,
+    now: datetime,
+) -> None:
+    """Stop before the job could overspend: unaccrued spend plus the next tick's worth must fit the ceiling."""
+    assert p.started_at is not None
+    hourly = rt.catalog.book(now).get(p.offering_key)
+    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd)
+    accrued_until = p.accrued_until or p.started_at
+    unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
+    run_left = p.work_hours_at_start - hours_between(p.started_at, now)
+    guard = hours_between(now, now + timedelta(seconds=2 * rt.settings.tick_interval_seconds))
+    projected = job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard)))
+    if projected <= job.max_total_usd:
+        return
+    stopped = _stop(session, provider, p, job, now, "stopped to honour max_total_usd")
+    job.state = JobState.PAUSED.value
+    job.remaining_work_hours = _remaining_after(p, stopped)
+    job.wait_reason = (
+        f"paused: ${job.spent_usd} spent of max_total_usd ${job.max_total_usd}; continuing on "
+        f"{p.offering_key} at ${price}/h would exceed it. Raise the ceiling or cancel."
+    )
+    job.updated_at = now
+    session.add(job)
+    add_event(session, job, now, "paused", job.wait_reason, placement_id=p.id)

@@ -1,0 +1,51 @@
+"""/v1/quotes, /v1/pools and /v1/pressure: what running a job would cost where, and the live market."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from broker.deps import Reader, RuntimeDep, Submitter
+from broker.schemas import JobCreate, OfferingPublic, PressurePublic, QuoteResponse
+from broker.services import catalog_view as svc
+from providers.accelerators import canonical
+from providers.model import CapacityType
+
+router = APIRouter(prefix="/v1", tags=["catalog"])
+
+
+@router.post("/quotes", response_model=QuoteResponse)
+def quote(
+    body: JobCreate,
+    rt: RuntimeDep,
+    principal: Submitter,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
+) -> QuoteResponse:
+    """Ranked suitable pools with expected cost and finish time, and why every other pool was rejected."""
+    return svc.quote_job(rt, principal.tenant, body, limit)
+
+
+@router.get("/pools", response_model=list[OfferingPublic])
+def pools(
+    rt: RuntimeDep,
+    principal: Reader,
+    accelerator: Annotated[str | None, Query(max_length=32)] = None,
+    provider: Annotated[str | None, Query(max_length=64)] = None,
+    capacity_type: CapacityType | None = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> list[OfferingPublic]:
+    """Every pool with its current price, where the price came from and how fresh it is."""
+    return svc.list_pools(
+        rt,
+        accelerator=canonical(accelerator) if accelerator else None,
+        provider=provider,
+        capacity_type=capacity_type.value if capacity_type else None,
+        limit=limit,
+    )
+
+
+@router.get("/pressure", response_model=list[PressurePublic])
+def pressure(rt: RuntimeDep, principal: Reader) -> list[PressurePublic]:
+    """On-prem queue pressure per GPU type, as last sampled."""
+    return svc.list_pressure(rt)

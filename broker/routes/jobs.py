@@ -1,0 +1,77 @@
+"""/v1/jobs: submit, read, list, cancel, events."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from broker.deps import RuntimeDep, Submitter
+from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic
+from broker.services import jobs as svc
+from providers.model import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+def submit_job(
+    body: JobCreate,
+    rt: RuntimeDep,
+    principal: Submitter,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+) -> JobPublic:
+    """Queue a job. Retrying with the same `Idempotency-Key` returns the same job (never a second one)."""
+    job, created = svc.submit_job(
+        rt.engine,
+        rt.catalog,
+        tenant=principal.tenant,
+        create=body,
+        idempotency_key=idempotency_key,
+        now=rt.clock(),
+    )
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return svc.job_public(job, None)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    rt: RuntimeDep,
+    principal: Submitter,
+    state: JobState | None = None,
+    team: Annotated[str | None, Query(max_length=64)] = None,
+    project: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JobPage:
+    return svc.list_jobs(
+        rt.engine,
+        principal.tenant,
+        state=state.value if state else None,
+        team=team,
+        project=project,
+        cursor=cursor,
+        limit=limit,
+    )
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
+    job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
+    return svc.job_public(job, placement)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
+    """Cancel a job; any instance it holds is stopped by the next tick."""
+    job = svc.cancel_job(rt.engine, principal.tenant, job_id, rt.clock())
+    return svc.job_public(job, None)
+
+
+@router.get("/{job_id}/events", response_model=list[EventPublic])
+def job_events(job_id: str, rt: RuntimeDep, principal: Submitter) -> list[EventPublic]:
+    """Every placement, start, preemption, cost accrual and end, in order."""
+    return svc.list_events(rt.engine, principal.tenant, job_id)

@@ -1,0 +1,84 @@
+"""Wiring: one `Runtime` holds the settings, engine, providers and caches a process uses.
+
+`build_runtime(settings)` migrates the database, installs the bootstrap admin key and builds the providers the
+settings enable (the simulated market and on-prem cluster by default). Nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.engine import Engine
+
+from broker import migrate
+from broker.auth import KeyVerifier, ensure_bootstrap_key
+from broker.catalog import CatalogCache
+from broker.db import make_engine, utcnow
+from broker.settings import Settings
+from broker.simstore import DbSimStore
+from federation.placement import PlacementParams
+from providers.base import ComputeProvider, OfferingSource, QueuePressureSource
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    clock: Clock
+    providers: dict[str, ComputeProvider]
+    offering_sources: list[OfferingSource]
+    pressure_sources: list[QueuePressureSource]
+    catalog: CatalogCache
+    verifier: KeyVerifier
+    params: PlacementParams = field(default_factory=PlacementParams)
+
+    def provider(self, name: str) -> ComputeProvider | None:
+        return self.providers.get(name)
+
+
+def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Engine | None = None) -> Runtime:
+    clock = clock or utcnow
+    engine = engine or make_engine(settings)
+    migrate.upgrade(engine)
+    if settings.bootstrap_api_key and ensure_bootstrap_key(
+        engine, tenant=settings.bootstrap_tenant, key=settings.bootstrap_api_key, now=clock()
+    ):
+        log.info("installed the bootstrap admin key for tenant %s", settings.bootstrap_tenant)
+    providers: dict[str, ComputeProvider] = {}
+    offering_sources: list[OfferingSource] = []
+    pressure_sources: list[QueuePressureSource] = []
+    if settings.simulated:
+        from providers.simulated.market import default_clouds
+        from providers.simulated.onprem import SimulatedOnPremCluster
+
+        store = DbSimStore(engine)
+        for cloud in default_clouds(settings.seed, clock, store, settings.broker_id):
+            providers[cloud.name] = cloud
+            offering_sources.append(cloud)
+        onprem = SimulatedOnPremCluster(seed=settings.seed, clock=clock, store=store, broker_id=settings.broker_id)
+        providers[onprem.name] = onprem
+        offering_sources.append(onprem)
+        pressure_sources.append(onprem)
+    params = PlacementParams(
+        checkpoint_interval_hours=settings.checkpoint_interval_hours,
+        restart_hours=settings.restart_hours,
+        wait_value_usd_per_gpu_hour=settings.wait_value_usd_per_gpu_hour,
+    )
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        clock=clock,
+        providers=providers,
+        offering_sources=offering_sources,
+        pressure_sources=pressure_sources,
+        catalog=CatalogCache(engine),
+        verifier=KeyVerifier(engine),
+        params=params,
+    )

@@ -1,0 +1,1 @@
+"""Service functions: one per API operation, no HTTP knowledge."""

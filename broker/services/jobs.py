@@ -1,0 +1,282 @@
+"""Job service: submit (idempotent), read, list, cancel and the event timeline. Routes call these; they hold
+no HTTP knowledge and raise `broker.errors` exceptions that the app maps to status codes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from broker.catalog import CatalogCache
+from broker.errors import Conflict, NotFoundError, Unprocessable
+from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, PlacementPublic
+from broker.tables import Job, JobEvent, Placement
+from federation.placement import ever_feasible
+from providers.model import JobSpec, JobState
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered, unique ids: `job_` + 16 hex digits of nanoseconds + 8 random hex digits."""
+    return f"{prefix}_{time.time_ns():016x}{os.urandom(4).hex()}"
+
+
+def spec_of(job: Job) -> JobSpec:
+    """The domain JobSpec of a stored job."""
+    s = job.spec
+
+    def dec(name: str) -> Decimal | None:
+        v = s.get(name)
+        return Decimal(str(v)) if v is not None else None
+
+    deadline = datetime.fromisoformat(s["deadline"]) if s.get("deadline") else None
+    return JobSpec(
+        tenant=job.tenant,
+        team=job.team,
+        project=job.project,
+        name=job.name,
+        image=s["image"],
+        command=tuple(s.get("command", ())),
+        accelerators=tuple(s["accelerators"]),
+        gpu_count=int(s["gpu_count"]),
+        max_total_usd=Decimal(str(s["max_total_usd"])),
+        min_gpu_memory_gib=int(s.get("min_gpu_memory_gib", 0)),
+        cpus=int(s.get("cpus", 0)),
+        memory_gib=dec("memory_gib") or Decimal("0"),
+        work_gpu_hours=dec("work_gpu_hours"),
+        runtime_hours=dec("runtime_hours"),
+        deadline_at=deadline,
+        max_hourly_usd=dec("max_hourly_usd"),
+        checkpoint_uri=s.get("checkpoint_uri"),
+        checkpoint_size_gb=dec("checkpoint_size_gb") or Decimal("0"),
+        allowed_providers=tuple(s.get("allowed_providers", ())),
+        allowed_regions=tuple(s.get("allowed_regions", ())),
+        priority=int(s.get("priority", 0)),
+        preemptible=bool(s.get("preemptible", True)),
+    )
+
+
+def _request_hash(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def add_event(session: Session, job: Job, at: datetime, kind: str, message: str, **data: Any) -> None:
+    session.add(JobEvent(job_id=job.id, tenant=job.tenant, at=at, kind=kind, message=message, data=data))
+
+
+def submit_job(
+    engine: Engine,
+    catalog: CatalogCache,
+    *,
+    tenant: str,
+    create: JobCreate,
+    idempotency_key: str | None,
+    now: datetime,
+) -> tuple[Job, bool]:
+    """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
+
+    Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
+    region or provider constraints...) or the deadline has passed, and Conflict when the key was used for a
+    different request.
+    """
+    payload = create.model_dump(mode="json")
+    digest = _request_hash(payload)
+    if idempotency_key:
+        existing = _by_idempotency_key(engine, tenant, idempotency_key)
+        if existing is not None:
+            return _replayed(existing, digest), False
+    if create.deadline is not None and create.deadline <= now:
+        raise Unprocessable("deadline", "the deadline is in the past")
+    job = Job(
+        id=new_id("job"),
+        tenant=tenant,
+        team=create.team,
+        project=create.project,
+        name=create.name,
+        spec=payload,
+        state=JobState.PENDING.value,
+        wait_reason="waiting for the next placement round",
+        priority=create.priority,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        max_total_usd=create.max_total_usd,
+        max_hourly_usd=create.max_hourly_usd,
+        deadline_at=create.deadline,
+        checkpoint_uri=create.checkpoint_uri,
+        created_at=now,
+        updated_at=now,
+    )
+    spec = spec_of(job)
+    job.work_hours = spec.work_hours
+    job.remaining_work_hours = spec.work_hours
+    book = catalog.book(now)
+    relevant = [i.offering for group in book.for_accelerators(spec.accelerators) for i in group]
+    if len(book) and not ever_feasible(spec, relevant):
+        field = "accelerators" if not relevant else "gpu_count"
+        raise Unprocessable(
+            field,
+            "no pool could ever run this job: check accelerators, gpu_count, min_gpu_memory_gib, cpus, "
+            "memory_gib, allowed_providers, allowed_regions and preemptible (see POST /v1/quotes)",
+        )
+    with Session(engine, expire_on_commit=False) as session:
+        session.add(job)
+        add_event(session, job, now, "submitted", f"submitted with a ceiling of ${job.max_total_usd}")
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            if not idempotency_key:
+                raise
+            existing = _by_idempotency_key(engine, tenant, idempotency_key)
+            if existing is None:
+                raise
+            return _replayed(existing, digest), False
+    return job, True
+
+
+def _by_idempotency_key(engine: Engine, tenant: str, key: str) -> Job | None:
+    with Session(engine, expire_on_commit=False) as session:
+        return session.exec(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key)).first()
+
+
+def _replayed(job: Job, digest: str) -> Job:
+    if job.request_hash != digest:
+        raise Conflict("Idempotency-Key", "this Idempotency-Key was already used for a different job")
+    return job
+
+
+def get_job(engine: Engine, tenant: str, job_id: str) -> tuple[Job, Placement | None]:
+    with Session(engine, expire_on_commit=False) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.tenant != tenant:
+            raise NotFoundError("job", job_id)
+        placement = session.get(Placement, job.current_placement_id) if job.current_placement_id else None
+        return job, placement
+
+
+def _encode_cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode("ascii"))
+        job_id = raw.decode("ascii")
+    except (ValueError, UnicodeError) as exc:
+        raise Unprocessable("cursor", "malformed cursor; pass back next_cursor unchanged") from exc
+    if not job_id.startswith("job_"):
+        raise Unprocessable("cursor", "malformed cursor; pass back next_cursor unchanged")
+    return job_id
+
+
+def list_jobs(
+    engine: Engine,
+    tenant: str,
+    *,
+    state: str | None,
+    team: str | None,
+    project: str | None,
+    cursor: str | None,
+    limit: int,
+) -> JobPage:
+    """Newest first, `limit` per page; `next_cursor` continues after the last item."""
+    query = select(Job).where(Job.tenant == tenant)
+    if state:
+        query = query.where(Job.state == state)
+    if team:
+        query = query.where(Job.team == team)
+    if project:
+        query = query.where(Job.project == project)
+    if cursor:
+        query = query.where(col(Job.id) < _decode_cursor(cursor))
+    query = query.order_by(col(Job.id).desc()).limit(limit + 1)
+    with Session(engine, expire_on_commit=False) as session:
+        jobs = list(session.exec(query).all())
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        ids = [j.current_placement_id for j in jobs if j.current_placement_id]
+        placements = (
+            {p.id: p for p in session.exec(select(Placement).where(col(Placement.id).in_(ids))).all()} if ids else {}
+        )
+    items = [job_public(j, placements.get(j.current_placement_id or "")) for j in jobs]
+    return JobPage(items=items, next_cursor=_encode_cursor(jobs[-1].id) if more else None)
+
+
+def cancel_job(engine: Engine, tenant: str, job_id: str, now: datetime) -> Job:
+    """Mark the job cancelled; the next tick stops any instance it holds. Cancelling twice is harmless."""
+    with Session(engine, expire_on_commit=False) as session:
+        job = session.exec(select(Job).where(Job.id == job_id).with_for_update()).first()
+        if job is None or job.tenant != tenant:
+            raise NotFoundError("job", job_id)
+        if JobState(job.state).terminal:
+            if job.state == JobState.CANCELLED.value:
+                return job
+            raise Conflict("state", f"job already {job.state}")
+        job.state = JobState.CANCELLED.value
+        job.wait_reason = ""
+        job.updated_at = now
+        job.finished_at = now
+        session.add(job)
+        add_event(session, job, now, "cancelled", "cancelled by request")
+        session.commit()
+        return job
+
+
+def list_events(engine: Engine, tenant: str, job_id: str) -> list[EventPublic]:
+    get_job(engine, tenant, job_id)
+    with Session(engine) as session:
+        rows = session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))).all()
+        return [EventPublic(id=r.id or 0, at=r.at, kind=r.kind, message=r.message, data=r.data) for r in rows]
+
+
+def placement_public(p: Placement) -> PlacementPublic:
+    return PlacementPublic(
+        id=p.id,
+        offering_key=p.offering_key,
+        provider=p.provider,
+        region=p.region,
+        zone=p.zone,
+        instance_type=p.instance_type,
+        capacity_type=p.capacity_type,
+        hourly_usd=p.hourly_usd,
+        expected_cost_usd=p.expected_cost_usd,
+        cost_usd=p.cost_usd,
+        state=p.state,
+        simulated=p.simulated,
+        instance_id=p.instance_id,
+        created_at=p.created_at,
+        started_at=p.started_at,
+        ended_at=p.ended_at,
+    )
+
+
+def job_public(job: Job, placement: Placement | None) -> JobPublic:
+    return JobPublic(
+        id=job.id,
+        tenant=job.tenant,
+        name=job.name,
+        team=job.team,
+        project=job.project,
+        state=job.state,
+        wait_reason=job.wait_reason,
+        spent_usd=job.spent_usd,
+        max_total_usd=job.max_total_usd,
+        max_hourly_usd=job.max_hourly_usd,
+        work_hours=job.work_hours,
+        remaining_work_hours=job.remaining_work_hours,
+        deadline=job.deadline_at,
+        attempts=job.attempts,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+        placement=placement_public(placement) if placement else None,
+        spec=job.spec,
+    )

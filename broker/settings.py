@@ -1,0 +1,64 @@
+"""Broker configuration from the environment (`OVERSPILL_*`), with defaults that run everything locally.
+
+Build with `Settings()` (reads the environment) or `Settings(field=...)` in tests; never at import time.
+In production mode the broker refuses to start with the development API key or an empty secret.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_API_KEY = "ovs_devadmin_local-development-only"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    data_dir: Path = Path(".overspill")
+    database_url: str = Field(default="", description="SQLAlchemy URL; default: SQLite file in data_dir")
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    broker_id: str = "overspill-local"
+    bootstrap_tenant: str = "demo"
+    bootstrap_api_key: str = Field(default=DEV_API_KEY, description="admin key created at first start")
+
+    simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
+    seed: int = 7
+    tick_interval_seconds: float = 10.0
+    price_stale_after_seconds: float = 3 * 3600
+
+    checkpoint_interval_hours: float = 0.5
+    restart_hours: float = 0.1
+    wait_value_usd_per_gpu_hour: float = 0.5
+    max_placements_per_tick: int = 500
+
+    max_request_bytes: int = 1_000_000
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.env == "production" and self.bootstrap_api_key in ("", DEV_API_KEY):
+            raise ValueError(
+                "OVERSPILL_BOOTSTRAP_API_KEY must be set to a fresh secret in production "
+                "(the development key is public)"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'overspill.db').as_posix()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url.startswith("sqlite")
+
+    def wait_value(self) -> Decimal:
+        return Decimal(str(self.wait_value_usd_per_gpu_hour))

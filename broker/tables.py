@@ -1,0 +1,215 @@
+"""SQLModel tables: the broker's durable state. Schema changes go through Alembic migrations.
+
+Every row that belongs to a user carries its `tenant`. Ledger rows (`cost_entry`) are append-only; a job's
+`spent_usd` is the sum of its ledger rows, updated in the same transaction as each append.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from broker.db import Money, UTCDateTime
+
+
+def _money(default: Decimal | None = Decimal("0"), *, nullable: bool = False) -> Any:
+    return Field(default=default, sa_type=Money, nullable=nullable)
+
+
+def _at(*, nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_type=UTCDateTime, nullable=nullable, index=index)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_key"
+
+    id: str = Field(primary_key=True, max_length=32)
+    tenant: str = Field(index=True, max_length=64)
+    role: str = Field(max_length=16)
+    name: str = Field(default="", max_length=128)
+    salt: str = Field(max_length=64)
+    secret_hash: str = Field(max_length=128)
+    created_at: datetime = _at(nullable=False)
+    revoked_at: datetime | None = _at()
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "job"
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
+        Index("ix_job_state_priority", "state", "priority", "id"),
+        Index("ix_job_tenant_id", "tenant", "id"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=64)
+    team: str = Field(max_length=64)
+    project: str = Field(max_length=64)
+    name: str = Field(max_length=128)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    state: str = Field(max_length=16)
+    wait_reason: str = Field(default="", max_length=500)
+    priority: int = 0
+    idempotency_key: str | None = Field(default=None, max_length=128)
+    request_hash: str | None = Field(default=None, max_length=64)
+    max_total_usd: Decimal = _money()
+    max_hourly_usd: Decimal | None = _money(None, nullable=True)
+    spent_usd: Decimal = _money()
+    work_hours: Decimal = _money()
+    remaining_work_hours: Decimal = _money()
+    deadline_at: datetime | None = _at()
+    checkpoint_uri: str | None = Field(default=None, max_length=500)
+    checkpoint_provider: str | None = Field(default=None, max_length=64)
+    checkpoint_region: str | None = Field(default=None, max_length=64)
+    current_placement_id: str | None = Field(default=None, max_length=40)
+    attempts: int = 0
+    created_at: datetime = _at(nullable=False)
+    updated_at: datetime = _at(nullable=False)
+    finished_at: datetime | None = _at()
+
+
+class Placement(SQLModel, table=True):
+    __tablename__ = "placement"
+    __table_args__ = (Index("ix_placement_state", "state"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
+    tenant: str = Field(max_length=64)
+    offering_key: str = Field(max_length=200)
+    provider: str = Field(max_length=64)
+    region: str = Field(max_length=64)
+    zone: str = Field(max_length=64)
+    instance_type: str = Field(max_length=64)
+    capacity_type: str = Field(max_length=16)
+    accelerator: str = Field(max_length=32)
+    accelerator_count: int
+    hourly_usd: Decimal = _money()
+    on_demand_hourly_usd: Decimal = _money()
+    expected_cost_usd: Decimal = _money()
+    launch_token: str = Field(unique=True, max_length=64)
+    instance_id: str | None = Field(default=None, max_length=128)
+    state: str = Field(max_length=16)
+    simulated: bool = False
+    work_hours_at_start: Decimal = _money()
+    created_at: datetime = _at(nullable=False)
+    started_at: datetime | None = _at()
+    ended_at: datetime | None = _at()
+    accrued_until: datetime | None = _at()
+    price_segment_started_at: datetime | None = _at()
+    price_segment_hourly_usd: Decimal | None = _money(None, nullable=True)
+    cost_usd: Decimal = _money()
+    detail: str = Field(default="", max_length=500)
+
+
+class JobEvent(SQLModel, table=True):
+    __tablename__ = "job_event"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
+    tenant: str = Field(max_length=64)
+    at: datetime = _at(nullable=False)
+    kind: str = Field(max_length=32)
+    message: str = Field(default="", max_length=1000)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class CostEntryRow(SQLModel, table=True):
+    __tablename__ = "cost_entry"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
+    placement_id: str | None = Field(default=None, max_length=40, index=True)
+    tenant: str = Field(index=True, max_length=64)
+    team: str = Field(max_length=64)
+    project: str = Field(max_length=64)
+    provider: str = Field(max_length=64)
+    capacity_type: str = Field(max_length=16)
+    kind: str = Field(max_length=16)
+    period_start_at: datetime = _at(nullable=False)
+    period_end_at: datetime = _at(nullable=False)
+    hourly_usd: Decimal = _money()
+    usd: Decimal = _money()
+    on_demand_usd: Decimal = _money()
+    created_at: datetime = _at(nullable=False)
+
+
+class OfferingRow(SQLModel, table=True):
+    """Current price of every pool (the PriceBook's durable form)."""
+
+    __tablename__ = "offering"
+
+    key: str = Field(primary_key=True, max_length=200)
+    provider: str = Field(index=True, max_length=64)
+    region: str = Field(max_length=64)
+    zone: str = Field(max_length=64)
+    instance_type: str = Field(max_length=64)
+    accelerator: str = Field(max_length=32)
+    accelerator_count: int
+    gpu_memory_gib: int
+    vcpus: int
+    memory_gib: Decimal = _money()
+    capacity_type: str = Field(max_length=16)
+    hourly_usd: Decimal = _money()
+    price_source: str = Field(max_length=64)
+    observed_at: datetime = _at(nullable=False)
+    estimated: bool = False
+    interruption_rate_per_hour: float = 0.0
+    egress_usd_per_gb: Decimal = _money()
+    expected_wait_hours: float = 0.0
+    available: bool = True
+    simulated: bool = False
+    refreshed_at: datetime = _at(nullable=False)
+
+
+class FeedStatus(SQLModel, table=True):
+    """Health of each price or pressure feed: last success, last error."""
+
+    __tablename__ = "feed_status"
+
+    name: str = Field(primary_key=True, max_length=64)
+    last_success_at: datetime | None = _at()
+    last_error_at: datetime | None = _at()
+    last_error: str = Field(default="", max_length=1000)
+    items: int = 0
+
+
+class PressureRow(SQLModel, table=True):
+    __tablename__ = "pressure"
+
+    source: str = Field(primary_key=True, max_length=64)
+    accelerator: str = Field(primary_key=True, max_length=32)
+    total_gpus: int
+    free_gpus: int
+    pending_jobs: int
+    pending_gpus: int
+    expected_wait_hours: float
+    observed_at: datetime = _at(nullable=False)
+
+
+class SimInstanceRow(SQLModel, table=True):
+    """State of the built-in simulated clouds (stands in for an external cloud's own records)."""
+
+    __tablename__ = "sim_instance"
+    __table_args__ = (Index("ix_sim_instance_provider_instance", "provider", "instance_id"),)
+
+    provider: str = Field(primary_key=True, max_length=64)
+    launch_token: str = Field(primary_key=True, max_length=64)
+    instance_id: str = Field(max_length=64)
+    offering_key: str = Field(max_length=200)
+    launched_at: datetime = _at(nullable=False)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    terminated_at: datetime | None = _at()
+
+
+class BlockEntry(SQLModel, table=True):
+    """A scope (provider, provider/region or provider/region/zone) placement avoids until `until_at`."""
+
+    __tablename__ = "blocklist"
+
+    scope_key: str = Field(primary_key=True, max_length=200)
+    until_at: datetime = _at(nullable=False)
+    reason: str = Field(default="", max_length=500)

@@ -1,0 +1,1 @@
+"""Overspill test suite."""

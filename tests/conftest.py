@@ -1,0 +1,114 @@
+"""Shared fixtures: databases (SQLite and a real PostgreSQL), a movable clock, a runtime and API clients.
+
+With `OVERSPILL_REQUIRE_INTEGRATION=1` (set by `.ci/run`) a skipped integration test fails the run: CI must
+prove the real components work, not quietly skip them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from broker.app import create_app
+from broker.auth import Role, create_key
+from broker.loop.tick import tick
+from broker.runtime import Runtime, build_runtime
+from broker.settings import DEV_API_KEY, Settings
+
+REQUIRE_INTEGRATION = os.environ.get("OVERSPILL_REQUIRE_INTEGRATION") == "1"
+T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if REQUIRE_INTEGRATION and report.skipped and item.get_closest_marker("integration"):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"integration test skipped but OVERSPILL_REQUIRE_INTEGRATION=1: {reason}"
+
+
+class MovableClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **kwargs: float) -> datetime:
+        self.now += timedelta(**kwargs)
+        return self.now
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    from tests.pg import start_postgres
+
+    try:
+        server = start_postgres()
+    except (FileNotFoundError, OSError) as exc:
+        pytest.skip(f"no PostgreSQL available: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'broker.db'}"
+    server = request.getfixturevalue("postgres")
+    return str(server.create_database())
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def make_runtime(tmp_path: Path, clock: MovableClock) -> Callable[..., Runtime]:
+    def make(url: str, **overrides: Any) -> Runtime:
+        settings = Settings(
+            data_dir=tmp_path,
+            database_url=url,
+            bootstrap_api_key=DEV_API_KEY,
+            tick_interval_seconds=600,
+            **overrides,
+        )
+        return build_runtime(settings, clock=clock)
+
+    return make
+
+
+@pytest.fixture
+def rt(db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock) -> Runtime:
+    runtime = make_runtime(db_url)
+    tick(runtime, clock())
+    return runtime
+
+
+@pytest.fixture
+def client(rt: Runtime) -> Iterator[TestClient]:
+    with TestClient(create_app(runtime=rt)) as c:
+        c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
+        yield c
+
+
+@pytest.fixture
+def key_for(rt: Runtime, clock: MovableClock) -> Callable[[str, Role], dict[str, str]]:
+    """Auth headers for a fresh key of `role` in `tenant`."""
+
+    def make(tenant: str, role: Role) -> dict[str, str]:
+        key = create_key(rt.engine, tenant=tenant, role=role, name="test", now=clock())
+        return {"Authorization": f"Bearer {key}"}
+
+    return make

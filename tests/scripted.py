@@ -1,0 +1,117 @@
+"""A scripted cloud for loop scenarios: the test sets prices, capacity and preemptions by hand.
+
+It honours the provider contract (idempotent launch on the token, converging terminate, tagged list), so the
+broker's loop is exercised exactly as with a real provider; only the market is under the test's control.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from providers.base import Instance, InstanceState, InsufficientCapacity, LaunchRequest, NotFound
+from providers.model import CapacityType, Offering, Price, hours_between
+
+
+@dataclass
+class _Vm:
+    instance: Instance
+    work_hours: Decimal
+    interval: Decimal
+
+
+class ScriptedCloud:
+    def __init__(self, name: str, clock: Callable[[], datetime], zones: tuple[str, ...] = ("z1", "z2")) -> None:
+        self.name = name
+        self.clock = clock
+        self.zones = zones
+        self.prices: dict[str, Decimal] = {z: Decimal("10") for z in zones}
+        self.no_capacity: set[str] = set()
+        self.vms: dict[str, _Vm] = {}
+        self.launch_calls = 0
+
+    def offerings(self, now: datetime) -> list[Offering]:
+        return [
+            Offering(
+                provider=self.name,
+                region="r1",
+                zone=z,
+                instance_type="gpu.1",
+                accelerator="A100",
+                accelerator_count=1,
+                gpu_memory_gib=40,
+                vcpus=8,
+                memory_gib=Decimal("64"),
+                capacity_type=CapacityType.SPOT,
+                price=Price(self.prices[z], "scripted", now),
+                interruption_rate_per_hour=0.0,
+            )
+            for z in self.zones
+        ]
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        self.launch_calls += 1
+        for vm in self.vms.values():
+            if vm.instance.launch_token == request.launch_token:
+                return vm.instance
+        if request.offering.zone in self.no_capacity:
+            raise InsufficientCapacity(f"no capacity in {request.offering.zone}", provider=self.name)
+        now = self.clock()
+        inst = Instance(
+            id=f"vm-{len(self.vms) + 1}",
+            provider=self.name,
+            offering_key=request.offering.key,
+            launch_token=request.launch_token,
+            state=InstanceState.RUNNING,
+            tags=request.tags.as_dict(),
+            launched_at=now,
+            started_at=now,
+        )
+        self.vms[inst.id] = _Vm(inst, request.remaining_work_hours, request.checkpoint_interval_hours)
+        return inst
+
+    def _progress(self, vm: _Vm, end: datetime) -> Decimal:
+        assert vm.instance.started_at is not None
+        run = hours_between(vm.instance.started_at, end)
+        return min(vm.work_hours, (run // vm.interval) * vm.interval)
+
+    def get(self, instance_id: str) -> Instance:
+        vm = self.vms.get(instance_id)
+        if vm is None:
+            raise NotFound(instance_id, provider=self.name)
+        inst = vm.instance
+        if inst.state is InstanceState.RUNNING:
+            assert inst.started_at is not None
+            done_at = inst.started_at + timedelta(hours=float(vm.work_hours))
+            if self.clock() >= done_at:
+                inst = replace(
+                    inst, state=InstanceState.SUCCEEDED, ended_at=done_at, checkpointed_work_hours=vm.work_hours
+                )
+                vm.instance = inst
+            else:
+                inst = replace(inst, checkpointed_work_hours=self._progress(vm, self.clock()))
+        return inst
+
+    def preempt(self, instance_id: str) -> None:
+        vm = self.vms[instance_id]
+        now = self.clock()
+        vm.instance = replace(
+            vm.instance, state=InstanceState.PREEMPTED, ended_at=now, checkpointed_work_hours=self._progress(vm, now)
+        )
+
+    def terminate(self, instance_id: str) -> None:
+        vm = self.vms.get(instance_id)
+        if vm is None or vm.instance.state.terminal:
+            return
+        now = self.clock()
+        vm.instance = replace(
+            vm.instance, state=InstanceState.TERMINATED, ended_at=now, checkpointed_work_hours=self._progress(vm, now)
+        )
+
+    def list_instances(self) -> list[Instance]:
+        return [vm.instance for vm in self.vms.values()]
+
+    def running(self) -> list[Instance]:
+        return [self.get(i) for i in self.vms if self.get(i).state is InstanceState.RUNNING]

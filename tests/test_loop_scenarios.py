@@ -1,0 +1,202 @@
+"""Control-loop scenarios driven through `tick()` with a scripted cloud: run to completion with an exact
+ledger, ceilings (wait, pause), preemption and re-placement, capacity failover, cancel, crash repair."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from broker.app import create_app
+from broker.loop.place import _place_one
+from broker.loop.tick import tick
+from broker.runtime import Runtime
+from broker.settings import DEV_API_KEY
+from broker.tables import CostEntryRow, Job, Placement
+from providers.model import hours_between
+from tests.builders import job_body
+from tests.conftest import MovableClock
+from tests.scripted import ScriptedCloud
+
+
+@pytest.fixture
+def cloud(clock: MovableClock) -> ScriptedCloud:
+    return ScriptedCloud("scripted", clock)
+
+
+@pytest.fixture
+def srt(db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, clock: MovableClock) -> Runtime:
+    rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0)
+    rt.providers[cloud.name] = cloud
+    rt.offering_sources.append(cloud)
+    tick(rt, clock())
+    return rt
+
+
+@pytest.fixture
+def api(srt: Runtime) -> TestClient:
+    c = TestClient(create_app(runtime=srt))
+    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
+    return c
+
+
+def _job(rt: Runtime, job_id: str) -> Job:
+    with Session(rt.engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _placements(rt: Runtime, job_id: str) -> list[Placement]:
+    with Session(rt.engine) as s:
+        return list(s.exec(select(Placement).where(Placement.job_id == job_id).order_by(Placement.id)).all())
+
+
+def _ledger(rt: Runtime, job_id: str) -> list[CostEntryRow]:
+    with Session(rt.engine) as s:
+        return list(s.exec(select(CostEntryRow).where(CostEntryRow.job_id == job_id)).all())
+
+
+def _run(rt: Runtime, clock: MovableClock, ticks: int, minutes: float = 10) -> None:
+    for _ in range(ticks):
+        clock.advance(minutes=minutes)
+        tick(rt, clock())
+
+
+def test_job_runs_to_completion_with_exact_ledger(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("12.5"), "z2": Decimal("10.25")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="2", max_total_usd="50")).json()["id"]
+    tick(srt, clock())
+    job = api.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "running"
+    assert job["placement"]["zone"] == "z2"
+    _run(srt, clock, 15)
+    job = api.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "succeeded"
+    [p] = _placements(srt, job_id)
+    assert p.started_at is not None and p.ended_at is not None
+    entries = _ledger(srt, job_id)
+    total = sum((e.usd for e in entries), Decimal("0"))
+    assert total == Decimal("10.25") * hours_between(p.started_at, p.ended_at) == Decimal("20.5")
+    assert Decimal(job["spent_usd"]) == total == p.cost_usd
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job_id}/events").json()]
+    assert kinds[:4] == ["submitted", "placed", "launched", "started"]
+    assert kinds[-1] in ("finished", "cost_accrued")
+    assert "finished" in kinds and kinds.count("cost_accrued") == len(entries)
+
+
+def test_price_change_mid_run_is_accrued_at_the_new_price(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("11")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="2", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    _run(srt, clock, 6)  # one hour at $10
+    cloud.prices["z1"] = Decimal("14")
+    _run(srt, clock, 7)
+    assert _job(srt, job_id).state == "succeeded"
+    total = sum((e.usd for e in _ledger(srt, job_id)), Decimal("0"))
+    assert total == Decimal("10") + Decimal("14")
+
+
+def test_job_over_its_ceiling_waits_with_the_reason(srt: Runtime, api: TestClient, clock: MovableClock) -> None:
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="10", max_total_usd="20")).json()["id"]
+    _run(srt, clock, 2)
+    job = api.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "pending"
+    assert job["wait_reason"].startswith("over_total_ceiling")
+    assert _placements(srt, job_id) == []
+    hourly = api.post("/v1/jobs", json=job_body(max_hourly_usd="5")).json()["id"]
+    tick(srt, clock())
+    assert api.get(f"/v1/jobs/{hourly}").json()["wait_reason"].startswith("over_hourly_ceiling")
+
+
+def test_price_spike_pauses_job_before_it_overspends(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("10")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="3", max_total_usd="36")).json()["id"]
+    tick(srt, clock())
+    _run(srt, clock, 6)
+    cloud.prices = {"z1": Decimal("30"), "z2": Decimal("30")}
+    _run(srt, clock, 12)
+    job = _job(srt, job_id)
+    assert job.state == "paused"
+    assert "max_total_usd" in job.wait_reason
+    spent = sum((e.usd for e in _ledger(srt, job_id)), Decimal("0"))
+    assert spent == job.spent_usd <= Decimal("36")
+    assert cloud.running() == []
+
+
+def test_preemption_replaces_job_elsewhere_with_remaining_work(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("11")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    _run(srt, clock, 8)  # 80 minutes: one 30-minute checkpoint interval twice over
+    [first] = _placements(srt, job_id)
+    assert first.instance_id is not None
+    cloud.preempt(first.instance_id)
+    tick(srt, clock())
+    job = _job(srt, job_id)
+    assert job.remaining_work_hours == Decimal("3")  # 4 h minus the 1 h its last checkpoint saved
+    tick(srt, clock())
+    placements = _placements(srt, job_id)
+    assert placements[0].state == "preempted"
+    assert placements[1].zone == "z2"  # the preempted zone is avoided for a while
+    _run(srt, clock, 20)
+    job = _job(srt, job_id)
+    assert job.state == "succeeded" and job.attempts == 2
+    events = [e["kind"] for e in api.get(f"/v1/jobs/{job_id}/events").json()]
+    assert "preempted" in events and events.count("placed") == 2
+
+
+def test_capacity_error_blocklists_zone_and_fails_over(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("11")}
+    cloud.no_capacity = {"z1"}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body()).json()["id"]
+    for _ in range(3):
+        tick(srt, clock())
+    placements = _placements(srt, job_id)
+    assert (placements[0].zone, placements[0].state) == ("z1", "failed")
+    assert placements[1].zone == "z2" and placements[1].state == "running"
+    quote = api.post("/v1/quotes", json=job_body()).json()
+    assert {r["reason"] for r in quote["rejections"]} == {"blocklisted"}
+
+
+def test_cancel_stops_the_instance(srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock) -> None:
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="5", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    assert len(cloud.running()) == 1
+    api.post(f"/v1/jobs/{job_id}/cancel")
+    _run(srt, clock, 1)
+    assert cloud.running() == []
+    [p] = _placements(srt, job_id)
+    assert p.state == "stopped"
+    assert _job(srt, job_id).state == "cancelled"
+
+
+def test_crash_between_record_and_launch_is_repaired_once(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    job_id = api.post("/v1/jobs", json=job_body()).json()["id"]
+    placement_id, _ = _place_one(srt, job_id, srt.catalog.book(clock()), frozenset(), clock())  # no launch: "crash"
+    assert placement_id is not None and cloud.vms == {}
+    tick(srt, clock())
+    tick(srt, clock())
+    assert len(cloud.vms) == 1
+    [p] = _placements(srt, job_id)
+    assert p.instance_id == "vm-1" and p.state == "running"
