@@ -62,7 +62,15 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         for cloud in default_clouds(settings.seed, clock, store, settings.broker_id):
             providers[cloud.name] = cloud
             offering_sources.append(cloud)
-        onprem = SimulatedOnPremCluster(seed=settings.seed, clock=clock, store=store, broker_id=settings.broker_id)
+        onprem = SimulatedOnPremCluster(
+            seed=settings.seed,
+            clock=clock,
+            store=store,
+            broker_id=settings.broker_id,
+            gpus=settings.onprem_gpus,
+            rate_usd_per_gpu_hour=settings.onprem_rate_usd_per_gpu_hour,
+            background_jobs_per_hour=settings.onprem_background_jobs_per_hour,
+        )
         providers[onprem.name] = onprem
         offering_sources.append(onprem)
         pressure_sources.append(onprem)

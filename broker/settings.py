@@ -31,6 +31,14 @@ class Settings(BaseSettings):
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
     seed: int = 7
+    onprem_gpus: dict[str, int] = Field(
+        default_factory=lambda: {"A100": 32, "V100": 16}, description='simulated on-prem fleet, JSON {"A100": 32}'
+    )
+    onprem_rate_usd_per_gpu_hour: dict[str, Decimal] = Field(
+        default_factory=lambda: {"A100": Decimal("1.10"), "V100": Decimal("0.45")},
+        description="internal (amortised) $/GPU-hour per GPU type",
+    )
+    onprem_background_jobs_per_hour: float = Field(default=6.0, ge=0)
     tick_interval_seconds: float = 10.0
     price_stale_after_seconds: float = 3 * 3600
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
+from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
@@ -171,6 +172,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
                     spec=spec_of(job),
                     remaining_work_hours=p.work_hours_at_start,
                     resume_from=job.checkpoint_uri if job.attempts > 1 else None,
+                    checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
                 )
             )
         except ProviderError as exc:

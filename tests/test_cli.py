@@ -1,0 +1,97 @@
+"""The `overspill` CLI: user commands against a real uvicorn server, `keys create`, `tick` and `demo`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+import yaml
+from typer.testing import CliRunner
+
+from broker.app import create_app
+from broker.cli import app
+from broker.runtime import Runtime
+from broker.settings import DEV_API_KEY
+from tests.builders import job_body
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def server(rt: Runtime) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(runtime=rt), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_submit_jobs_quote_pools_against_a_server(server: str, tmp_path: Path) -> None:
+    env = {"OVERSPILL_URL": server, "OVERSPILL_API_KEY": DEV_API_KEY}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(job_body(name="cli-job")))
+    out = runner.invoke(app, ["submit", str(spec), "--json", "--idempotency-key", "k1"], env=env)
+    assert out.exit_code == 0, out.output
+    job = json.loads(out.output)
+    again = json.loads(runner.invoke(app, ["submit", str(spec), "--json", "--idempotency-key", "k1"], env=env).output)
+    assert again["id"] == job["id"]
+    listed = json.loads(runner.invoke(app, ["jobs", "--json"], env=env).output)
+    assert [j["id"] for j in listed["items"]] == [job["id"]]
+    table = runner.invoke(app, ["jobs"], env=env)
+    assert "cli-job" in table.output
+    q = json.loads(runner.invoke(app, ["quote", str(spec), "--json"], env=env).output)
+    assert q["candidates"]
+    pools = json.loads(runner.invoke(app, ["pools", "--accelerator", "V100", "--json"], env=env).output)
+    assert pools and {p["accelerator"] for p in pools} == {"V100"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(job_body(gpu_count=0)))
+    failed = runner.invoke(app, ["submit", str(bad)], env=env)
+    assert failed.exit_code == 1 and "gpu_count" in failed.output
+
+
+def test_cli_reports_unreachable_broker(tmp_path: Path) -> None:
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps(job_body()))
+    out = runner.invoke(app, ["submit", str(spec)], env={"OVERSPILL_URL": "http://127.0.0.1:9"})
+    assert out.exit_code == 1 and "cannot reach the broker" in out.output
+
+
+def test_keys_create_and_tick(tmp_path: Path) -> None:
+    env = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}"}
+    made = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--role", "finance", "--json"], env=env)
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.output)["key"].startswith("ovs_")
+    bad = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--role", "root"], env=env)
+    assert bad.exit_code != 0
+    ticked = runner.invoke(app, ["tick", "--json"], env=env)
+    assert ticked.exit_code == 0, ticked.output
+    steps = {s["step"]: s for s in json.loads(ticked.output)}
+    assert steps["refresh_prices"]["count"] > 0 and not any(s["error"] for s in steps.values())
+
+
+def test_demo_runs_and_reports_savings() -> None:
+    out = runner.invoke(app, ["demo", "--jobs", "6", "--hours", "24", "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    assert len(result["jobs"]) == 6
+    assert all(j["state"] == "succeeded" for j in result["jobs"])
+    for j in result["jobs"]:
+        assert float(j["spent_usd"]) <= float(j["ceiling_usd"])
+        assert j["where"]
+    assert float(result["saving_usd"]) > 0
