@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+STAMP_RUN  := $(VENV)/.installed-run
+STAMP      := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
 
 .PHONY: run test lint bench demo clean
@@ -12,11 +13,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[clouds]'
+	touch $(STAMP_RUN)
+
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(STAMP_RUN)
 
-run: $(STAMP)
+run: $(STAMP_RUN)
 	$(BIN)/overspill serve
 
 test: $(STAMP)

@@ -38,10 +38,11 @@ def offering_from_row(row: OfferingRow) -> Offering:
         expected_wait_hours=row.expected_wait_hours,
         available=row.available,
         simulated=row.simulated,
+        interruption_basis=row.interruption_basis,
     )
 
 
-def row_from_offering(off: Offering, refreshed_at: datetime) -> OfferingRow:
+def row_from_offering(off: Offering, refreshed_at: datetime, feed: str) -> OfferingRow:
     return OfferingRow(
         key=off.key,
         provider=off.provider,
@@ -63,6 +64,8 @@ def row_from_offering(off: Offering, refreshed_at: datetime) -> OfferingRow:
         expected_wait_hours=off.expected_wait_hours,
         available=off.available,
         simulated=off.simulated,
+        interruption_basis=off.interruption_basis,
+        feed=feed,
         refreshed_at=refreshed_at,
     )
 

@@ -162,6 +162,8 @@ class OfferingRow(SQLModel, table=True):
     expected_wait_hours: float = 0.0
     available: bool = True
     simulated: bool = False
+    interruption_basis: str = Field(default="", max_length=200)
+    feed: str = Field(default="", index=True, max_length=200)
     refreshed_at: datetime = _at(nullable=False)
 
 
@@ -213,3 +215,18 @@ class BlockEntry(SQLModel, table=True):
     scope_key: str = Field(primary_key=True, max_length=200)
     until_at: datetime = _at(nullable=False)
     reason: str = Field(default="", max_length=500)
+
+
+class PriceChange(SQLModel, table=True):
+    """Price history: one row per change of a pool's price (not per sample)."""
+
+    __tablename__ = "price_change"
+    __table_args__ = (Index("ix_price_change_key_at", "offering_key", "observed_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    offering_key: str = Field(max_length=200)
+    feed: str = Field(max_length=200)
+    hourly_usd: Decimal = _money()
+    price_source: str = Field(max_length=64)
+    estimated: bool = False
+    observed_at: datetime = _at(nullable=False)

@@ -91,8 +91,9 @@ class Price:
 class Offering:
     """One pool: an instance type in a zone at a capacity type, with its current price.
 
-    `key` identifies the pool across price refreshes. `interruption_rate_per_hour` is the expected number of
-    reclaims per running hour (0 for on-demand and on-prem). `expected_wait_hours` is how long a job would queue
+    `key` identifies the pool across price refreshes. `gpu_memory_gib` is per GPU. `interruption_rate_per_hour`
+    is the expected number of reclaims per running hour (0 for on-demand and on-prem), `interruption_basis` says
+    where that figure comes from. `expected_wait_hours` is how long a job would queue
     before starting (on-prem pressure; 0 for clouds). `available` is False when the provider knows the pool has no
     capacity right now.
     """
@@ -113,6 +114,7 @@ class Offering:
     expected_wait_hours: float = 0.0
     available: bool = True
     simulated: bool = False
+    interruption_basis: str = ""
 
     @property
     def key(self) -> str:
@@ -121,6 +123,11 @@ class Offering:
     @property
     def hourly_usd(self) -> Decimal:
         return self.price.hourly_usd
+
+    @property
+    def usd_per_gpu_hour(self) -> Decimal:
+        """The price normalised per GPU-hour, so pools of different sizes compare on one scale."""
+        return self.price.hourly_usd / self.accelerator_count if self.accelerator_count else self.price.hourly_usd
 
 
 def offering_key(provider: str, region: str, zone: str, instance_type: str, capacity_type: str) -> str:

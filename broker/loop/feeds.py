@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from sqlmodel import Session, col, delete
+from sqlalchemy import insert
+from sqlmodel import Session, col, delete, select
 
 from broker.catalog import row_from_offering
 from broker.loop.common import upsert
 from broker.runtime import Runtime
-from broker.tables import FeedStatus, OfferingRow, PressureRow
+from broker.tables import FeedStatus, OfferingRow, PressureRow, PriceChange
+from providers.model import Offering
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,42 @@ def _feed_status(session: Session, name: str, now: datetime, items: int, error: 
     upsert(session, FeedStatus, [row], ["name"])
 
 
+def store_offerings(session: Session, feed: str, offerings: list[Offering], now: datetime) -> int:
+    """Replace one feed's pools with `offerings` and append a price-history row for every price that changed.
+
+    Pools the feed no longer lists are removed. Returns the number of price changes recorded.
+    """
+    previous = {
+        key: (hourly, estimated)
+        for key, hourly, estimated in session.exec(  # type: ignore[call-overload]
+            select(OfferingRow.key, OfferingRow.hourly_usd, OfferingRow.estimated).where(OfferingRow.feed == feed)
+        ).all()
+    }
+    rows = [row_from_offering(o, now, feed).model_dump() for o in offerings]
+    for start in range(0, len(rows), 1000):
+        upsert(session, OfferingRow, rows[start : start + 1000], ["key"])
+    changes = [
+        {
+            "offering_key": o.key,
+            "feed": feed,
+            "hourly_usd": o.price.hourly_usd,
+            "price_source": o.price.source,
+            "estimated": o.price.estimated,
+            "observed_at": o.price.observed_at,
+        }
+        for o in offerings
+        if previous.get(o.key) != (o.price.hourly_usd, o.price.estimated)
+    ]
+    for start in range(0, len(changes), 1000):
+        session.execute(insert(PriceChange), changes[start : start + 1000])
+    gone = set(previous) - {o.key for o in offerings}
+    if gone:
+        session.exec(delete(OfferingRow).where(col(OfferingRow.key).in_(gone)))  # type: ignore[call-overload]
+    return len(changes)
+
+
 def refresh_prices(rt: Runtime, now: datetime) -> int:
-    """Fetch every offering source; replace each provider's rows with what it returned. Returns rows written."""
+    """Fetch every offering source; replace each feed's rows with what it returned. Returns pools written."""
     written = 0
     for source in rt.offering_sources:
         feed = f"prices:{source.name}"
@@ -41,17 +77,11 @@ def refresh_prices(rt: Runtime, now: datetime) -> int:
                 _feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
                 session.commit()
             continue
-        rows = [row_from_offering(o, now).model_dump() for o in offerings]
         with Session(rt.engine) as session:
-            for start in range(0, len(rows), 1000):
-                upsert(session, OfferingRow, rows[start : start + 1000], ["key"])
-            keys = [r["key"] for r in rows]
-            session.exec(  # type: ignore[call-overload]
-                delete(OfferingRow).where(col(OfferingRow.provider) == source.name, col(OfferingRow.key).not_in(keys))
-            )
-            _feed_status(session, feed, now, len(rows))
+            store_offerings(session, feed, offerings, now)
+            _feed_status(session, feed, now, len(offerings))
             session.commit()
-        written += len(rows)
+        written += len(offerings)
     rt.catalog.invalidate()
     return written
 

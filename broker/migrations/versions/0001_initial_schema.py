@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 04:10:15.670614
+Create Date: 2026-11-22 04:24:20.236134
 """
 
 from collections.abc import Sequence
@@ -108,10 +108,13 @@ def upgrade() -> None:
         sa.Column("expected_wait_hours", sa.Float(), nullable=False),
         sa.Column("available", sa.Boolean(), nullable=False),
         sa.Column("simulated", sa.Boolean(), nullable=False),
+        sa.Column("interruption_basis", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
+        sa.Column("feed", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
         sa.Column("refreshed_at", broker.db.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key"),
     )
     with op.batch_alter_table("offering", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_offering_feed"), ["feed"], unique=False)
         batch_op.create_index(batch_op.f("ix_offering_provider"), ["provider"], unique=False)
 
     op.create_table(
@@ -126,6 +129,20 @@ def upgrade() -> None:
         sa.Column("observed_at", broker.db.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("source", "accelerator"),
     )
+    op.create_table(
+        "price_change",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("offering_key", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
+        sa.Column("feed", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=False),
+        sa.Column("hourly_usd", broker.db.Money(length=40), nullable=False),
+        sa.Column("price_source", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column("estimated", sa.Boolean(), nullable=False),
+        sa.Column("observed_at", broker.db.UTCDateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("price_change", schema=None) as batch_op:
+        batch_op.create_index("ix_price_change_key_at", ["offering_key", "observed_at"], unique=False)
+
     op.create_table(
         "sim_instance",
         sa.Column("provider", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
@@ -250,9 +267,14 @@ def downgrade() -> None:
         batch_op.drop_index("ix_sim_instance_provider_instance")
 
     op.drop_table("sim_instance")
+    with op.batch_alter_table("price_change", schema=None) as batch_op:
+        batch_op.drop_index("ix_price_change_key_at")
+
+    op.drop_table("price_change")
     op.drop_table("pressure")
     with op.batch_alter_table("offering", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_offering_provider"))
+        batch_op.drop_index(batch_op.f("ix_offering_feed"))
 
     op.drop_table("offering")
     with op.batch_alter_table("job", schema=None) as batch_op:
