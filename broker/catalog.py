@@ -77,6 +77,7 @@ class CatalogCache:
         self._engine = engine
         self._check_seconds = check_seconds
         self._book: PriceBook | None = None
+        self._feed_of: dict[str, str] = {}
         self._version: datetime | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
@@ -85,6 +86,10 @@ class CatalogCache:
         """Force a reload on next use (this process just refreshed the table)."""
         with self._lock:
             self._book = None
+
+    def feed_of(self, key: str) -> str:
+        """The feed that wrote a pool's current price (as of the cached snapshot)."""
+        return self._feed_of.get(key, "")
 
     def book(self, now: datetime) -> PriceBook:
         with self._lock:
@@ -100,6 +105,7 @@ class CatalogCache:
                         if f.last_success_at is not None
                     }
                     self._book = PriceBook.build((offering_from_row(r) for r in rows), now, feeds)
+                    self._feed_of = {r.key: r.feed for r in rows}
                     self._version = version
             self._checked = time.monotonic()
             return self._book

@@ -19,6 +19,8 @@ from broker.client import ApiError, BrokerClient
 app = typer.Typer(help="Overspill: burst GPU training jobs to the cheapest suitable pool within a cost ceiling.")
 keys_app = typer.Typer(help="API keys.")
 app.add_typer(keys_app, name="keys")
+prices_app = typer.Typer(help="Price feeds and catalogs.")
+app.add_typer(prices_app, name="prices")
 console = Console()
 err = Console(stderr=True)
 
@@ -36,6 +38,12 @@ def _load_spec(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path} must hold one job spec (a mapping)")
     return data
+
+
+def _nullcontext() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()
 
 
 def _fail(exc: ApiError) -> None:
@@ -235,6 +243,77 @@ def pools(
             "yes" if o["simulated"] else "",
         )
     console.print(table)
+
+
+@prices_app.command("refresh")
+def prices_refresh(as_json: JsonFlag = False) -> None:
+    """Refresh every configured price feed now (whether or not it is due)."""
+    from sqlmodel import Session, select
+
+    from broker.loop.feeds import refresh_prices
+    from broker.runtime import build_runtime
+    from broker.settings import Settings
+    from broker.tables import FeedStatus
+
+    rt = build_runtime(Settings())
+    now = rt.clock()
+    with console.status("refreshing price feeds..."):
+        refresh_prices(rt, now, force=True)
+    with Session(rt.engine) as session:
+        feeds = [f for f in session.exec(select(FeedStatus)).all() if f.name.startswith("prices:")]
+    rows = [
+        {
+            "feed": f.name,
+            "pools": f.items,
+            "ok": f.last_success_at == now,
+            "error": f.last_error if f.last_error_at == now else "",
+        }
+        for f in feeds
+    ]
+    if as_json:
+        print(json.dumps(rows))
+    else:
+        table = Table("feed", "pools", "ok", "error")
+        for r in rows:
+            table.add_row(r["feed"], str(r["pools"]), "yes" if r["ok"] else "[red]no[/red]", r["error"])
+        console.print(table)
+    if not all(r["ok"] for r in rows):
+        raise typer.Exit(1)
+
+
+@prices_app.command("import-catalog")
+def prices_import_catalog(
+    files: Annotated[list[Path], typer.Argument(help="SkyPilot-format vms.csv files (.csv or .csv.gz)")],
+    provider: Annotated[str | None, typer.Option(help="provider name, if not clear from the file name")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Load catalogs you already have (SkyPilot schema v5-v8) into the broker's pools."""
+    from broker.runtime import build_runtime
+    from broker.services.prices import ImportSummary, import_catalog_files
+    from broker.settings import Settings
+    from pricing.feeds import FeedError
+
+    rt = build_runtime(Settings())
+    done: list[ImportSummary] = []
+
+    def report(s: ImportSummary) -> None:
+        done.append(s)
+        if not as_json:
+            console.print(
+                f"{s.path.name}: {s.offerings} pools from {s.rows} rows ({s.skipped} skipped), "
+                f"{s.price_changes} price changes"
+            )
+            for w in s.warnings[:5]:
+                console.print(f"  [yellow]warning:[/yellow] {w}")
+
+    try:
+        with console.status("importing...", spinner="dots") if not as_json else _nullcontext():
+            import_catalog_files(rt, files, rt.clock(), provider=provider, on_file=report)
+    except (FeedError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps([{**s.__dict__, "path": str(s.path)} for s in done]))
 
 
 @keys_app.command("create")

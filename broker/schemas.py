@@ -139,15 +139,26 @@ class OfferingPublic(BaseModel):
     capacity_type: str
     hourly_usd: Decimal
     price_source: str
+    feed: str
     observed_at: datetime
     age_seconds: float
-    stale: bool
+    stale: bool = Field(description="the price is older than the staleness limit, or its feed's last refresh failed")
     estimated: bool
     interruption_rate_per_hour: float
+    interruption_basis: str
     egress_usd_per_gb: Decimal
     expected_wait_hours: float
     available: bool
     simulated: bool
+
+
+class PricePoint(BaseModel):
+    offering_key: str
+    hourly_usd: Decimal
+    price_source: str
+    estimated: bool
+    feed: str
+    observed_at: datetime
 
 
 class QuoteCandidate(BaseModel):

@@ -7,7 +7,8 @@ on. Writes are upserts, so concurrent replicas refreshing together converge on t
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from collections import defaultdict
+from datetime import datetime, timedelta
 
 from sqlalchemy import insert
 from sqlmodel import Session, col, delete, select
@@ -15,13 +16,14 @@ from sqlmodel import Session, col, delete, select
 from broker.catalog import row_from_offering
 from broker.loop.common import upsert
 from broker.runtime import Runtime
-from broker.tables import FeedStatus, OfferingRow, PressureRow, PriceChange
-from providers.model import Offering
+from broker.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
+from pricing.risk import PoolExperience, apply_experience, experience_from_runs
+from providers.model import CapacityType, Offering, PlacementState
 
 log = logging.getLogger(__name__)
 
 
-def _feed_status(session: Session, name: str, now: datetime, items: int, error: str = "") -> None:
+def record_feed_status(session: Session, name: str, now: datetime, items: int, error: str = "") -> None:
     row: dict[str, object] = {"name": name, "items": items, "last_error": error[:1000]}
     if error:
         row["last_error_at"] = now
@@ -64,22 +66,59 @@ def store_offerings(session: Session, feed: str, offerings: list[Offering], now:
     return len(changes)
 
 
-def refresh_prices(rt: Runtime, now: datetime) -> int:
-    """Fetch every offering source; replace each feed's rows with what it returned. Returns pools written."""
+EXPERIENCE_WINDOW = timedelta(days=14)
+
+
+def pool_experience(session: Session, now: datetime, half_life_hours: float = 72.0) -> dict[str, PoolExperience]:
+    """The broker's own spot history per pool over the last two weeks, decayed (see pricing.risk)."""
+    rows = session.exec(
+        select(Placement).where(
+            Placement.capacity_type == CapacityType.SPOT.value,
+            col(Placement.started_at).is_not(None),
+            col(Placement.created_at) >= now - EXPERIENCE_WINDOW,
+        )
+    ).all()
+    runs: dict[str, list[tuple[datetime, datetime, bool]]] = defaultdict(list)
+    for p in rows:
+        assert p.started_at is not None
+        end = min(p.ended_at or now, now)
+        runs[p.offering_key].append((p.started_at, end, p.state == PlacementState.PREEMPTED.value))
+    return {key: experience_from_runs(r, now, half_life_hours) for key, r in runs.items()}
+
+
+def _due(session: Session, feed: str, now: datetime, every_seconds: float) -> bool:
+    if every_seconds <= 0:
+        return True
+    status = session.get(FeedStatus, feed)
+    return (
+        status is None
+        or status.last_success_at is None
+        or (now - status.last_success_at).total_seconds() >= every_seconds
+    )
+
+
+def refresh_prices(rt: Runtime, now: datetime, *, force: bool = False) -> int:
+    """Fetch every offering source that is due; replace each feed's rows with what it returned (spot rates
+    adjusted by the broker's own reclaim experience). Returns pools written."""
     written = 0
+    with Session(rt.engine) as session:
+        experience = pool_experience(session, now)
     for source in rt.offering_sources:
         feed = f"prices:{source.name}"
+        with Session(rt.engine) as session:
+            if not force and not _due(session, feed, now, float(getattr(source, "refresh_seconds", 0.0))):
+                continue
         try:
-            offerings = source.offerings(now)
+            offerings = apply_experience(source.offerings(now), experience)
         except Exception as exc:  # one feed's failure must not stop the others; last good data is kept
             log.warning("price feed %s failed: %s", feed, exc)
             with Session(rt.engine) as session:
-                _feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
+                record_feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
                 session.commit()
             continue
         with Session(rt.engine) as session:
             store_offerings(session, feed, offerings, now)
-            _feed_status(session, feed, now, len(offerings))
+            record_feed_status(session, feed, now, len(offerings))
             session.commit()
         written += len(offerings)
     rt.catalog.invalidate()
@@ -96,7 +135,7 @@ def sample_pressure(rt: Runtime, now: datetime) -> int:
         except Exception as exc:  # keep the last sample; the feed status says it is stale
             log.warning("pressure feed %s failed: %s", feed, exc)
             with Session(rt.engine) as session:
-                _feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
+                record_feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
                 session.commit()
             continue
         rows = [
@@ -114,7 +153,7 @@ def sample_pressure(rt: Runtime, now: datetime) -> int:
         ]
         with Session(rt.engine) as session:
             upsert(session, PressureRow, rows, ["source", "accelerator"])
-            _feed_status(session, feed, now, len(rows))
+            record_feed_status(session, feed, now, len(rows))
             session.commit()
         written += len(rows)
     return written

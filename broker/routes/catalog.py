@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from broker.deps import Reader, RuntimeDep, Submitter
-from broker.schemas import JobCreate, OfferingPublic, PressurePublic, QuoteResponse
+from broker.errors import Unprocessable
+from broker.schemas import JobCreate, OfferingPublic, PressurePublic, PricePoint, QuoteResponse
 from broker.services import catalog_view as svc
 from providers.accelerators import canonical
 from providers.model import CapacityType
@@ -43,6 +45,24 @@ def pools(
         capacity_type=capacity_type.value if capacity_type else None,
         limit=limit,
     )
+
+
+@router.get("/prices/history", response_model=list[PricePoint])
+def prices_history(
+    rt: RuntimeDep,
+    principal: Reader,
+    offering: Annotated[str, Query(min_length=1, max_length=200, description="pool key, as in GET /v1/pools")],
+    start: Annotated[datetime | None, Query(alias="from", description="inclusive, ISO 8601 with zone")] = None,
+    end: Annotated[datetime | None, Query(alias="to", description="exclusive, ISO 8601 with zone")] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> list[PricePoint]:
+    """Every change of one pool's price (not every sample), oldest first."""
+    for name, value in (("from", start), ("to", end)):
+        if value is not None and value.tzinfo is None:
+            raise Unprocessable(name, "must include a time zone, e.g. 2026-11-01T00:00:00Z")
+    if start is not None and end is not None and end <= start:
+        raise Unprocessable("to", "must be after from")
+    return svc.price_history(rt, offering, start, end, limit)
 
 
 @router.get("/pressure", response_model=list[PressurePublic])

@@ -12,17 +12,36 @@ from broker.schemas import (
     JobCreate,
     OfferingPublic,
     PressurePublic,
+    PricePoint,
     QuoteCandidate,
     QuoteRejection,
     QuoteResponse,
 )
 from broker.services.jobs import new_id, spec_of
-from broker.tables import Job, PressureRow
+from broker.tables import FeedStatus, Job, PressureRow, PriceChange
 from federation.placement import PlacementContext, quote
 from providers.model import Offering
 
 
-def offering_public(off: Offering, now: datetime, stale_after_seconds: float) -> OfferingPublic:
+def feed_health(rt: Runtime, now: datetime) -> dict[str, bool]:
+    """Per feed: True when its last refresh succeeded within the staleness limit and no failure came since.
+
+    Imported catalogs (`catalog:*`) are static snapshots; they are fresh as long as they are loaded.
+    """
+    limit = rt.settings.price_stale_after_seconds
+    with Session(rt.engine) as session:
+        statuses = session.exec(select(FeedStatus)).all()
+    health = {}
+    for f in statuses:
+        ok = f.last_success_at is not None and (now - f.last_success_at).total_seconds() <= limit
+        failed_since = f.last_error_at is not None and (
+            f.last_success_at is None or f.last_error_at > f.last_success_at
+        )
+        health[f.name] = f.name.startswith("catalog:") or (ok and not failed_since)
+    return health
+
+
+def offering_public(off: Offering, now: datetime, feed: str, feed_fresh: bool) -> OfferingPublic:
     age = max(0.0, (now - off.price.observed_at).total_seconds())
     return OfferingPublic(
         key=off.key,
@@ -38,16 +57,23 @@ def offering_public(off: Offering, now: datetime, stale_after_seconds: float) ->
         capacity_type=off.capacity_type.value,
         hourly_usd=off.price.hourly_usd,
         price_source=off.price.source,
+        feed=feed,
         observed_at=off.price.observed_at,
         age_seconds=round(age, 1),
-        stale=age > stale_after_seconds,
+        stale=not feed_fresh,
         estimated=off.price.estimated,
         interruption_rate_per_hour=off.interruption_rate_per_hour,
+        interruption_basis=off.interruption_basis,
         egress_usd_per_gb=off.egress_usd_per_gb,
         expected_wait_hours=round(off.expected_wait_hours, 3),
         available=off.available,
         simulated=off.simulated,
     )
+
+
+def _public(rt: Runtime, off: Offering, now: datetime, health: dict[str, bool]) -> OfferingPublic:
+    feed = rt.catalog.feed_of(off.key)
+    return offering_public(off, now, feed, health.get(feed, False))
 
 
 def list_pools(
@@ -56,6 +82,7 @@ def list_pools(
     now = rt.clock()
     book = rt.catalog.book(now)
     offs = sorted(book, key=lambda o: (o.accelerator, o.price.hourly_usd, o.key))
+    health = feed_health(rt, now)
     out = []
     for off in offs:
         if accelerator and off.accelerator != accelerator:
@@ -64,7 +91,7 @@ def list_pools(
             continue
         if capacity_type and off.capacity_type.value != capacity_type:
             continue
-        out.append(offering_public(off, now, rt.settings.price_stale_after_seconds))
+        out.append(_public(rt, off, now, health))
         if len(out) >= limit:
             break
     return out
@@ -90,7 +117,7 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
         blocklist = active_blocklist(session, now)
     ctx = PlacementContext(now=now, remaining_work_hours=spec.work_hours, blocklist=blocklist, params=rt.params)
     q = quote(spec, book, ctx)
-    stale = rt.settings.price_stale_after_seconds
+    health = feed_health(rt, now)
     return QuoteResponse(
         feasible=q.ever_feasible,
         placeable_now=q.best is not None,
@@ -98,7 +125,7 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
         candidates=[
             QuoteCandidate(
                 rank=i + 1,
-                offering=offering_public(c.offering, now, stale),
+                offering=_public(rt, c.offering, now, health),
                 expected_cost_usd=c.expected_cost_usd,
                 expected_run_hours=round(c.expected_run_hours, 4),
                 expected_wait_hours=round(c.expected_wait_hours, 4),
@@ -128,3 +155,27 @@ def list_pressure(rt: Runtime) -> list[PressurePublic]:
     with Session(rt.engine) as session:
         rows = session.exec(select(PressureRow).order_by(PressureRow.source, PressureRow.accelerator)).all()
     return [PressurePublic(**r.model_dump()) for r in rows]
+
+
+def price_history(
+    rt: Runtime, offering_key: str, start: datetime | None, end: datetime | None, limit: int
+) -> list[PricePoint]:
+    """Every recorded change of one pool's price in `[start, end)`, oldest first."""
+    query = select(PriceChange).where(PriceChange.offering_key == offering_key)
+    if start is not None:
+        query = query.where(PriceChange.observed_at >= start)
+    if end is not None:
+        query = query.where(PriceChange.observed_at < end)
+    with Session(rt.engine) as session:
+        rows = session.exec(query.order_by(PriceChange.observed_at, PriceChange.id).limit(limit)).all()
+    return [
+        PricePoint(
+            offering_key=r.offering_key,
+            hourly_usd=r.hourly_usd,
+            price_source=r.price_source,
+            estimated=r.estimated,
+            feed=r.feed,
+            observed_at=r.observed_at,
+        )
+        for r in rows
+    ]
