@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from datetime import datetime
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def rate_from_trace(values: Sequence[int], gap_seconds: float) -> RiskEstimate:
     estimate is the rule-of-three upper bound (3 / hours up) rather than an overconfident zero.
     """
     up_ticks = sum(1 for v in values if v > 0)
-    reclaims = sum(1 for a, b in zip(values, values[1:], strict=False) if a > 0 and b == 0)
+    reclaims = sum(1 for a, b in pairwise(values) if a > 0 and b == 0)
     hours_up = up_ticks * gap_seconds / 3600
     if hours_up <= 0:
         return RiskEstimate(math.inf, "trace: never available")
