@@ -17,8 +17,8 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 from providers.model import CapacityType, Offering
