@@ -17,6 +17,7 @@ from broker import migrate
 from broker.auth import KeyVerifier, ensure_bootstrap_key
 from broker.catalog import CatalogCache
 from broker.db import make_engine, utcnow
+from broker.feeds_config import build_price_feeds
 from broker.settings import Settings
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
@@ -74,6 +75,7 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         providers[onprem.name] = onprem
         offering_sources.append(onprem)
         pressure_sources.append(onprem)
+    offering_sources.extend(build_price_feeds(settings))
     params = PlacementParams(
         checkpoint_interval_hours=settings.checkpoint_interval_hours,
         restart_hours=settings.restart_hours,

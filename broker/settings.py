@@ -42,6 +42,19 @@ class Settings(BaseSettings):
     tick_interval_seconds: float = 10.0
     price_stale_after_seconds: float = 3 * 3600
 
+    price_refresh_seconds: float = Field(default=300.0, description="how often live cloud price feeds are asked")
+    aws_regions: list[str] = Field(default_factory=list, description="enables the AWS price feed for these regions")
+    aws_instance_types: list[str] = Field(
+        default_factory=list, description="limit the AWS feed (default: all GPU types)"
+    )
+    aws_endpoint_url: str | None = Field(default=None, description="EC2 endpoint override (e.g. a moto server)")
+    aws_spot_advisor_file: Path | None = Field(default=None, description="Spot Instance Advisor JSON (.gz ok)")
+    gcp_project: str = Field(default="", description="enables the GCP price feed (Cloud Billing Catalog)")
+    gcp_regions: list[str] = Field(default_factory=list)
+    gcp_endpoint: str | None = Field(default=None, description="API endpoint override for tests")
+    azure_regions: list[str] = Field(default_factory=list, description="enables the Azure Retail Prices feed")
+    azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
+
     checkpoint_interval_hours: float = 0.5
     restart_hours: float = 0.1
     wait_value_usd_per_gpu_hour: float = 0.5
