@@ -2,6 +2,10 @@
 
 Every layer speaks canonical names (`A100-80GB`, `H100`, ...). `canonical()` maps a provider's spelling onto
 them; an unknown name is returned upper-cased so new hardware still flows through, unranked by memory.
+
+`ACCELERATORS` holds the GPUs the broker simulates and benchmarks; `OTHER_ACCELERATORS` older or niche hardware
+seen in real catalogs (SkyPilot-format vms.csv of AWS, GCP, Azure, Lambda...), recognised and sized but not
+simulated. Memory is per GPU, in the vendor's GB figure (H200 141, B200 180), as the catalogs' GpuInfo gives it.
 """
 
 from __future__ import annotations
@@ -49,21 +53,62 @@ _ALIASES: dict[str, str] = {
     "NVIDIA-H100-MEGA-80GB": "H100-MEGA",
     "NVIDIA-H200-141GB": "H200",
     "NVIDIA-B200": "B200",
+    "NVIDIA-A10": "A10",
+    "NVIDIA-A10G": "A10G",
+    "NVIDIA-L40S": "L40S",
+    "NVIDIA-TESLA-P100": "P100",
+    "NVIDIA-TESLA-P4": "P4",
+    "A100-40GB": "A100",
+    "A100-80GB-SXM": "A100-80GB",
+    "H100-SXM": "H100",
+    "H100-SXM5": "H100",
+    "H100-PCIE": "H100",
+    "H100-NVLINK": "H100",
+    "H200-SXM": "H200",
+    "RADEON-MI25": "MI25",
+    "RADEON-PRO-V520": "V520",
+    "GAUDI-HL-205": "GAUDI",
+    "HL-205": "GAUDI",
+    "RTXA6000": "A6000",
+    "RTX-A6000": "A6000",
+    "RTX6000ADA": "RTX6000-ADA",
 }
+
+# Hardware seen in real catalogs that the simulator and the synthetic benchmarks do not model.
+OTHER_ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a
+    for a in (
+        Accelerator("P4", 8),
+        Accelerator("P100", 16),
+        Accelerator("M60", 8),
+        Accelerator("MI25", 16),
+        Accelerator("V520", 8),
+        Accelerator("T4G", 16),
+        Accelerator("A30", 24),
+        Accelerator("A40", 48),
+        Accelerator("L40", 48),
+        Accelerator("A6000", 48),
+        Accelerator("RTX6000", 24),
+        Accelerator("RTX6000-ADA", 48),
+        Accelerator("A800", 80),
+        Accelerator("H100-NVL", 94),
+        Accelerator("GH200", 96),
+        Accelerator("B300", 288),
+        Accelerator("GAUDI", 32),
+    )
+}
+
+_KNOWN: dict[str, Accelerator] = {**ACCELERATORS, **OTHER_ACCELERATORS}
+_BY_UPPER: dict[str, str] = {**{name.upper(): name for name in _KNOWN}, **_ALIASES}
 
 
 def canonical(name: str) -> str:
     """The canonical spelling of an accelerator name (case-insensitive; aliases resolved)."""
     upper = name.strip().upper().replace(" ", "-")
-    if upper in _ALIASES:
-        return _ALIASES[upper]
-    for known in ACCELERATORS:
-        if known.upper() == upper:
-            return known
-    return upper
+    return _BY_UPPER.get(upper, upper)
 
 
 def memory_gib(name: str) -> int:
     """Per-GPU memory of a canonical accelerator, 0 when unknown."""
-    acc = ACCELERATORS.get(name)
+    acc = _KNOWN.get(name)
     return acc.memory_gib if acc else 0
