@@ -238,11 +238,15 @@ def place(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Candidate | N
     best: Candidate | None = None
     work = float(ctx.remaining_work_hours)
     max_hourly = float(job.max_hourly_usd) if job.max_hourly_usd is not None else float("inf")
-    for group in book.for_accelerators(job.accelerators):
+    budget_bound = float(job.max_total_usd - ctx.spent_usd) + 0.005  # + rounding slack of the cost's cents
+    for group in book.for_shape(job.accelerators, job.gpu_count):
         for item in group:
             if item.hourly > max_hourly:
                 break  # sorted by price: every later pool is over the hourly ceiling too
-            if best is not None and item.hourly * work - 0.005 > best.score:
+            floor = item.hourly * work  # no pool costs less than its price for the bare work
+            if floor > budget_bound:
+                break  # this and every later pool would break max_total_usd
+            if best is not None and floor - 0.005 > best.score:
                 break  # even with no overhead, transfer or wait this pool costs more than the best
             verdict = evaluate(job, item.offering, ctx)
             if isinstance(verdict, Candidate) and (best is None or _rank_key(verdict) < _rank_key(best)):

@@ -1,8 +1,9 @@
 """The PriceBook: an immutable snapshot of every offering with its current price, indexed for placement.
 
 A snapshot is built once per refresh and then only read, so placement never sees a half-updated catalog.
-Offerings are grouped by canonical accelerator name and sorted by hourly price, which lets placement stop
-scanning as soon as price alone rules out beating the best candidate found so far.
+Offerings are grouped by canonical accelerator name (and within it by GPU count) and sorted by hourly price,
+which lets placement skip pools too small for a job and stop scanning a group as soon as price alone rules out
+beating the best candidate found so far or fitting the job's remaining budget.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class PriceBook:
     by_key: dict[str, Offering]
     by_accelerator: dict[str, tuple[IndexedOffering, ...]]
     feed_observed_at: dict[str, datetime] = field(default_factory=dict)
+    by_shape: dict[str, tuple[tuple[int, tuple[IndexedOffering, ...]], ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -45,7 +47,13 @@ class PriceBook:
         for off in by_key.values():
             groups.setdefault(off.accelerator, []).append(IndexedOffering(float(off.price.hourly_usd), off))
         by_acc = {acc: tuple(sorted(items, key=lambda i: (i.hourly, i.offering.key))) for acc, items in groups.items()}
-        return cls(built_at, by_key, by_acc, dict(feed_observed_at or {}))
+        by_shape: dict[str, tuple[tuple[int, tuple[IndexedOffering, ...]], ...]] = {}
+        for acc, items in by_acc.items():
+            counts: dict[int, list[IndexedOffering]] = {}
+            for item in items:  # already in price order, so each count's list is too
+                counts.setdefault(item.offering.accelerator_count, []).append(item)
+            by_shape[acc] = tuple((n, tuple(counts[n])) for n in sorted(counts))
+        return cls(built_at, by_key, by_acc, dict(feed_observed_at or {}), by_shape)
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -63,6 +71,11 @@ class PriceBook:
         """A new snapshot with one provider's offerings replaced (the others shared, unchanged)."""
         kept = (o for o in self.by_key.values() if o.provider != provider)
         return PriceBook.build([*kept, *offerings], built_at, self.feed_observed_at)
+
+    def for_shape(self, names: Iterable[str], min_gpus: int) -> list[tuple[IndexedOffering, ...]]:
+        """Price-ordered groups of pools with one of `names` and at least `min_gpus` GPUs (one group per
+        accelerator and GPU count), so placement never walks pools too small for the job."""
+        return [group for n in names for count, group in self.by_shape.get(n, ()) if count >= min_gpus]
 
     def on_demand_price(self, offering: Offering) -> Offering | None:
         """The on-demand twin of a pool (same provider, zone and type), for counterfactual costs."""

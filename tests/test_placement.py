@@ -127,3 +127,39 @@ def test_wait_reason_and_feasibility() -> None:
     assert q.wait_reason().startswith("over_hourly_ceiling")
     q2 = quote(spec(accelerators=("H100",)), book, ctx())
     assert not q2.ever_feasible and q2.other_accelerator_pools == 2
+
+
+def test_fast_path_agrees_with_full_quote_on_random_catalogs() -> None:
+    import random
+
+    rng = random.Random(11)
+    accs = ["A100", "V100", "H100", "L4"]
+    for round_ in range(30):
+        offs = [
+            offering(
+                provider=rng.choice(["aws", "gcp", "azure"]),
+                zone=f"z{i}",
+                instance_type=f"t{i}",
+                accelerator=rng.choice(accs),
+                count=rng.choice([1, 2, 4, 8]),
+                capacity=rng.choice(["spot", "on_demand"]),
+                price=str(round(rng.uniform(0.5, 40), 4)),
+                rate=rng.choice([0.0, 0.05, 0.5, 2.0]),
+                wait=rng.choice([0.0, 0.0, 3.0]),
+                available=rng.random() > 0.1,
+            )
+            for i in range(60)
+        ]
+        book = PriceBook.build(offs, NOW)
+        for _ in range(10):
+            job = spec(
+                accelerators=tuple(rng.sample(accs, rng.randint(1, 3))),
+                gpu_count=rng.choice([1, 2, 4, 8]),
+                max_total_usd=Decimal(rng.choice([20, 100, 1000])),
+                max_hourly_usd=rng.choice([None, Decimal("10")]),
+                work_gpu_hours=Decimal(rng.randint(1, 40)),
+            )
+            c = ctx(remaining_work_hours=job.work_hours, spent_usd=Decimal(rng.choice([0, 10])))
+            fast = place(job, book, c)
+            full = quote(job, book, c).best
+            assert (fast.offering.key if fast else None) == (full.offering.key if full else None), round_
