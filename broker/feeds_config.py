@@ -3,20 +3,30 @@
 - `OVERSPILL_AWS_REGIONS=["us-east-1","us-west-2"]`: the AWS feed (boto3; credentials from the usual AWS chain,
   `OVERSPILL_AWS_ENDPOINT_URL` to point EC2 at another endpoint such as a moto server).
 - `OVERSPILL_GCP_PROJECT=...` (+ `OVERSPILL_GCP_REGIONS`): the GCP feed (Application Default Credentials).
-- `OVERSPILL_AZURE_REGIONS=["eastus"]`: the Azure Retail Prices feed (no credentials needed).
+- `OVERSPILL_AZURE_REGIONS=["eastus"]`: the Azure Retail Prices feed (no credentials needed); with
+  `OVERSPILL_AZURE_SUBSCRIPTION_ID` VM sizes also come from azure-mgmt-compute (DefaultAzureCredential).
+Imported catalogs (`overspill prices import-catalog`) serve as the AWS feed's on-demand fallback.
 Each feed is asked at most every `price_refresh_seconds`.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
 from broker.settings import Settings
+from broker.tables import OfferingRow
 from providers.base import OfferingSource
+from providers.model import CapacityType, Offering
 
 
-def build_price_feeds(settings: Settings) -> list[OfferingSource]:
+def build_price_feeds(settings: Settings, engine: Engine) -> list[OfferingSource]:
     feeds: list[OfferingSource] = []
     if settings.aws_regions:
-        feeds.append(_aws(settings))
+        feeds.append(CatalogFallbackFeed(_aws(settings), engine))
     if settings.gcp_project:
         feeds.append(_gcp(settings))
     if settings.azure_regions:
@@ -24,7 +34,30 @@ def build_price_feeds(settings: Settings) -> list[OfferingSource]:
     return feeds
 
 
-def _aws(settings: Settings) -> OfferingSource:
+class CatalogFallbackFeed:
+    """Runs the AWS feed with on-demand prices from imported catalogs as its fallback (used, marked estimated,
+    when the Price List API fails or lacks a product). The fallback is re-read from the database per refresh."""
+
+    def __init__(self, feed: Any, engine: Engine) -> None:
+        self._feed = feed
+        self._engine = engine
+        self.name: str = feed.name
+        self.refresh_seconds: float = feed.refresh_seconds
+
+    def offerings(self, now: datetime) -> list[Offering]:
+        with Session(self._engine) as session:
+            rows = session.exec(
+                select(OfferingRow.region, OfferingRow.instance_type, OfferingRow.hourly_usd).where(
+                    OfferingRow.provider == self.name,
+                    OfferingRow.capacity_type == CapacityType.ON_DEMAND.value,
+                    col(OfferingRow.feed).startswith("catalog:"),
+                )
+            ).all()
+        self._feed.on_demand_fallback = {(region, itype): price for region, itype, price in rows}
+        return list(self._feed.offerings(now))
+
+
+def _aws(settings: Settings) -> Any:
     import boto3
 
     from pricing.advisor import SpotAdvisor
@@ -71,6 +104,14 @@ def _azure(settings: Settings) -> OfferingSource:
 
     from pricing.feeds.azure import AzurePriceFeed
 
-    feed = AzurePriceFeed(httpx.Client(timeout=60), settings.azure_regions, base_url=settings.azure_prices_url)
+    compute = None
+    if settings.azure_subscription_id:
+        from azure.identity import DefaultAzureCredential
+        from azure.mgmt.compute import ComputeManagementClient
+
+        compute = ComputeManagementClient(DefaultAzureCredential(), settings.azure_subscription_id)
+    feed = AzurePriceFeed(
+        httpx.Client(timeout=60), settings.azure_regions, compute=compute, base_url=settings.azure_prices_url
+    )
     feed.refresh_seconds = settings.price_refresh_seconds  # type: ignore[attr-defined]
     return feed

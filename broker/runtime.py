@@ -75,7 +75,7 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         providers[onprem.name] = onprem
         offering_sources.append(onprem)
         pressure_sources.append(onprem)
-    offering_sources.extend(build_price_feeds(settings))
+    offering_sources.extend(build_price_feeds(settings, engine))
     params = PlacementParams(
         checkpoint_interval_hours=settings.checkpoint_interval_hours,
         restart_hours=settings.restart_hours,

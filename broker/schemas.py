@@ -138,6 +138,7 @@ class OfferingPublic(BaseModel):
     memory_gib: Decimal
     capacity_type: str
     hourly_usd: Decimal
+    usd_per_gpu_hour: Decimal
     price_source: str
     feed: str
     observed_at: datetime

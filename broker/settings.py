@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     gcp_endpoint: str | None = Field(default=None, description="API endpoint override for tests")
     azure_regions: list[str] = Field(default_factory=list, description="enables the Azure Retail Prices feed")
     azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
+    azure_subscription_id: str = Field(default="", description="with azure_regions: VM sizes from azure-mgmt-compute")
 
     checkpoint_interval_hours: float = 0.5
     restart_hours: float = 0.1

@@ -95,3 +95,23 @@ def test_demo_runs_and_reports_savings() -> None:
         assert float(j["spent_usd"]) <= float(j["ceiling_usd"])
         assert j["where"]
     assert float(result["saving_usd"]) > 0
+
+
+def test_prices_import_catalog(tmp_path: Path) -> None:
+    catalog = tmp_path / "aws_vms.csv"
+    catalog.write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
+        "p4d.24xlarge,A100,8,96,1152,32.7726,12.1,us-east-1,us-east-1a\n"
+        "g5.xlarge,A10G,1,4,16,1.006,,us-east-1,us-east-1b\n"
+    )
+    env = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'cat.db'}", "OVERSPILL_SIMULATED": "false"}
+    out = runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env)
+    assert out.exit_code == 0, out.output
+    [summary] = json.loads(out.output)
+    assert summary["offerings"] == 3 and summary["price_changes"] == 3 and summary["feed"] == "catalog:aws_vms.csv"
+    again = json.loads(runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env).output)
+    assert again[0]["price_changes"] == 0
+    broken = tmp_path / "aws_broken.csv"
+    broken.write_text("InstanceType,Price\np4d.24xlarge,abc\n")
+    failed = runner.invoke(app, ["prices", "import-catalog", str(broken)], env=env)
+    assert failed.exit_code == 1 and "aws_broken.csv" in failed.output

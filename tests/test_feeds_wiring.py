@@ -53,6 +53,13 @@ def test_configured_feeds_fill_the_pools(moto_endpoint: str, tmp_path: Path, mon
         }
         for k, v in env.items():
             monkeypatch.setenv(k, v)
+        catalog = tmp_path / "aws_vms.csv"
+        catalog.write_text(
+            "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
+            "p4d.24xlarge,A100,8,96,1152,32.7726,,us-east-1,\n"
+        )
+        imported = CliRunner().invoke(app, ["prices", "import-catalog", str(catalog), "--json"])
+        assert imported.exit_code == 0, imported.output
         out = CliRunner().invoke(app, ["prices", "refresh", "--json"])
         assert out.exit_code == 0, out.output
         feeds = {r["feed"]: r for r in _last_json(out.output)}
@@ -62,10 +69,14 @@ def test_configured_feeds_fill_the_pools(moto_endpoint: str, tmp_path: Path, mon
         rt = build_runtime(Settings())
         api = TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
         pools = api.get("/v1/pools", params={"limit": 10_000}).json()
-        aws = [p for p in pools if p["provider"] == "aws"]
+        aws = [p for p in pools if p["provider"] == "aws" and p["feed"] == "prices:aws"]
         assert {p["instance_type"] for p in aws} == {"p4d.24xlarge", "g5.xlarge"}
         assert all(p["zone"].startswith("us-east-1") and p["feed"] == "prices:aws" for p in aws)
         assert {p["accelerator"] for p in aws} == {"A100", "A10G"}
+        fallback = [p for p in aws if p["capacity_type"] == "on_demand" and p["feed"] == "prices:aws"]
+        assert fallback and {p["instance_type"] for p in fallback} == {"p4d.24xlarge"}  # Pricing API absent in moto
+        assert all(p["estimated"] and p["hourly_usd"] == "32.7726" for p in fallback)
+        assert fallback[0]["usd_per_gpu_hour"] == "4.096575"
         assert not any(p["simulated"] for p in pools)
         az = {(p["instance_type"], p["capacity_type"]): p for p in pools if p["provider"] == "azure"}
         assert az[("Standard_NC24ads_A100_v4", "on_demand")]["hourly_usd"] == "3.673"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 from sqlmodel import Session, select
 
+from broker.db import plain
 from broker.loop.common import active_blocklist
 from broker.runtime import Runtime
 from broker.schemas import (
@@ -56,6 +58,7 @@ def offering_public(off: Offering, now: datetime, feed: str, feed_fresh: bool) -
         memory_gib=off.memory_gib,
         capacity_type=off.capacity_type.value,
         hourly_usd=off.price.hourly_usd,
+        usd_per_gpu_hour=plain(off.usd_per_gpu_hour.quantize(Decimal("0.000001"))),
         price_source=off.price.source,
         feed=feed,
         observed_at=off.price.observed_at,
