@@ -6,14 +6,17 @@ same shape FastAPI uses for validation errors. Bodies over `max_request_bytes` g
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, status
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.errors import BrokerError
 from broker.routes import catalog, health, jobs, keys
@@ -26,6 +29,66 @@ log = logging.getLogger(__name__)
 def _field_of(loc: tuple[object, ...] | list[object]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
     return ".".join(parts) or "body"
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: 413 for a declared Content-Length over the limit, and for a chunked body once it
+    grows past it (cheaper per request than Starlette's BaseHTTPMiddleware)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.max_bytes:
+                    await self._reject(send)
+                    return
+                break
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(self.max_bytes)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps({"message": f"body: request body over {self.max_bytes} bytes", "detail": []}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(HTTPException):
+    """Raised from inside body reading; FastAPI lets HTTPExceptions through its body parser as they are."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"body: request body over {max_bytes} bytes")
 
 
 def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None, loop: bool = False) -> FastAPI:
@@ -58,15 +121,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         app.state.runtime = runtime
     max_bytes = (settings or (runtime.settings if runtime else Settings())).max_request_bytes
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
-            return JSONResponse(
-                {"message": f"body: request body over {max_bytes} bytes", "detail": []},
-                status_code=status.HTTP_413_CONTENT_TOO_LARGE,
-            )
-        return await call_next(request)
+    app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -74,6 +129,12 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         message = "; ".join(f"{_field_of(e['loc'])}: {e['msg']}" for e in errors)
         detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
         return JSONResponse({"message": message, "detail": detail}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"message": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(BrokerError)
     async def broker_error(_: Request, exc: BrokerError) -> JSONResponse:

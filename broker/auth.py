@@ -91,13 +91,19 @@ class KeyVerifier:
         self._cache: dict[bytes, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
 
-    def verify(self, key: str) -> Principal:
+    def cached(self, key: str) -> Principal | None:
+        """The principal of a key verified recently in this process, without touching the database."""
         digest = hashlib.sha256(key.encode()).digest()
-        now = time.monotonic()
         with self._lock:
             hit = self._cache.get(digest)
-        if hit is not None and hit[1] > now:
-            return hit[0]
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    def verify(self, key: str) -> Principal:
+        hit = self.cached(key)
+        if hit is not None:
+            return hit
+        digest = hashlib.sha256(key.encode()).digest()
+        now = time.monotonic()
         key_id, secret = parse_key(key)
         with Session(self._engine) as session:
             row = session.get(ApiKey, key_id)

@@ -90,7 +90,9 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # Sized to FastAPI's worker thread pool (40 threads): connections are reused, never opened per request
+    # (a PostgreSQL connection costs a backend process start).
+    return create_engine(url, pool_size=40, max_overflow=10, pool_pre_ping=True, pool_recycle=1800)
 
 
 @contextmanager

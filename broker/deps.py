@@ -1,24 +1,28 @@
-"""FastAPI dependencies: the process's Runtime and the authenticated, authorised caller."""
+"""FastAPI dependencies: the process's Runtime and the authenticated, authorised caller.
+
+They are `async` so FastAPI does not hand each one to a worker thread; only a key not yet verified in this
+process goes to a thread for the slow hash."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
+from starlette.concurrency import run_in_threadpool
 
 from broker.auth import InvalidKey, Principal, Role
 from broker.runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime  # type: ignore[no-any-return]
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_principal(
+async def get_principal(
     rt: RuntimeDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
@@ -34,18 +38,21 @@ def get_principal(
             "missing API key: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    principal = rt.verifier.cached(key)  # the common case: no thread hand-off, no database
+    if principal is not None:
+        return principal
     try:
-        return rt.verifier.verify(key)
+        return await run_in_threadpool(rt.verifier.verify, key)  # slow hash + lookup, off the event loop
     except InvalidKey as exc:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, f"invalid API key ({exc})", headers={"WWW-Authenticate": "Bearer"}
         ) from exc
 
 
-def require(*roles: Role) -> Callable[[Principal], Principal]:
+def require(*roles: Role) -> Callable[[Principal], Awaitable[Principal]]:
     """A dependency that admits only the given roles (403 otherwise)."""
 
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             allowed = ", ".join(r.value for r in roles)
             raise HTTPException(

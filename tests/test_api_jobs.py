@@ -82,7 +82,9 @@ def test_past_deadline_rejected(client: TestClient) -> None:
 
 def test_auth_required_and_checked(client: TestClient) -> None:
     anon = {"Authorization": ""}
-    assert client.get("/v1/jobs", headers=anon).status_code == 401
+    resp = client.get("/v1/jobs", headers=anon)
+    assert resp.status_code == 401 and "API key" in resp.json()["message"]
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
     bad = {"Authorization": "Bearer ovs_devadmin_not-the-right-secret"}
     assert client.get("/v1/jobs", headers=bad).status_code == 401
     malformed = {"Authorization": "Bearer nonsense"}
@@ -184,3 +186,15 @@ def test_body_size_limit(client: TestClient) -> None:
 def test_openapi_served(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/jobs" in spec["paths"] and "/v1/quotes" in spec["paths"]
+
+
+def test_chunked_body_over_the_limit_is_refused(client: TestClient) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"name": "'
+        for _ in range(30):
+            yield b"x" * 50_000
+        yield b'"}'
+
+    resp = client.post("/v1/jobs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["message"].startswith("body:")
