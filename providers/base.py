@@ -146,9 +146,27 @@ class QueuePressureSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class InterruptionNotice:
+    """A provider's warning that an instance is about to be (or was) reclaimed.
+
+    `kind` is "interruption" (the instance will stop at `action_at`) or "rebalance" (elevated risk, no deadline).
+    """
+
     instance_id: str
     provider: str
-    kind: str  # "interruption" | "rebalance"
+    kind: str
     at: datetime
     action_at: datetime | None = None
     raw: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class InterruptionSource(Protocol):
+    """A provider that pushes interruption notices (AWS EventBridge -> SQS, Azure Scheduled Events relayed...).
+
+    `poll_interruptions` returns notices received since the last call and acknowledges them (at-least-once:
+    a notice may be returned again after a crash, so handling must be idempotent).
+    """
+
+    name: str
+
+    def poll_interruptions(self) -> list[InterruptionNotice]: ...

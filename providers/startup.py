@@ -1,0 +1,45 @@
+"""The start-up script every cloud instance boots with: pull the job's container and run it, told where its
+checkpoint lives and whether to resume from it.
+
+Contract with the training container (documented for users): the broker sets `OVERSPILL_CHECKPOINT_URI` (where
+to write and read checkpoints), `OVERSPILL_RESUME=1` when a checkpoint from an earlier attempt should be loaded,
+`OVERSPILL_JOB_ID` and `OVERSPILL_PLACEMENT_ID`, and `OVERSPILL_CHECKPOINT_INTERVAL_SECONDS` (how often to
+checkpoint). The container should checkpoint at that cadence and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from providers.base import LaunchRequest
+
+
+def container_env(request: LaunchRequest) -> dict[str, str]:
+    env = {
+        "OVERSPILL_JOB_ID": request.tags.job_id,
+        "OVERSPILL_PLACEMENT_ID": request.tags.placement_id,
+        "OVERSPILL_CHECKPOINT_INTERVAL_SECONDS": str(int(request.checkpoint_interval_hours * 3600)),
+        "OVERSPILL_RESUME": "1" if request.resume_from else "0",
+    }
+    uri = request.resume_from or request.spec.checkpoint_uri
+    if uri:
+        env["OVERSPILL_CHECKPOINT_URI"] = uri
+    return env
+
+
+def startup_script(request: LaunchRequest) -> str:
+    """A bash script (cloud-init user data / GCP startup-script / Azure custom data) that runs the job."""
+    env_flags = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(container_env(request).items()))
+    command = " ".join(shlex.quote(part) for part in request.spec.command)
+    gpus = "--gpus all" if request.spec.gpu_count else ""
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# written by Overspill: runs one training job attempt, then powers off",
+            "set -euo pipefail",
+            f"docker pull {shlex.quote(request.spec.image)}",
+            f"docker run --rm {gpus} {env_flags} {shlex.quote(request.spec.image)} {command}".rstrip(),
+            "shutdown -h now",
+            "",
+        ]
+    )
