@@ -271,7 +271,7 @@ def random_specs(n: int, seed: int, book: PriceBook) -> list[tuple[JobSpec, Plac
     params = PlacementParams(wait_value_usd_per_gpu_hour=0.5)
     out: list[tuple[JobSpec, PlacementContext]] = []
     for i in range(n):
-        accs = tuple(rng.sample(accelerators, rng.choice((1, 1, 2, 2, 3, 4))))
+        accs = tuple(rng.sample(accelerators, min(len(accelerators), rng.choice((1, 1, 2, 2, 3, 4)))))
         gpus = rng.choice((1, 1, 1, 2, 2, 4, 4, 8, 8))
         work_gpu_hours = Decimal(rng.choice((1, 2, 5, 10, 24, 50, 100, 250, 800)))
         typical = min(BASE_GPU_HOUR_USD.get(a, 4.0) for a in accs) * float(work_gpu_hours)
@@ -280,8 +280,12 @@ def random_specs(n: int, seed: int, book: PriceBook) -> list[tuple[JobSpec, Plac
         if rng.random() < 0.3:
             max_hourly = _money(min(BASE_GPU_HOUR_USD.get(a, 4.0) for a in accs) * gpus * rng.uniform(0.3, 1.5))
         deadline = NOW + timedelta(hours=rng.uniform(1, 200)) if rng.random() < 0.25 else None
-        allowed_regions = tuple(rng.sample(regions, rng.randint(1, 4))) if rng.random() < 0.15 else ()
-        allowed_providers = tuple(rng.sample(providers, rng.randint(1, 3))) if rng.random() < 0.1 else ()
+        allowed_regions = (
+            tuple(rng.sample(regions, min(len(regions), rng.randint(1, 4)))) if rng.random() < 0.15 else ()
+        )
+        allowed_providers = (
+            tuple(rng.sample(providers, min(len(providers), rng.randint(1, 3)))) if rng.random() < 0.1 else ()
+        )
         checkpoint_at = (rng.choice(providers), rng.choice(regions)) if rng.random() < 0.3 else None
         blocklist = frozenset({rng.choice(providers)}) if rng.random() < 0.1 else frozenset()
         spec = JobSpec(
@@ -359,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     groups = {acc: len(items) for acc, items in book.by_accelerator.items()}
     say(
         f"PriceBook.build: {len(book):,} offerings, {len(groups)} accelerators "
-        f"(largest group {max(groups.values()):,}) in {build_s * 1000:.1f} ms"
+        f"(largest group {max(groups.values(), default=0):,}) in {build_s * 1000:.1f} ms"
     )
 
     specs = random_specs(args.decisions, args.seed, book)
@@ -404,7 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "real_catalog": real_info,
         "book_offerings": len(book),
         "accelerators": len(groups),
-        "largest_group": max(groups.values()),
+        "largest_group": max(groups.values(), default=0),
         "generate_s": round(gen_s, 3),
         "build_ms": round(build_s * 1000, 1),
         "place": {
@@ -451,6 +455,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-real", action="store_true", help="do not load the real catalog even if present")
     parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
     args = parser.parse_args(argv)
+    if args.offerings < 1 or args.decisions < 1 or args.quotes < 1:
+        parser.error("--offerings, --decisions and --quotes must be at least 1")
     result = run(args)
     if args.json:
         print(json.dumps(result))

@@ -13,8 +13,12 @@ What it measures, per backend (`--db sqlite|postgresql|both`, default both):
   5. Accounting: the rows added to table `job` during the measured run must equal the 202 answers wrk reported
      (its total minus non-2xx). Requests still in flight when wrk stops are completed by the server but never
      counted by wrk, so up to `--connections` extra rows are expected and reported as "in flight".
-  6. CPU seconds the uvicorn processes (and PostgreSQL) used per request, and how many cores uvicorn, wrk and
-     the whole machine kept busy, read from /proc (Linux; other load on the machine shows up there).
+  6. CPU seconds the uvicorn processes (and PostgreSQL) used per request, how many cores uvicorn, wrk and the
+     whole machine kept busy ("other load" is the rest: someone else's processes), how wrk's keep-alive
+     connections ended up spread over the uvicorn workers, and (PostgreSQL) how many new database connections
+     the broker opened, all read from /proc and pg_stat_database (Linux).
+  `--repeat N` measures N times against the same server (after one warm-up) and prints the medians: the
+  spread of connections over workers is decided by the kernel at connect time and moves the figures.
   Optionally (`--py-spy DIR`) one uvicorn worker is sampled with py-spy during the run (only samples holding the
   GIL: the Python work competing for the worker's one core) and its hottest functions are printed (py-spy must
   be installed: `pip install py-spy`; its raw collapsed stacks stay in DIR).
@@ -41,6 +45,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,6 +117,7 @@ class Result:
     connections: int
     threads: int
     duration_s: float
+    run: int = 1
     offerings_seeded: int = 0
     requests: int = 0
     requests_per_s: float = 0.0
@@ -131,6 +137,10 @@ class Result:
     db_cpu_ms_per_request: float | None = None
     wrk_cores_busy: float | None = None
     machine_cores_busy: float | None = None
+    other_cores_busy: float | None = None  # machine minus uvicorn, wrk and PostgreSQL: someone else's load
+    db_connections_opened: int | None = None
+    connections_per_worker: list[int] = field(default_factory=list)  # wrk's connections held by each worker
+    server_log_tail: str | None = None  # the end of uvicorn's output when answers were not all 2xx
     hotspots: list[dict[str, Any]] | None = None
     error: str | None = None
 
@@ -277,8 +287,33 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        # utime, stime, cutime, cstime (fields 14-17 of stat): reaped children count too (PostgreSQL backends)
+        total += sum(int(f) for f in fields[11:15])
     return total / tick
+
+
+def established_connections(pid: int, port: int) -> int:
+    """TCP connections the process holds ESTABLISHED on local `port` (Linux /proc; 0 when unreadable)."""
+    try:
+        inodes = {
+            os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")
+        }
+    except OSError:
+        return 0
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            local_port = int(cols[1].rsplit(":", 1)[1], 16)
+            if local_port == port and cols[3] == "01" and cols[9] in inodes:  # 01: ESTABLISHED
+                count += 1
+    return count
 
 
 # ---------------------------------------------------------------------------------------------- databases
@@ -291,6 +326,7 @@ class Database:
     count_jobs: Callable[[], int]
     server_pids: Callable[[], list[int]]
     close: Callable[[], None]
+    sessions: Callable[[], int | None] = lambda: None  # connections ever opened to the database (PostgreSQL)
 
 
 def sqlite_database(workdir: Path) -> Database:
@@ -338,7 +374,13 @@ def postgres_database(pg_url: str | None) -> Database:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         server.stop()
 
-    return Database("postgresql", url, count, pids, close)
+    def sessions() -> int | None:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
+            return int(row[0]) if row and row[0] is not None else None
+
+    return Database("postgresql", url, count, pids, close, sessions)
 
 
 # ---------------------------------------------------------------------------------------------- wrk
@@ -348,21 +390,26 @@ def write_lua(path: Path) -> None:
     path.write_text(LUA_TEMPLATE.format(body=json.dumps(JOB_BODY), key=DEV_API_KEY))
 
 
-def run_wrk(url: str, script: Path, threads: int, connections: int, seconds: float, timeout: float) -> str:
-    cmd = [
+def wrk_command(url: str, script: Path, threads: int, connections: int, seconds: int, timeout: int) -> list[str]:
+    """wrk's command line (it takes whole seconds only)."""
+    return [
         "wrk",
         f"-t{threads}",
         f"-c{connections}",
-        f"-d{seconds:g}s",
-        f"--timeout={timeout:g}s",
+        f"-d{seconds}s",
+        f"--timeout={timeout}s",
         "--latency",
         "-s",
         str(script),
         url,
     ]
+
+
+def run_wrk(url: str, script: Path, threads: int, connections: int, seconds: int, timeout: int) -> str:
+    cmd = wrk_command(url, script, threads, connections, seconds, timeout)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + timeout + 60)
     if proc.returncode != 0:
-        raise RuntimeError(f"wrk failed (exit {proc.returncode}): {proc.stderr.strip()}")
+        raise RuntimeError(f"wrk failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[:500]}")
     return proc.stdout
 
 
@@ -398,10 +445,36 @@ def find_py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def summarize_py_spy(raw: Path, top: int = 15) -> list[dict[str, Any]]:
-    """Self and inclusive sample shares per function from py-spy's collapsed-stack output."""
+# Where a request's Python time goes: the first pattern a sampled stack matches names its phase (most specific
+# first). Sync dependencies and the sync endpoint each run in anyio's thread pool, so hand-offs show up as a phase.
+PHASES: tuple[tuple[str, str], ...] = (
+    ("endpoint: Session.commit (flush, pool checkout, INSERT job + job_event)", r"Session\.commit"),
+    ("endpoint: CatalogCache.book", r"CatalogCache\.book"),
+    ("endpoint: ever_feasible", r"ever_feasible"),
+    ("endpoint: rest of services.jobs.submit_job (Job(), spec_of, dump, hash)", r"broker/services/jobs\.py"),
+    ("endpoint: route function", r"broker/routes/jobs\.py"),
+    (
+        "dependencies: get_runtime, get_principal, require",
+        r"KeyVerifier\.verify|get_principal|check \(broker|get_runtime",
+    ),
+    ("response: serialize_response (JobPublic validation)", r"serialize_response|jsonable_encoder"),
+    ("request: body read + JSON + JobCreate validation", r"request_body_to_args|_get_body|Request\.json|Request\.body"),
+    (
+        "thread-pool hand-offs (anyio to_thread)",
+        r"run_in_threadpool|run_sync_in_worker_thread|WorkerThread|Condition\.",
+    ),
+    ("FastAPI dependency machinery", r"solve_dependencies|request_params_to_args"),
+    ("response render", r"starlette/responses"),
+    ("BaseHTTPMiddleware (@app.middleware)", r"BaseHTTPMiddleware|call_next|anyio/streams|_CachedRequest"),
+    ("uvicorn HTTP protocol", r"uvicorn/protocols"),
+    ("event loop and the rest", r"."),
+)
+
+
+def summarize_py_spy(raw: Path, top: int = 12) -> list[dict[str, Any]]:
+    """Share of samples per phase of a request and per leaf function, from py-spy's collapsed stacks."""
     self_samples: Counter[str] = Counter()
-    incl_samples: Counter[str] = Counter()
+    phases: Counter[str] = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -414,28 +487,23 @@ def summarize_py_spy(raw: Path, top: int = 15) -> list[dict[str, Any]]:
             continue
         total += count
         self_samples[frames[-1]] += count
-        for f in set(frames):
-            incl_samples[f] += count
-    rows: list[dict[str, Any]] = []
-    for name, n in self_samples.most_common(top):
-        rows.append({"kind": "self", "function": name, "share": round(n / total, 4)})
-    skip = ("<module>", "run (threading.py)", "_bootstrap", "worker (", "spawn_main", "run_until_complete")
-    shown = 0
-    for name, n in incl_samples.most_common():
-        if any(s in name for s in skip):
-            continue
-        rows.append({"kind": "inclusive", "function": name, "share": round(n / total, 4)})
-        shown += 1
-        if shown >= top:
-            break
+        joined = ";".join(frames)
+        phases[next(name for name, pattern in PHASES if re.search(pattern, joined))] += count
+    if not total:
+        return []
+    rows = [{"kind": "phase", "function": name, "share": round(n / total, 4)} for name, n in phases.most_common()]
+    rows += [
+        {"kind": "self", "function": name, "share": round(n / total, 4)} for name, n in self_samples.most_common(top)
+    ]
     return rows
 
 
 # ---------------------------------------------------------------------------------------------- one backend
 
 
-def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., None]) -> Result:
-    result = Result(backend, args.workers, args.connections, args.threads, args.duration)
+def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., None]) -> list[Result]:
+    """Fresh database, seed, serve, warm up, then `--repeat` measured runs against the same server."""
+    results: list[Result] = []
     workdir = Path(tempfile.mkdtemp(prefix=f"overspill-bench-{backend}-"))
     db: Database | None = None
     try:
@@ -443,8 +511,8 @@ def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., Non
         env = broker_env(db.url, workdir)
         say(f"[{backend}] database {db.url}")
         t0 = time.perf_counter()
-        result.offerings_seeded = seed_database(env, workdir)
-        say(f"[{backend}] migrated and seeded {result.offerings_seeded} offerings in {time.perf_counter() - t0:.1f} s")
+        seeded = seed_database(env, workdir)
+        say(f"[{backend}] migrated and seeded {seeded} offerings in {time.perf_counter() - t0:.1f} s")
         script = workdir / "submit.lua"
         write_lua(script)
         with uvicorn_server(env, workdir, args.workers) as (proc, port):
@@ -452,53 +520,95 @@ def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., Non
             say(f"[{backend}] uvicorn pid {proc.pid}, {args.workers} worker(s) on {url}")
             if args.warmup > 0:
                 run_wrk(url, script, args.threads, args.connections, args.warmup, args.timeout)
-            time.sleep(args.settle)
-            before = db.count_jobs()
-            server = process_tree(proc.pid)
-            cpu0, db0, machine0 = cpu_seconds(server), cpu_seconds(db.server_pids()), machine_busy_seconds()
-            spy: subprocess.Popen[bytes] | None = None
-            raw = Path(args.py_spy) / f"{backend}-worker.txt" if args.py_spy else None
-            if raw is not None:
-                spy = start_py_spy(worker_pids(proc.pid, args.workers)[0], raw, args.duration)
-            say(f"[{backend}] wrk -t{args.threads} -c{args.connections} -d{args.duration:g}s ...")
-            wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            out = run_wrk(url, script, args.threads, args.connections, args.duration, args.timeout)
-            wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu1, db1, machine1 = (
-                cpu_seconds(process_tree(proc.pid)),
-                cpu_seconds(db.server_pids()),
-                machine_busy_seconds(),
-            )
-            if spy is not None and raw is not None:
-                spy.wait(timeout=60)
-                result.hotspots = summarize_py_spy(raw) if raw.exists() else None
-            time.sleep(args.settle)  # let requests that were in flight when wrk stopped commit
-            after = db.count_jobs()
-        if args.verbose:
-            say(out)
-        parse_wrk(out, result)
-        result.accepted_reported = result.requests - result.non_2xx
-        result.jobs_added = after - before
-        result.in_flight_at_stop = result.jobs_added - result.accepted_reported
-        result.accounting_ok = 0 <= result.in_flight_at_stop <= args.connections
-        if cpu0 is not None and cpu1 is not None and result.requests:
-            result.server_cpu_ms_per_request = round((cpu1 - cpu0) * 1000 / result.requests, 3)
-            result.server_cores_busy = round((cpu1 - cpu0) / args.duration, 2)
-        if machine0 is not None and machine1 is not None and machine1[1] > machine0[1]:
-            share = (machine1[0] - machine0[0]) / (machine1[1] - machine0[1])
-            result.machine_cores_busy = round(share * (os.cpu_count() or 1), 2)
-        wrk_cpu = (wrk1.ru_utime + wrk1.ru_stime) - (wrk0.ru_utime + wrk0.ru_stime)
-        result.wrk_cores_busy = round(wrk_cpu / args.duration, 2)
-        if db0 is not None and db1 is not None and result.requests and backend == "postgresql" and db1 > 0:
-            result.db_cpu_ms_per_request = round((db1 - db0) * 1000 / result.requests, 3)
+            for run in range(1, args.repeat + 1):
+                result = Result(backend, args.workers, args.connections, args.threads, args.duration, run=run)
+                result.offerings_seeded = seeded
+                try:
+                    measure(result, db, proc, port, url, script, args, say)
+                except Exception as exc:  # report and go on
+                    result.error = f"{type(exc).__name__}: {exc}"
+                results.append(result)
     except Exception as exc:  # report and go on with the next backend
-        result.error = f"{type(exc).__name__}: {exc}"
+        failed = Result(backend, args.workers, args.connections, args.threads, args.duration)
+        failed.error = f"{type(exc).__name__}: {exc}"
+        results.append(failed)
     finally:
         if db is not None:
             with contextlib.suppress(Exception):
                 db.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    return result
+    return results
+
+
+def measure(
+    result: Result,
+    db: Database,
+    proc: subprocess.Popen[bytes],
+    port: int,
+    url: str,
+    script: Path,
+    args: argparse.Namespace,
+    say: Callable[..., None],
+) -> None:
+    """One measured wrk run, with the database accounting and CPU figures around it."""
+    backend = result.backend
+    time.sleep(args.settle)  # let requests from the previous run or the warm-up commit
+    before = db.count_jobs()
+    sessions0 = db.sessions()
+    cpu0, db0, machine0 = cpu_seconds(process_tree(proc.pid)), cpu_seconds(db.server_pids()), machine_busy_seconds()
+    spy: subprocess.Popen[bytes] | None = None
+    raw = Path(args.py_spy) / f"{backend}-worker-run{result.run}.txt" if args.py_spy else None
+    workers = worker_pids(proc.pid, args.workers)
+    if raw is not None:
+        spy = start_py_spy(workers[0], raw, args.duration)
+    say(f"[{backend}] run {result.run}: wrk -t{args.threads} -c{args.connections} -d{args.duration}s ...")
+    wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk = subprocess.Popen(
+        wrk_command(url, script, args.threads, args.connections, args.duration, args.timeout),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(min(1.0, args.duration / 2))  # wrk has opened its connections by now
+    result.connections_per_worker = [established_connections(pid, port) for pid in workers]
+    out, err = wrk.communicate(timeout=args.duration + args.timeout + 60)
+    if wrk.returncode != 0:
+        raise RuntimeError(f"wrk failed (exit {wrk.returncode}): {(err or out).strip()[:500]}")
+    wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu1, db1, machine1 = cpu_seconds(process_tree(proc.pid)), cpu_seconds(db.server_pids()), machine_busy_seconds()
+    if spy is not None and raw is not None:
+        spy.wait(timeout=60)
+        result.hotspots = summarize_py_spy(raw) if raw.exists() else None
+    time.sleep(args.settle)  # let requests that were in flight when wrk stopped commit
+    after = db.count_jobs()
+    sessions1 = db.sessions()
+    if args.verbose:
+        say(out)
+    parse_wrk(out, result)
+    result.accepted_reported = result.requests - result.non_2xx
+    result.jobs_added = after - before
+    result.in_flight_at_stop = result.jobs_added - result.accepted_reported
+    result.accounting_ok = 0 <= result.in_flight_at_stop <= args.connections
+    log = script.parent / "uvicorn.log"  # where uvicorn_server() sends the server's output
+    if (result.non_2xx or not result.accounting_ok) and log.exists():
+        result.server_log_tail = log.read_text(errors="replace")[-2000:]
+    if cpu0 is not None and cpu1 is not None and result.requests:
+        result.server_cpu_ms_per_request = round((cpu1 - cpu0) * 1000 / result.requests, 3)
+        result.server_cores_busy = round((cpu1 - cpu0) / args.duration, 2)
+    wrk_cores = ((wrk1.ru_utime + wrk1.ru_stime) - (wrk0.ru_utime + wrk0.ru_stime)) / args.duration
+    result.wrk_cores_busy = round(wrk_cores, 2)
+    if machine0 is not None and machine1 is not None and machine1[1] > machine0[1]:
+        share = (machine1[0] - machine0[0]) / (machine1[1] - machine0[1])
+        result.machine_cores_busy = round(share * (os.cpu_count() or 1), 2)
+    db_cores = (db1 - db0) / args.duration if db0 is not None and db1 is not None else 0.0
+    if result.machine_cores_busy is not None and result.server_cores_busy is not None:
+        ours = result.server_cores_busy + wrk_cores + db_cores
+        result.other_cores_busy = round(max(0.0, result.machine_cores_busy - ours), 2)
+    if sessions0 is not None and sessions1 is not None:
+        # minus the 2 connections this script opens (count + sessions) after the run
+        result.db_connections_opened = max(0, sessions1 - sessions0 - 2)
+    if db0 is not None and db1 is not None and db1 > 0 and result.requests:
+        result.db_cpu_ms_per_request = round((db1 - db0) * 1000 / result.requests, 3)
 
 
 def start_py_spy(pid: int, raw: Path, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -516,26 +626,50 @@ def start_py_spy(pid: int, raw: Path, seconds: float) -> subprocess.Popen[bytes]
 # ---------------------------------------------------------------------------------------------- report
 
 
+def medians(results: Sequence[Result]) -> dict[str, dict[str, float]]:
+    """Per backend, the median of each headline figure over its successful runs."""
+    out: dict[str, dict[str, float]] = {}
+    for backend in dict.fromkeys(r.backend for r in results):
+        ok = [r for r in results if r.backend == backend and not r.error]
+        if ok:
+            out[backend] = {
+                "runs": len(ok),
+                "requests_per_s": round(statistics.median(r.requests_per_s for r in ok), 1),
+                "p50_ms": round(statistics.median(r.p50_ms for r in ok), 1),
+                "p90_ms": round(statistics.median(r.p90_ms for r in ok), 1),
+                "p99_ms": round(statistics.median(r.p99_ms for r in ok), 1),
+            }
+    return out
+
+
 def print_table(results: Sequence[Result]) -> None:
     header = (
-        f"{'backend':<11}{'workers':>8}{'conns':>6}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
-        f"{'max ms':>9}{'requests':>10}{'non-2xx':>8}{'sock err':>9}{'jobs +':>8}{'in flight':>10}"
-        f"{'check':>7}{'cpu ms/req':>11}{'db ms/req':>10}"
+        f"{'backend':<11}{'run':>4}{'req/s':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'requests':>9}"
+        f"{'non-2xx':>8}{'sock err':>9}{'jobs +':>8}{'in flight':>10}{'check':>6}{'cpu ms/req':>11}"
+        f"{'db ms/req':>10}{'conns/worker':>14}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
         if r.error:
-            print(f"{r.backend:<11} FAILED: {r.error}")
+            print(f"{r.backend:<11}{r.run:>4} FAILED: {r.error}")
             continue
         sock = sum(r.socket_errors.values())
         cpu = f"{r.server_cpu_ms_per_request:.2f}" if r.server_cpu_ms_per_request is not None else "-"
         dbc = f"{r.db_cpu_ms_per_request:.2f}" if r.db_cpu_ms_per_request is not None else "-"
+        split = "/".join(str(n) for n in r.connections_per_worker) or "-"
         print(
-            f"{r.backend:<11}{r.workers:>8}{r.connections:>6}{r.requests_per_s:>9.1f}{r.p50_ms:>9.1f}"
-            f"{r.p90_ms:>9.1f}{r.p99_ms:>9.1f}{r.max_ms:>9.1f}{r.requests:>10}{r.non_2xx:>8}{sock:>9}"
-            f"{r.jobs_added:>8}{r.in_flight_at_stop:>10}{'ok' if r.accounting_ok else 'FAIL':>7}{cpu:>11}{dbc:>10}"
+            f"{r.backend:<11}{r.run:>4}{r.requests_per_s:>8.1f}{r.p50_ms:>9.1f}{r.p90_ms:>9.1f}{r.p99_ms:>9.1f}"
+            f"{r.max_ms:>9.1f}{r.requests:>9}{r.non_2xx:>8}{sock:>9}{r.jobs_added:>8}{r.in_flight_at_stop:>10}"
+            f"{'ok' if r.accounting_ok else 'FAIL':>6}{cpu:>11}{dbc:>10}{split:>14}"
         )
+    meds = medians(results)
+    if any(m["runs"] > 1 for m in meds.values()):
+        for backend, m in meds.items():
+            print(
+                f"{backend:<11} med{m['requests_per_s']:>8.1f}{m['p50_ms']:>9.1f}{m['p90_ms']:>9.1f}{m['p99_ms']:>9.1f}"
+                f"   (median of {m['runs']} runs)"
+            )
     for r in results:
         if r.error:
             continue
@@ -547,37 +681,52 @@ def print_table(results: Sequence[Result]) -> None:
         if r.server_cores_busy is not None:
             extra.append(f"uvicorn busy {r.server_cores_busy} cores")
         if r.wrk_cores_busy is not None:
-            extra.append(f"wrk busy {r.wrk_cores_busy} cores")
+            extra.append(f"wrk {r.wrk_cores_busy}")
         if r.machine_cores_busy is not None:
-            extra.append(f"whole machine busy {r.machine_cores_busy} of {os.cpu_count()} cores")
-        extra.append(f"{r.offerings_seeded} offerings in the catalog")
-        print(f"  {r.backend}: " + "; ".join(extra))
+            extra.append(f"whole machine {r.machine_cores_busy} of {os.cpu_count()}")
+        if r.other_cores_busy is not None:
+            extra.append(f"other load {r.other_cores_busy}")
+        if r.db_connections_opened is not None:
+            extra.append(f"{r.db_connections_opened} new DB connections")
+        print(f"  {r.backend} run {r.run}: " + "; ".join(extra))
         if not r.accounting_ok:
             print(
-                f"  {r.backend}: ACCOUNTING MISMATCH: {r.jobs_added} jobs stored vs {r.accepted_reported} accepted "
-                "answers reported by wrk"
+                f"  {r.backend} run {r.run}: ACCOUNTING MISMATCH: {r.jobs_added} jobs stored vs "
+                f"{r.accepted_reported} accepted answers reported by wrk"
             )
+        if r.server_log_tail:
+            print(f"  {r.backend} run {r.run}: end of the server's output:")
+            print("    " + r.server_log_tail.rstrip().replace("\n", "\n    "))
         if r.hotspots:
-            print(f"  {r.backend}: hottest functions in one worker (py-spy, share of samples):")
+            print(f"  {r.backend} run {r.run}: one worker's GIL-holding samples (py-spy) by request phase, then leaf:")
             for h in r.hotspots:
-                print(f"    {h['kind']:<9} {h['share'] * 100:5.1f}%  {h['function']}")
+                print(f"    {h['kind']:<6} {h['share'] * 100:5.1f}%  {h['function']}")
+    seeded = {r.backend: r.offerings_seeded for r in results if not r.error}
+    print("catalog: " + ", ".join(f"{b} {n} offerings" for b, n in seeded.items()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
+    parser.add_argument("--duration", type=int, default=10, help="measured whole seconds (default 10)")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first (default 2)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="wrk request timeout, s (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured whole seconds first, 0: none (default 2)")
+    parser.add_argument("--timeout", type=int, default=10, help="wrk request timeout, whole s (default 10)")
+    parser.add_argument("--repeat", type=int, default=1, help="measured runs per backend, same server (default 1)")
     parser.add_argument("--settle", type=float, default=1.0, help="pause before counting rows, s (default 1)")
     parser.add_argument("--pg-url", help="admin URL of an existing PostgreSQL (a fresh database is created)")
     parser.add_argument("--py-spy", metavar="DIR", help="sample one uvicorn worker with py-spy, raw stacks in DIR")
     parser.add_argument("--verbose", action="store_true", help="also print wrk's own report")
     parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
     args = parser.parse_args(argv)
+    if min(args.workers, args.connections, args.threads, args.repeat, args.duration, args.timeout) < 1:
+        parser.error("--workers, --connections, --threads, --repeat, --duration and --timeout must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be 0 or more")
+    if args.threads > args.connections:
+        parser.error("wrk needs at least one connection per thread: --threads <= --connections")
 
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install wrk (or build it from https://github.com/wg/wrk)")
@@ -586,12 +735,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = ("sqlite", "postgresql") if args.db == "both" else (args.db,)
     say(
         f"submit_load_bench: {os.cpu_count()} CPUs, wrk -t{args.threads} -c{args.connections} "
-        f"-d{args.duration:g}s after {args.warmup:g} s warm-up, OVERSPILL_SIMULATED="
+        f"-d{args.duration}s after {args.warmup} s warm-up, OVERSPILL_SIMULATED="
         f"{os.environ.get('OVERSPILL_SIMULATED', 'true')}"
     )
-    results = [bench_backend(b, args, say) for b in backends]
+    results = [r for b in backends for r in bench_backend(b, args, say)]
     if args.json:
-        print(json.dumps({"cpus": os.cpu_count(), "results": [asdict(r) for r in results]}))
+        report = {"cpus": os.cpu_count(), "results": [asdict(r) for r in results], "medians": medians(results)}
+        print(json.dumps(report))
     else:
         print()
         print_table(results)

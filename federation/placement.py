@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from enum import StrEnum
 
-from pricing.book import PriceBook
+from pricing.book import GroupSummary, PriceBook
 from providers.model import CENT, CapacityType, JobSpec, Offering
 
 
@@ -132,80 +132,109 @@ class Quote:
         return f"{cheapest.reason.value}: {cheapest.message} (cheapest suitable pool {cheapest.offering.key})"
 
 
-def _shape_rejection(job: JobSpec, off: Offering) -> Rejection | None:
+def _shape_reason(job: JobSpec, off: Offering) -> RejectReason | None:
+    """Why the pool can never run the job (cheap: no message is built), or None when its shape fits."""
     if off.accelerator not in job.accelerators:
-        return Rejection(off, RejectReason.WRONG_ACCELERATOR, f"pool has {off.accelerator}")
+        return RejectReason.WRONG_ACCELERATOR
     if off.accelerator_count < job.gpu_count:
-        return Rejection(
-            off, RejectReason.TOO_FEW_GPUS, f"pool has {off.accelerator_count} GPUs, job needs {job.gpu_count}"
-        )
+        return RejectReason.TOO_FEW_GPUS
     if off.gpu_memory_gib < job.min_gpu_memory_gib:
-        return Rejection(
-            off,
-            RejectReason.GPU_MEMORY,
-            f"pool GPUs have {off.gpu_memory_gib} GiB, job needs {job.min_gpu_memory_gib}",
-        )
+        return RejectReason.GPU_MEMORY
     if off.vcpus < job.cpus:
-        return Rejection(off, RejectReason.TOO_FEW_CPUS, f"pool has {off.vcpus} vCPUs, job needs {job.cpus}")
+        return RejectReason.TOO_FEW_CPUS
     if off.memory_gib < job.memory_gib:
-        return Rejection(
-            off, RejectReason.TOO_LITTLE_MEMORY, f"pool has {off.memory_gib} GiB, job needs {job.memory_gib}"
-        )
+        return RejectReason.TOO_LITTLE_MEMORY
     if job.allowed_providers and off.provider not in job.allowed_providers:
-        return Rejection(off, RejectReason.PROVIDER_NOT_ALLOWED, f"provider {off.provider} not allowed")
+        return RejectReason.PROVIDER_NOT_ALLOWED
     if job.allowed_regions and off.region not in job.allowed_regions:
-        return Rejection(off, RejectReason.REGION_NOT_ALLOWED, f"region {off.region} not allowed")
+        return RejectReason.REGION_NOT_ALLOWED
     if off.capacity_type is CapacityType.SPOT and not job.preemptible:
-        return Rejection(off, RejectReason.NOT_PREEMPTIBLE, "spot pool, job is not preemptible")
+        return RejectReason.NOT_PREEMPTIBLE
     return None
 
 
-def evaluate(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rejection:
-    """Judge one pool for one job: a Candidate with its expected cost, or a Rejection with its reason."""
-    shape = _shape_rejection(job, off)
-    if shape is not None:
-        return shape
+_SHAPE_MESSAGES = {
+    RejectReason.WRONG_ACCELERATOR: "pool has {off.accelerator}",
+    RejectReason.TOO_FEW_GPUS: "pool has {off.accelerator_count} GPUs, job needs {job.gpu_count}",
+    RejectReason.GPU_MEMORY: "pool GPUs have {off.gpu_memory_gib} GiB, job needs {job.min_gpu_memory_gib}",
+    RejectReason.TOO_FEW_CPUS: "pool has {off.vcpus} vCPUs, job needs {job.cpus}",
+    RejectReason.TOO_LITTLE_MEMORY: "pool has {off.memory_gib} GiB, job needs {job.memory_gib}",
+    RejectReason.PROVIDER_NOT_ALLOWED: "provider {off.provider} not allowed",
+    RejectReason.REGION_NOT_ALLOWED: "region {off.region} not allowed",
+    RejectReason.NOT_PREEMPTIBLE: "spot pool, job is not preemptible",
+}
+
+
+def _run_hours(off: Offering, ctx: PlacementContext) -> float:
+    p = ctx.params
+    overhead = 1.0 + off.interruption_rate_per_hour * (p.checkpoint_interval_hours / 2 + p.restart_hours)
+    startup = 0.0 if off.capacity_type is CapacityType.ON_PREM else p.cloud_startup_hours
+    return float(ctx.remaining_work_hours) * overhead + startup
+
+
+def _transfer(job: JobSpec, off: Offering, ctx: PlacementContext) -> Decimal:
+    if ctx.checkpoint_at is not None and (off.provider, off.region) != ctx.checkpoint_at:
+        return ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
+    return Decimal("0")
+
+
+def _cost(off: Offering, run_hours: float, transfer: Decimal) -> Decimal:
+    return (off.price.hourly_usd * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
+
+
+def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | RejectReason:
+    """The verdict on one pool without building an explanation (the per-decision hot path)."""
+    reason = _shape_reason(job, off)
+    if reason is not None:
+        return reason
     if not off.available:
-        return Rejection(off, RejectReason.UNAVAILABLE, "provider reports no capacity")
+        return RejectReason.UNAVAILABLE
     if ctx.blocklist and (
         off.provider in ctx.blocklist
         or f"{off.provider}/{off.region}" in ctx.blocklist
         or f"{off.provider}/{off.region}/{off.zone}" in ctx.blocklist
     ):
-        return Rejection(off, RejectReason.BLOCKLISTED, "recent launch failure here")
-    hourly = off.price.hourly_usd
-    if job.max_hourly_usd is not None and hourly > job.max_hourly_usd:
-        return Rejection(
-            off,
-            RejectReason.OVER_HOURLY_CEILING,
-            f"${hourly}/h is over max_hourly_usd ${job.max_hourly_usd}/h",
-        )
-    p = ctx.params
-    work = float(ctx.remaining_work_hours)
-    overhead = 1.0 + off.interruption_rate_per_hour * (p.checkpoint_interval_hours / 2 + p.restart_hours)
-    startup = 0.0 if off.capacity_type is CapacityType.ON_PREM else p.cloud_startup_hours
-    run_hours = work * overhead + startup
-    transfer = Decimal("0")
-    if ctx.checkpoint_at is not None and (off.provider, off.region) != ctx.checkpoint_at:
-        transfer = ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
-    cost = (hourly * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
+        return RejectReason.BLOCKLISTED
+    if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+        return RejectReason.OVER_HOURLY_CEILING
+    run_hours = _run_hours(off, ctx)
+    transfer = _transfer(job, off, ctx)
+    cost = _cost(off, run_hours, transfer)
     if ctx.spent_usd + cost > job.max_total_usd:
-        left = job.max_total_usd - ctx.spent_usd
-        return Rejection(
-            off,
-            RejectReason.OVER_TOTAL_CEILING,
-            f"expected ${cost} exceeds the ${left} left of max_total_usd ${job.max_total_usd}",
-        )
+        return RejectReason.OVER_TOTAL_CEILING
     wait = off.expected_wait_hours
     finish = ctx.now + timedelta(hours=wait + run_hours)
     if job.deadline_at is not None and finish > job.deadline_at:
-        return Rejection(
-            off,
-            RejectReason.MISSES_DEADLINE,
-            f"expected finish {finish.isoformat(timespec='minutes')} is after the deadline",
-        )
-    score = float(cost) + wait * job.gpu_count * p.wait_value_usd_per_gpu_hour
+        return RejectReason.MISSES_DEADLINE
+    score = float(cost) + wait * job.gpu_count * ctx.params.wait_value_usd_per_gpu_hour
     return Candidate(off, cost, run_hours, wait, finish, transfer, score)
+
+
+def explain(reason: RejectReason, job: JobSpec, off: Offering, ctx: PlacementContext) -> str:
+    """The human explanation of a rejection (recomputes what the message quotes)."""
+    if reason in _SHAPE_MESSAGES:
+        return _SHAPE_MESSAGES[reason].format(job=job, off=off)
+    if reason is RejectReason.UNAVAILABLE:
+        return "provider reports no capacity"
+    if reason is RejectReason.BLOCKLISTED:
+        return "recent launch failure here"
+    if reason is RejectReason.OVER_HOURLY_CEILING:
+        return f"${off.price.hourly_usd}/h is over max_hourly_usd ${job.max_hourly_usd}/h"
+    run_hours = _run_hours(off, ctx)
+    if reason is RejectReason.OVER_TOTAL_CEILING:
+        cost = _cost(off, run_hours, _transfer(job, off, ctx))
+        left = job.max_total_usd - ctx.spent_usd
+        return f"expected ${cost} exceeds the ${left} left of max_total_usd ${job.max_total_usd}"
+    finish = ctx.now + timedelta(hours=off.expected_wait_hours + run_hours)
+    return f"expected finish {finish.isoformat(timespec='minutes')} is after the deadline"
+
+
+def evaluate(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rejection:
+    """Judge one pool for one job: a Candidate with its expected cost, or a Rejection with its reason."""
+    verdict = judge(job, off, ctx)
+    if isinstance(verdict, Candidate):
+        return verdict
+    return Rejection(off, verdict, explain(verdict, job, off, ctx))
 
 
 def _rank_key(c: Candidate) -> tuple[float, datetime, str]:
@@ -239,8 +268,12 @@ def place(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Candidate | N
     work = float(ctx.remaining_work_hours)
     max_hourly = float(job.max_hourly_usd) if job.max_hourly_usd is not None else float("inf")
     budget_bound = float(job.max_total_usd - ctx.spent_usd) + 0.005  # + rounding slack of the cost's cents
+    if job.deadline_at is not None and ctx.now + timedelta(hours=work) > job.deadline_at:
+        return None  # not even the bare work fits before the deadline, on any pool
     for group in book.for_shape(job.accelerators, job.gpu_count):
-        for item in group:
+        if not _group_may_fit(job, group.summary):
+            continue
+        for item in group.items:
             if item.hourly > max_hourly:
                 break  # sorted by price: every later pool is over the hourly ceiling too
             floor = item.hourly * work  # no pool costs less than its price for the bare work
@@ -248,12 +281,34 @@ def place(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Candidate | N
                 break  # this and every later pool would break max_total_usd
             if best is not None and floor - 0.005 > best.score:
                 break  # even with no overhead, transfer or wait this pool costs more than the best
-            verdict = evaluate(job, item.offering, ctx)
+            verdict = judge(job, item.offering, ctx)
             if isinstance(verdict, Candidate) and (best is None or _rank_key(verdict) < _rank_key(best)):
                 best = verdict
     return best
 
 
+def _group_may_fit(job: JobSpec, g: GroupSummary) -> bool:
+    return (
+        g.max_gpu_memory_gib >= job.min_gpu_memory_gib
+        and g.max_vcpus >= job.cpus
+        and g.max_memory_gib >= float(job.memory_gib)
+        and (not job.allowed_providers or not g.providers.isdisjoint(job.allowed_providers))
+        and (not job.allowed_regions or not g.regions.isdisjoint(job.allowed_regions))
+        and (job.preemptible or g.has_non_spot)
+    )
+
+
+def _group_may_fit(job: JobSpec, g: GroupSummary) -> bool:
+    return (
+        g.max_gpu_memory_gib >= job.min_gpu_memory_gib
+        and g.max_vcpus >= job.cpus
+        and g.max_memory_gib >= float(job.memory_gib)
+        and (not job.allowed_providers or not g.providers.isdisjoint(job.allowed_providers))
+        and (not job.allowed_regions or not g.regions.isdisjoint(job.allowed_regions))
+        and (job.preemptible or g.has_non_spot)
+    )
+
+
 def ever_feasible(job: JobSpec, offerings: Iterable[Offering]) -> bool:
     """True when at least one pool fits the job's shape and constraints (prices and capacity aside)."""
-    return any(_shape_rejection(job, off) is None for off in offerings)
+    return any(_shape_reason(job, off) is None for off in offerings)

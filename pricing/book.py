@@ -23,6 +23,39 @@ class IndexedOffering:
     offering: Offering
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """What every pool of a group offers at best, so a decision can skip a whole group that cannot fit."""
+
+    max_gpu_memory_gib: int
+    max_vcpus: int
+    max_memory_gib: float
+    providers: frozenset[str]
+    regions: frozenset[str]
+    has_non_spot: bool
+
+    @classmethod
+    def of(cls, items: tuple[IndexedOffering, ...]) -> GroupSummary:
+        offs = [i.offering for i in items]
+        return cls(
+            max_gpu_memory_gib=max(o.gpu_memory_gib for o in offs),
+            max_vcpus=max(o.vcpus for o in offs),
+            max_memory_gib=max(float(o.memory_gib) for o in offs),
+            providers=frozenset(o.provider for o in offs),
+            regions=frozenset(o.region for o in offs),
+            has_non_spot=any(o.capacity_type.value != "spot" for o in offs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolGroup:
+    """Pools of one accelerator and GPU count, cheapest first, with their summary."""
+
+    accelerator_count: int
+    items: tuple[IndexedOffering, ...]
+    summary: GroupSummary
+
+
 @dataclass(frozen=True)
 class PriceBook:
     """Current offerings, by key and by accelerator. Build with `PriceBook.build`."""
@@ -31,7 +64,7 @@ class PriceBook:
     by_key: dict[str, Offering]
     by_accelerator: dict[str, tuple[IndexedOffering, ...]]
     feed_observed_at: dict[str, datetime] = field(default_factory=dict)
-    by_shape: dict[str, tuple[tuple[int, tuple[IndexedOffering, ...]], ...]] = field(default_factory=dict)
+    by_shape: dict[str, tuple[PoolGroup, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -47,12 +80,14 @@ class PriceBook:
         for off in by_key.values():
             groups.setdefault(off.accelerator, []).append(IndexedOffering(float(off.price.hourly_usd), off))
         by_acc = {acc: tuple(sorted(items, key=lambda i: (i.hourly, i.offering.key))) for acc, items in groups.items()}
-        by_shape: dict[str, tuple[tuple[int, tuple[IndexedOffering, ...]], ...]] = {}
+        by_shape: dict[str, tuple[PoolGroup, ...]] = {}
         for acc, items in by_acc.items():
             counts: dict[int, list[IndexedOffering]] = {}
             for item in items:  # already in price order, so each count's list is too
                 counts.setdefault(item.offering.accelerator_count, []).append(item)
-            by_shape[acc] = tuple((n, tuple(counts[n])) for n in sorted(counts))
+            by_shape[acc] = tuple(
+                PoolGroup(n, tuple(counts[n]), GroupSummary.of(tuple(counts[n]))) for n in sorted(counts)
+            )
         return cls(built_at, by_key, by_acc, dict(feed_observed_at or {}), by_shape)
 
     def __len__(self) -> int:
@@ -72,10 +107,10 @@ class PriceBook:
         kept = (o for o in self.by_key.values() if o.provider != provider)
         return PriceBook.build([*kept, *offerings], built_at, self.feed_observed_at)
 
-    def for_shape(self, names: Iterable[str], min_gpus: int) -> list[tuple[IndexedOffering, ...]]:
+    def for_shape(self, names: Iterable[str], min_gpus: int) -> list[PoolGroup]:
         """Price-ordered groups of pools with one of `names` and at least `min_gpus` GPUs (one group per
         accelerator and GPU count), so placement never walks pools too small for the job."""
-        return [group for n in names for count, group in self.by_shape.get(n, ()) if count >= min_gpus]
+        return [g for n in names for g in self.by_shape.get(n, ()) if g.accelerator_count >= min_gpus]
 
     def on_demand_price(self, offering: Offering) -> Offering | None:
         """The on-demand twin of a pool (same provider, zone and type), for counterfactual costs."""
