@@ -39,6 +39,7 @@ class Runtime:
     catalog: CatalogCache
     verifier: KeyVerifier
     params: PlacementParams = field(default_factory=PlacementParams)
+    marks: dict[str, datetime] = field(default_factory=dict)  # when periodic steps last ran in this process
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)

@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     restart_hours: float = 0.1
     wait_value_usd_per_gpu_hour: float = 0.5
     max_placements_per_tick: int = 500
+    orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     max_request_bytes: int = 1_000_000
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from providers.base import Instance, InstanceState, InsufficientCapacity, LaunchRequest, NotFound
+from providers.base import (
+    Instance,
+    InstanceState,
+    InsufficientCapacity,
+    InterruptionNotice,
+    LaunchRequest,
+    NotFound,
+)
 from providers.model import CapacityType, Offering, Price, hours_between
 
 
@@ -31,6 +38,7 @@ class ScriptedCloud:
         self.no_capacity: set[str] = set()
         self.vms: dict[str, _Vm] = {}
         self.launch_calls = 0
+        self.notices: list[InterruptionNotice] = []
 
     def offerings(self, now: datetime) -> list[Offering]:
         return [
@@ -111,7 +119,18 @@ class ScriptedCloud:
         )
 
     def list_instances(self) -> list[Instance]:
-        return [vm.instance for vm in self.vms.values()]
+        return [self.get(i) for i in self.vms]
+
+    def warn(self, instance_id: str, minutes: float = 2) -> None:
+        """Queue a spot interruption notice, as AWS's EventBridge warning would deliver it."""
+        now = self.clock()
+        self.notices.append(
+            InterruptionNotice(instance_id, self.name, "interruption", now, now + timedelta(minutes=minutes))
+        )
+
+    def poll_interruptions(self) -> list[InterruptionNotice]:
+        out, self.notices = self.notices, []
+        return out
 
     def running(self) -> list[Instance]:
         return [self.get(i) for i in self.vms if self.get(i).state is InstanceState.RUNNING]

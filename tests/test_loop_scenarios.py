@@ -200,3 +200,51 @@ def test_crash_between_record_and_launch_is_repaired_once(
     assert len(cloud.vms) == 1
     [p] = _placements(srt, job_id)
     assert p.instance_id == "vm-1" and p.state == "running"
+
+
+def test_interruption_notice_replaces_before_the_reclaim(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("11")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    _run(srt, clock, 4)  # 40 minutes: one 30-minute checkpoint saved
+    [first] = _placements(srt, job_id)
+    assert first.instance_id is not None
+    cloud.warn(first.instance_id, minutes=2)
+    cloud.warn(first.instance_id, minutes=2)  # delivered twice: at-least-once queues repeat themselves
+    tick(srt, clock())
+    placements = _placements(srt, job_id)
+    assert placements[0].state == "preempted" and len(placements) == 2
+    assert placements[1].zone == "z2"  # re-placed in the same tick, away from the warned zone
+    job = _job(srt, job_id)
+    assert job.remaining_work_hours == Decimal("3.5") and job.attempts == 2
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job_id}/events").json()]
+    assert kinds.count("interruption_notice") == 1
+
+
+def test_orphan_instances_are_terminated_after_the_grace_period(
+    srt: Runtime, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    from providers.base import LaunchRequest
+    from providers.model import Tags
+    from tests.builders import spec
+
+    orphan = cloud.launch(
+        LaunchRequest(
+            offering=cloud.offerings(clock())[0],
+            launch_token="lost-token",
+            tags=Tags(srt.settings.broker_id, "job-x", "plc-x"),
+            spec=spec(),
+            remaining_work_hours=Decimal("50"),
+        )
+    )
+    srt.marks.clear()
+    tick(srt, clock())
+    assert cloud.get(orphan.id).state.value == "running"  # too young: it may be a launch being recorded
+    clock.advance(minutes=11)
+    srt.marks.clear()
+    report = tick(srt, clock())
+    assert report.count("sweep_orphans") == 1
+    assert cloud.get(orphan.id).state.value == "terminated"

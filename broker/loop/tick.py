@@ -1,9 +1,10 @@
 """The control loop: one `tick(rt, now)` runs every step once, in order, each guarded and timed.
 
-Steps: refresh prices -> sample on-prem pressure -> sync instances (cancellations, ceilings, finishes,
-preemptions) -> place pending jobs -> accrue cost. Every step is idempotent and safe with several replicas
-ticking at once against PostgreSQL, so `overspill tick` can run from cron or a serverless schedule as well as
-from `overspill serve`'s interval loop. One step failing is logged and reported; the next still runs.
+Steps: refresh prices -> sample on-prem pressure -> act on interruption notices -> sync instances
+(cancellations, ceilings, finishes, preemptions) -> place pending jobs -> accrue cost -> sweep orphans.
+Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
+can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
+failing is logged and reported; the next still runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime
 
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
+from broker.loop.interrupts import handle_interruptions, sweep_orphans
 from broker.loop.place import place_pending
 from broker.loop.sync import sync_instances
 from broker.runtime import Runtime
@@ -25,9 +27,11 @@ log = logging.getLogger(__name__)
 STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("refresh_prices", refresh_prices),
     ("sample_pressure", sample_pressure),
+    ("handle_interruptions", handle_interruptions),
     ("sync_instances", sync_instances),
     ("place_pending", place_pending),
     ("accrue_costs", accrue_costs),
+    ("sweep_orphans", sweep_orphans),
 )
 
 

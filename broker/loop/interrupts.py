@@ -1,0 +1,144 @@
+"""Tick steps that protect against lost work and unseen bills: interruption notices and the orphan sweep.
+
+- `handle_interruptions`: providers that push notices (AWS EventBridge -> SQS, relayed Azure Scheduled Events,
+  GCP preemption operations) are polled; a notice for a live placement marks it preempted as of the reclaim time
+  and sends the job back to be re-placed at once, from the work its last checkpoint saved, instead of waiting to
+  discover the loss by polling. The zone is avoided for a while. Notices are at-least-once: a repeat is a no-op.
+- `sweep_orphans`: any instance carrying this broker's tags without a live placement (a crash between a launch and
+  its record, a reclaim the broker never heard of, a placement stopped while its terminate failed) is terminated
+  once older than the grace period, and logged; nothing keeps billing unseen.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from sqlmodel import Session, col, select
+
+from broker.loop.common import PREEMPTION_BLOCK, block, locked
+from broker.runtime import Runtime
+from broker.services.jobs import add_event
+from broker.tables import Job, Placement
+from providers.base import InterruptionSource, NotFound, ProviderError
+from providers.model import JobState, PlacementState
+
+log = logging.getLogger(__name__)
+
+_LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
+ORPHAN_GRACE = timedelta(minutes=10)
+
+
+def handle_interruptions(rt: Runtime, now: datetime) -> int:
+    """Returns the number of placements marked preempted from notices."""
+    handled = 0
+    for provider in rt.providers.values():
+        if not isinstance(provider, InterruptionSource):
+            continue
+        try:
+            notices = provider.poll_interruptions()
+        except ProviderError as exc:
+            log.warning("polling interruptions from %s failed: %s", provider.name, exc)
+            continue
+        for notice in notices:
+            handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
+    return handled
+
+
+def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: datetime, now: datetime) -> int:
+    with Session(rt.engine, expire_on_commit=False) as session:
+        p = session.exec(
+            locked(select(Placement).where(Placement.provider == provider, Placement.instance_id == instance_id))
+        ).first()
+        if p is None or p.state not in _LIVE:
+            return 0  # not ours, or already handled (notices repeat)
+        job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+        if kind != "interruption":
+            add_event(
+                session, job, now, "rebalance_notice", f"{provider} warns of elevated reclaim risk", placement_id=p.id
+            )
+            session.commit()
+            return 0
+        saved = _checkpointed(rt, provider, instance_id)
+        p.state = PlacementState.PREEMPTED.value
+        p.ended_at = max(action_at, p.started_at or action_at)
+        session.add(p)
+        remaining = max(Decimal("0"), p.work_hours_at_start - saved) if saved is not None else p.work_hours_at_start
+        add_event(
+            session,
+            job,
+            now,
+            "interruption_notice",
+            f"{provider} will reclaim {instance_id} at {action_at.isoformat(timespec='seconds')}; re-placing now",
+            placement_id=p.id,
+            remaining_work_hours=str(remaining),
+        )
+        block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
+        if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
+            job.state = JobState.PENDING.value
+            job.current_placement_id = None
+            job.remaining_work_hours = remaining
+            job.wait_reason = f"spot reclaim notice on {p.offering_key}; re-placing with {remaining} h of work left"
+            job.updated_at = now
+            if job.checkpoint_uri:
+                job.checkpoint_provider, job.checkpoint_region = p.provider, p.region
+            session.add(job)
+        session.commit()
+        return 1
+
+
+def _checkpointed(rt: Runtime, provider: str, instance_id: str) -> Decimal | None:
+    adapter = rt.provider(provider)
+    if adapter is None:
+        return None
+    try:
+        return adapter.get(instance_id).checkpointed_work_hours
+    except ProviderError:
+        return None
+
+
+def sweep_orphans(rt: Runtime, now: datetime) -> int:
+    """Terminate tagged instances that no live placement owns, once older than the grace period.
+
+    Runs at most every `orphan_sweep_seconds` per process (listing every provider's instances costs API calls).
+    """
+    last = rt.marks.get("sweep_orphans")
+    if last is not None and (now - last).total_seconds() < rt.settings.orphan_sweep_seconds:
+        return 0
+    rt.marks["sweep_orphans"] = now
+    swept = 0
+    with Session(rt.engine) as session:
+        live = {
+            (prov, iid)
+            for prov, iid in session.exec(  # type: ignore[call-overload]
+                select(Placement.provider, Placement.instance_id).where(col(Placement.state).in_(_LIVE))
+            ).all()
+        }
+        live_tokens = set(session.exec(select(Placement.launch_token).where(col(Placement.state).in_(_LIVE))).all())
+    for provider in rt.providers.values():
+        try:
+            instances = provider.list_instances()
+        except ProviderError as exc:
+            log.warning("listing %s instances for the orphan sweep failed: %s", provider.name, exc)
+            continue
+        for inst in instances:
+            if inst.state.terminal or (provider.name, inst.id) in live or inst.launch_token in live_tokens:
+                continue
+            if now - inst.launched_at < ORPHAN_GRACE:
+                continue
+            try:
+                provider.terminate(inst.id)
+            except NotFound:
+                pass
+            except ProviderError as exc:
+                log.warning("could not terminate orphan %s on %s: %s", inst.id, provider.name, exc)
+                continue
+            log.warning(
+                "terminated orphan instance %s on %s (tags %s): no live placement owns it",
+                inst.id,
+                provider.name,
+                inst.tags,
+            )
+            swept += 1
+    return swept
