@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pricing.catalog_import import import_catalog
 from sqlmodel import Session
 
 from broker.loop.feeds import record_feed_status, store_offerings
 from broker.runtime import Runtime
+from pricing.catalog_import import import_catalog
 
 
 @dataclass(frozen=True)
