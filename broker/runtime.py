@@ -18,6 +18,7 @@ from broker.auth import KeyVerifier, ensure_bootstrap_key
 from broker.catalog import CatalogCache
 from broker.db import make_engine, utcnow
 from broker.feeds_config import build_price_feeds
+from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
@@ -77,6 +78,8 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         offering_sources.append(onprem)
         pressure_sources.append(onprem)
     offering_sources.extend(build_price_feeds(settings, engine))
+    for provider in build_providers(settings):
+        providers[provider.name] = provider
     params = PlacementParams(
         checkpoint_interval_hours=settings.checkpoint_interval_hours,
         restart_hours=settings.restart_hours,

@@ -56,10 +56,21 @@ class Settings(BaseSettings):
     azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
     azure_subscription_id: str = Field(default="", description="with azure_regions: VM sizes from azure-mgmt-compute")
 
+    aws_launch: bool = Field(default=False, description="launch jobs on AWS in aws_regions (needs aws_image_id)")
+    aws_image_id: str = Field(default="", description="AMI with Docker and NVIDIA drivers for training jobs")
+    aws_subnet_ids: dict[str, str] = Field(default_factory=dict, description='per AZ, e.g. {"us-east-1a": "subnet-.."}')
+    aws_interruption_queue_url: str = Field(default="", description="SQS queue fed by EventBridge spot warnings")
+    libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
+    libcloud_key: str = ""
+    libcloud_secret: str = ""
+    libcloud_image_id: str = ""
+    libcloud_options: dict[str, str] = Field(default_factory=dict, description="driver keyword arguments")
+
     checkpoint_interval_hours: float = 0.5
     restart_hours: float = 0.1
     wait_value_usd_per_gpu_hour: float = 0.5
     max_placements_per_tick: int = 500
+    orphan_grace_seconds: float = Field(default=600.0, description="an untracked instance younger than this is spared")
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     max_request_bytes: int = 1_000_000

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from sqlmodel import Session, col, select
@@ -27,7 +27,6 @@ from providers.model import JobState, PlacementState
 log = logging.getLogger(__name__)
 
 _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
-ORPHAN_GRACE = timedelta(minutes=10)
 
 
 def handle_interruptions(rt: Runtime, now: datetime) -> int:
@@ -125,7 +124,7 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
         for inst in instances:
             if inst.state.terminal or (provider.name, inst.id) in live or inst.launch_token in live_tokens:
                 continue
-            if now - inst.launched_at < ORPHAN_GRACE:
+            if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
                 continue
             try:
                 provider.terminate(inst.id)

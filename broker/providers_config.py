@@ -1,0 +1,59 @@
+"""Building the compute providers the settings enable, with real SDK clients (imported only when enabled).
+
+- `OVERSPILL_AWS_LAUNCH=true` with `OVERSPILL_AWS_REGIONS` and `OVERSPILL_AWS_IMAGE_ID`: launch on EC2 (spot and
+  on-demand); `OVERSPILL_AWS_INTERRUPTION_QUEUE_URL` to receive EventBridge spot warnings through SQS.
+- `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud.
+The built-in simulated providers are wired in `broker.runtime`.
+"""
+
+from __future__ import annotations
+
+from broker.settings import Settings
+from providers.base import ComputeProvider
+
+
+def build_providers(settings: Settings) -> list[ComputeProvider]:
+    out: list[ComputeProvider] = []
+    if settings.aws_launch:
+        out.append(_aws(settings))
+    if settings.libcloud_provider:
+        out.append(_libcloud(settings))
+    return out
+
+
+def _aws(settings: Settings) -> ComputeProvider:
+    import boto3
+
+    from providers.aws import AwsProvider
+
+    if not settings.aws_regions or not settings.aws_image_id:
+        raise ValueError("OVERSPILL_AWS_LAUNCH needs OVERSPILL_AWS_REGIONS and OVERSPILL_AWS_IMAGE_ID")
+    session = boto3.session.Session()
+    ec2 = {
+        r: session.client("ec2", region_name=r, endpoint_url=settings.aws_endpoint_url) for r in settings.aws_regions
+    }
+    queue = settings.aws_interruption_queue_url or None
+    sqs = session.client("sqs", region_name=settings.aws_regions[0], endpoint_url=settings.aws_endpoint_url)
+    subnets = settings.aws_subnet_ids
+    return AwsProvider(
+        ec2,
+        broker_id=settings.broker_id,
+        sqs_client=sqs if queue else None,
+        queue_url=queue,
+        image_id_for=settings.aws_image_id,
+        subnet_for=(lambda off: subnets.get(off.zone)) if subnets else None,
+    )
+
+
+def _libcloud(settings: Settings) -> ComputeProvider:
+    from providers.libcloud import LibcloudProvider
+
+    return LibcloudProvider.from_config(
+        settings.libcloud_provider,
+        settings.libcloud_key,
+        settings.libcloud_secret or None,
+        name=settings.libcloud_provider.lower(),
+        broker_id=settings.broker_id,
+        image_id=settings.libcloud_image_id,
+        **settings.libcloud_options,
+    )
