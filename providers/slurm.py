@@ -1,0 +1,551 @@
+"""The real on-prem provider: a Slurm cluster driven through its command-line tools (`sbatch`, `squeue --json`...).
+
+Contract: `SlurmProvider` implements `ComputeProvider`, `OfferingSource` and `QueuePressureSource`
+(`providers.base`) for the partitions it is given, as provider `name` (default "onprem-slurm"), region "onprem",
+one zone per partition. It is the real counterpart of `providers.simulated.onprem`.
+
+- `offerings(now)`: per partition, ON_PREM offerings of 1, 2, 4 and 8 GPUs (up to the partition's GPUs per node)
+  priced at the internal rate x GPUs, `expected_wait_hours` from `federation.pressure.QueueModel` (capped at a
+  year; `available` is False when the shape can never start on the usable nodes).
+- `pressure(now)`: one `PressureSample` per GPU type on the configured partitions (pending = Resources/Priority).
+- `launch(request)`: `sbatch --parsable --job-name=ovs-<token[:16]> --comment=overspill:<broker>:<token> ...
+  --partition=P --nodes=1 --gres=gpu:<type>:<n> --time=<remaining work in minutes, rounded up> --wrap=<command>`.
+  Idempotent on the launch token: it first looks for a job whose comment carries the token, and after submitting
+  it looks again and cancels any duplicate a concurrent call made (the lowest job id wins). The comment also
+  carries the job and placement tags (`job=`, `placement=`, URL-quoted extras), so `get`/`list_instances` can
+  return them.
+- `get(id)` reads `squeue --json` and raises `NotFound` for an unknown id or a job that is not this broker's
+  (job ids are reused after a controller reset). Without slurmdbd a finished job leaves squeue `MinJobAge`
+  seconds after it ends (default 300): from then on it is `NotFound` and its outcome is lost.
+  States: PENDING/REQUEUED -> PENDING; RUNNING/CONFIGURING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED ->
+  SUCCEEDED; FAILED/TIMEOUT/NODE_FAIL/OUT_OF_MEMORY/BOOT_FAIL/DEADLINE -> FAILED; CANCELLED -> TERMINATED;
+  PREEMPTED -> PREEMPTED. A v0.0.38 "COMPLETING" job has ended but Slurm is still cleaning up and does not yet
+  say how it ended, so it stays RUNNING until the outcome shows.
+- `terminate(id)`: `scancel` when the job is ours and not finished; unknown or foreign ids are success.
+- `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
+Burst-policy helpers: `queued_jobs()` lists other users' pending GPU jobs with their reasons, `hold(id, reason)`
+(`scontrol hold`, reason and the job's priority recorded in its AdminComment, which users cannot edit) and
+`release(id)` (`scontrol release`, then the recorded priority is restored: a release otherwise gives the job a
+fresh priority, which under priority/basic sends it to the back of the queue), `requeue(id)`.
+
+Every command runs through the injected `run(argv) -> CompletedProcess` (default: `subprocess.run` with
+`SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
+provider-wide), bad partition/GRES/shape -> `InvalidRequest`, QOS/association limits -> `QuotaExceeded`,
+permission -> `AuthError`, anything else -> `SlurmCommandError`.
+slurmrestd is not used: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same parsers
+read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies should a REST transport be added.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from urllib.parse import quote, unquote
+
+from federation.pressure import GpuDemand, QueueModel
+from providers.accelerators import canonical, memory_gib
+from providers.base import (
+    AuthError,
+    Instance,
+    InstanceState,
+    InvalidRequest,
+    LaunchRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    Scope,
+    Throttled,
+)
+from providers.model import CapacityType, Offering, PressureSample, Price, offering_key
+from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
+
+Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+CommandBuilder = Callable[[LaunchRequest], str]
+
+GPU_SIZES = (1, 2, 4, 8)
+PRICE_QUANTUM = Decimal("0.0001")
+MAX_WAIT_HOURS = 8760.0
+COMMENT_PREFIX = "overspill"
+HOLD_MARK = "overspill-hold"
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_HOLD_RE = re.compile(r"\s*\[overspill-hold [^\]]*\]")
+
+_STATES: dict[str, InstanceState] = {
+    "PENDING": InstanceState.PENDING,
+    "REQUEUED": InstanceState.PENDING,
+    "REQUEUE_HOLD": InstanceState.PENDING,
+    "REQUEUE_FED": InstanceState.PENDING,
+    "RESV_DEL_HOLD": InstanceState.PENDING,
+    "RUNNING": InstanceState.RUNNING,
+    "CONFIGURING": InstanceState.RUNNING,
+    "COMPLETING": InstanceState.RUNNING,
+    "SUSPENDED": InstanceState.RUNNING,
+    "RESIZING": InstanceState.RUNNING,
+    "SIGNALING": InstanceState.RUNNING,
+    "STAGE_OUT": InstanceState.RUNNING,
+    "STOPPED": InstanceState.RUNNING,
+    "COMPLETED": InstanceState.SUCCEEDED,
+    "FAILED": InstanceState.FAILED,
+    "TIMEOUT": InstanceState.FAILED,
+    "NODE_FAIL": InstanceState.FAILED,
+    "OUT_OF_MEMORY": InstanceState.FAILED,
+    "BOOT_FAIL": InstanceState.FAILED,
+    "DEADLINE": InstanceState.FAILED,
+    "SPECIAL_EXIT": InstanceState.FAILED,
+    "CANCELLED": InstanceState.TERMINATED,
+    "REVOKED": InstanceState.TERMINATED,
+    "PREEMPTED": InstanceState.PREEMPTED,
+}
+
+
+class SlurmUnavailable(ProviderError):
+    """slurmctld cannot be reached (or the tools are missing): the whole provider is out for now."""
+
+    scope = Scope.PROVIDER
+    retryable = True
+
+
+class SlurmCommandError(ProviderError):
+    """A Slurm command failed for a reason with no better-typed error."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """What the broker offers on one partition: its GPU type, internal rate and GPUs per node.
+
+    `gres_type` is the GPU type name in Slurm's configuration (default: the accelerator, lower-cased).
+    """
+
+    accelerator: str
+    rate_usd_per_gpu_hour: Decimal
+    gpus_per_node: int
+    gres_type: str | None = None
+
+    @property
+    def slurm_gpu_type(self) -> str:
+        return self.gres_type or self.accelerator.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """Another user's pending GPU job, for the burst policy. `held_by` is the broker that holds it, if any."""
+
+    job: SlurmJob
+    accelerator: str
+    gpus: int
+    reason: str
+    burstable: bool
+    held_by: str | None = None
+    hold_reason: str = ""
+
+
+def subprocess_runner(slurm_conf: str | None = None, *, timeout: float = 30.0) -> Runner:
+    """Run Slurm tools with `subprocess.run` (text mode, no check), `SLURM_CONF` set when given."""
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=timeout)
+
+    return run
+
+
+def default_command(request: LaunchRequest) -> str:
+    """The job's command line, with the launch token and resume point exported for it."""
+    env = {"OVERSPILL_LAUNCH_TOKEN": request.launch_token}
+    if request.resume_from:
+        env["OVERSPILL_RESUME_FROM"] = request.resume_from
+    if request.spec.checkpoint_uri:
+        env["OVERSPILL_CHECKPOINT_URI"] = request.spec.checkpoint_uri
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"{exports} exec {shlex.join(request.spec.command)}"
+
+
+class SlurmProvider:
+    """A Slurm cluster as a compute provider (see the module docstring for the contract)."""
+
+    def __init__(
+        self,
+        *,
+        broker_id: str,
+        partitions: Mapping[str, PartitionInfo],
+        run: Runner | None = None,
+        name: str = "onprem-slurm",
+        slurm_conf: str | None = None,
+        command: CommandBuilder = default_command,
+        output: str = "/dev/null",
+        workdir: str | None = None,
+        unlimited_job_hours: float = 24.0,
+    ) -> None:
+        if not broker_id or not _TOKEN_RE.match(broker_id):
+            raise ValueError("broker_id must be non-empty letters, digits, '.', '_' or '-' (it goes in comments)")
+        if not partitions:
+            raise ValueError("at least one partition is needed")
+        for part, info in partitions.items():
+            if info.gpus_per_node <= 0:
+                raise ValueError(f"partition {part}: gpus_per_node must be positive")
+        self.name = name
+        self.region = "onprem"
+        self.broker_id = broker_id
+        self.partitions = dict(partitions)
+        self.run = run or subprocess_runner(slurm_conf)
+        self.command = command
+        self.output = output
+        self.workdir = workdir
+        self.unlimited_job_hours = unlimited_job_hours
+        self._prefix = f"{COMMENT_PREFIX}:{broker_id}:"
+
+    # ---- commands -----------------------------------------------------------------------------------------
+
+    def _call(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            done = self.run(argv)
+        except FileNotFoundError as exc:
+            raise SlurmUnavailable(f"{argv[0]} not found: {exc}", provider=self.name) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmUnavailable(f"{argv[0]} timed out", provider=self.name) from exc
+        if done.returncode != 0:
+            raise self._error(argv, done)
+        return done
+
+    def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
+        text = (done.stderr or done.stdout or "").strip()
+        message = f"{' '.join(argv[:2])} failed ({done.returncode}): {text[:500]}"
+        low = text.lower()
+        if "invalid job id" in low:
+            return NotFound(message, provider=self.name, detail=text)
+        if any(
+            s in low for s in ("unable to contact slurm controller", "socket timed out", "connection refused", "munge")
+        ):
+            return SlurmUnavailable(message, provider=self.name, detail=text)
+        if any(s in low for s in ("access/permission denied", "access denied", "permission denied", "not authorized")):
+            return AuthError(message, provider=self.name, detail=text)
+        if any(s in low for s in ("qos", "association", "assoc", "job violates accounting", "maxsubmit")):
+            return QuotaExceeded(message, provider=self.name, detail=text)
+        if "temporarily unable" in low or "resource temporarily unavailable" in low:
+            return Throttled(message, provider=self.name, detail=text)
+        if any(
+            s in low
+            for s in (
+                "invalid partition",
+                "invalid generic resource",
+                "invalid gres",
+                "requested node configuration is not available",
+                "invalid time limit",
+                "invalid",
+            )
+        ):
+            return InvalidRequest(message, provider=self.name, detail=text)
+        return SlurmCommandError(message, provider=self.name, detail=text)
+
+    def squeue(self) -> list[SlurmJob]:
+        """Every job slurmctld still knows (all states, all partitions; 22.05 ignores filters with --json)."""
+        done = self._call(["squeue", "--json", "--all", "--states=all"])
+        try:
+            return parse_squeue(done.stdout)
+        except SlurmParseError as exc:
+            raise SlurmCommandError(f"unreadable squeue output: {exc}", provider=self.name) from exc
+
+    def sinfo(self) -> list[SlurmNode]:
+        """Every node (one record per node with 23.11+ `sinfo -N --json`)."""
+        done = self._call(["sinfo", "--json", "-N", "--all"])
+        try:
+            return parse_sinfo(done.stdout)
+        except SlurmParseError as exc:
+            raise SlurmCommandError(f"unreadable sinfo output: {exc}", provider=self.name) from exc
+
+    # ---- feeds --------------------------------------------------------------------------------------------
+
+    def instance_type(self, accelerator: str, gpus: int) -> str:
+        return f"slurm-{canonical(accelerator).lower()}-{gpus}gpu"
+
+    def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueModel:
+        """The queue model over the configured partitions, from a fresh squeue/sinfo unless given."""
+        return QueueModel(
+            self.squeue() if jobs is None else jobs,
+            self.sinfo() if nodes is None else nodes,
+            partitions=self.partitions,
+            unlimited_job_hours=self.unlimited_job_hours,
+        )
+
+    def offerings(self, now: datetime) -> list[Offering]:
+        now = _utc(now)
+        nodes = self.sinfo()
+        model = self.model(nodes=nodes)
+        out: list[Offering] = []
+        for part, info in sorted(self.partitions.items()):
+            acc = canonical(info.accelerator)
+            in_part = [n for n in nodes if part in n.partitions and n.gres.get(info.slurm_gpu_type, 0) > 0]
+            node_gpus = max((n.gres[info.slurm_gpu_type] for n in in_part), default=info.gpus_per_node)
+            cpus = max((n.cpus for n in in_part), default=0)
+            mem = max((n.real_memory_mib for n in in_part), default=0)
+            for n in GPU_SIZES:
+                if n > info.gpus_per_node:
+                    continue
+                wait = model.expected_wait_hours(acc, n, now, partition=part)
+                out.append(
+                    Offering(
+                        provider=self.name,
+                        region=self.region,
+                        zone=part,
+                        instance_type=self.instance_type(acc, n),
+                        accelerator=acc,
+                        accelerator_count=n,
+                        gpu_memory_gib=memory_gib(acc),
+                        vcpus=cpus * n // node_gpus if node_gpus else 0,
+                        memory_gib=(Decimal(mem) * n / node_gpus / 1024).quantize(Decimal("0.01"))
+                        if node_gpus
+                        else Decimal(0),
+                        capacity_type=CapacityType.ON_PREM,
+                        price=Price((info.rate_usd_per_gpu_hour * n).quantize(PRICE_QUANTUM), "internal-rate", now),
+                        expected_wait_hours=min(wait, MAX_WAIT_HOURS),
+                        available=math.isfinite(wait),
+                    )
+                )
+        return out
+
+    def pressure(self, now: datetime) -> list[PressureSample]:
+        now = _utc(now)
+        samples = self.model().samples(now, source=self.name)
+        return [
+            PressureSample(
+                s.accelerator,
+                s.total_gpus,
+                s.free_gpus,
+                s.pending_jobs,
+                s.pending_gpus,
+                min(s.expected_wait_hours, MAX_WAIT_HOURS),
+                s.observed_at,
+                s.source,
+            )
+            for s in samples
+        ]
+
+    # ---- instances ----------------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        token = request.launch_token
+        if not token or not _TOKEN_RE.match(token):
+            raise InvalidRequest("launch_token must be letters, digits, '.', '_' or '-'", provider=self.name)
+        part, info = self._partition_for(request.offering)
+        if request.remaining_work_hours < 0:
+            raise InvalidRequest("remaining_work_hours must not be negative", provider=self.name)
+        existing = self._by_token(self.squeue(), token)
+        if existing:
+            return self._instance(existing[0])
+        minutes = max(1, math.ceil(request.remaining_work_hours * 60))
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=ovs-{token[:16]}",
+            f"--comment={self._comment(request)}",
+            f"--partition={part}",
+            "--nodes=1",
+            f"--gres=gpu:{info.slurm_gpu_type}:{request.offering.accelerator_count}",
+            f"--time={minutes}",
+            f"--output={self.output}",
+        ]
+        if self.workdir:
+            argv.append(f"--chdir={self.workdir}")
+        argv.append(f"--wrap={self.command(request)}")
+        done = self._call(argv)
+        submitted = done.stdout.strip().split(";", 1)[0]
+        if not submitted.isdigit():
+            raise SlurmCommandError(f"sbatch printed no job id: {done.stdout!r}", provider=self.name)
+        mine = self._by_token(self.squeue(), token)
+        if not mine:
+            raise SlurmCommandError(f"job {submitted} vanished right after sbatch", provider=self.name)
+        for duplicate in mine[1:]:  # a concurrent launch of the same token also submitted: keep the first
+            self.run(["scancel", str(duplicate.job_id)])
+        return self._instance(mine[0])
+
+    def get(self, instance_id: str) -> Instance:
+        job = self._ours(instance_id, self.squeue())
+        if job is None:
+            raise NotFound(
+                f"no job {instance_id} of broker {self.broker_id} on {self.name} "
+                "(finished jobs leave squeue after MinJobAge without slurmdbd)",
+                provider=self.name,
+            )
+        return self._instance(job)
+
+    def terminate(self, instance_id: str) -> None:
+        job = self._ours(instance_id, self.squeue())
+        if job is None or self._state(job).terminal:
+            return
+        done = self.run(["scancel", str(job.job_id)])
+        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
+            raise self._error(["scancel", str(job.job_id)], done)
+
+    def list_instances(self) -> list[Instance]:
+        return [self._instance(j) for j in self.squeue() if j.comment.startswith(self._prefix)]
+
+    # ---- burst-policy helpers -----------------------------------------------------------------------------
+
+    def queued_jobs(self) -> list[QueuedJob]:
+        """Pending GPU jobs on the configured partitions that this broker did not launch, oldest first."""
+        model = self.model()
+        out: list[QueuedJob] = []
+        for d in model.demands():
+            if d.job.comment.startswith(self._prefix):
+                continue
+            out.append(self._queued(d))
+        return sorted(out, key=lambda q: (q.job.submit_time or datetime.max.replace(tzinfo=UTC), q.job.job_id))
+
+    def hold(self, job_id: int | str, reason: str) -> None:
+        """Hold another user's pending job (`scontrol hold`), noting why and its priority in its AdminComment.
+
+        The note goes first, so a crash between the two steps leaves a note and no hold, never a hold nobody can
+        explain. Holding a job this broker already holds does nothing; a job held by its user or an admin is
+        refused (releasing it later would undo their hold).
+        """
+        job = self._job(job_id)
+        note = hold_note(job.admin_comment)
+        if job.pending and job.state_reason.startswith("JobHeld"):
+            if note is not None and note.get("broker") == self.broker_id:
+                return
+            raise InvalidRequest(f"job {job.job_id} is already held ({job.state_reason})", provider=self.name)
+        if not job.pending:
+            raise InvalidRequest(f"job {job.job_id} is {job.state}, only a pending job can be held", provider=self.name)
+        base = _HOLD_RE.sub("", job.admin_comment).strip()
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        prio = job.priority or ""
+        mark = f"[{HOLD_MARK} broker={self.broker_id} prio={prio} at={stamp} reason={quote(reason, safe='')}]"
+        self._call(["scontrol", "update", f"JobId={job.job_id}", f"AdminComment={(base + ' ' + mark).strip()}"])
+        self._call(["scontrol", "hold", str(job.job_id)])
+
+    def release(self, job_id: int | str, *, restore_priority: bool = True) -> None:
+        """Give back a job this broker held: `scontrol release`, restore its recorded priority, drop the note.
+
+        Converges: a job whose hold is already gone only loses the note, one without the note is left alone. A job
+        held by someone else is refused.
+        Restoring sets the priority explicitly (`scontrol update Priority=`), which under priority/multifactor pins
+        it at that value; pass `restore_priority=False` to let Slurm recompute it instead.
+        """
+        job = self._job(job_id)
+        note = hold_note(job.admin_comment)
+        if note is None or note.get("broker") != self.broker_id:
+            if job.pending and job.state_reason.startswith("JobHeld"):
+                raise InvalidRequest(f"job {job.job_id} was not held by broker {self.broker_id}", provider=self.name)
+            return  # nothing of ours to undo
+        if job.pending and job.state_reason.startswith("JobHeld"):
+            self._call(["scontrol", "release", str(job.job_id)])
+            prio = note.get("prio", "")
+            if restore_priority and prio.isdigit() and int(prio) > 0:
+                self._call(["scontrol", "update", f"JobId={job.job_id}", f"Priority={prio}"])
+        rest = _HOLD_RE.sub("", job.admin_comment).strip()
+        self._call(["scontrol", "update", f"JobId={job.job_id}", f"AdminComment={rest}"])
+
+    def requeue(self, job_id: int | str) -> None:
+        """Put a running job back in the queue (`scontrol requeue`; Slurm delays its restart by a BeginTime)."""
+        self._call(["scontrol", "requeue", str(self._job(job_id).job_id)])
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+
+    def _job(self, job_id: int | str) -> SlurmJob:
+        text = str(job_id)
+        found = next((j for j in self.squeue() if text.isdigit() and j.job_id == int(text)), None)
+        if found is None:
+            raise NotFound(f"no job {job_id} on {self.name}", provider=self.name)
+        return found
+
+    def _queued(self, d: GpuDemand) -> QueuedJob:
+        note = hold_note(d.job.admin_comment) if d.reason.startswith("JobHeld") else None
+        return QueuedJob(
+            job=d.job,
+            accelerator=d.accelerator,
+            gpus=d.gpus,
+            reason=d.reason,
+            burstable=d.burstable,
+            held_by=note.get("broker") if note else None,
+            hold_reason=note.get("reason", "") if note else "",
+        )
+
+    def _partition_for(self, offering: Offering) -> tuple[str, PartitionInfo]:
+        info = self.partitions.get(offering.zone)
+        if offering.provider != self.name or offering.capacity_type is not CapacityType.ON_PREM or info is None:
+            raise InvalidRequest(f"{self.name} does not offer {offering.key}", provider=self.name)
+        n = offering.accelerator_count
+        if canonical(offering.accelerator) != canonical(info.accelerator) or not 0 < n <= info.gpus_per_node:
+            raise InvalidRequest(f"{self.name} has no {offering.instance_type} on {offering.zone}", provider=self.name)
+        return offering.zone, info
+
+    def _comment(self, request: LaunchRequest) -> str:
+        tags = request.tags
+        parts = [f"{self._prefix}{request.launch_token}", f"job={quote(tags.job_id, safe='')}"]
+        parts.append(f"placement={quote(tags.placement_id, safe='')}")
+        parts += [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in sorted(tags.extra.items())]
+        return " ".join(parts)
+
+    def _by_token(self, jobs: Sequence[SlurmJob], token: str) -> list[SlurmJob]:
+        head = f"{self._prefix}{token}"
+        found = [j for j in jobs if j.comment == head or j.comment.startswith(head + " ")]
+        return sorted(found, key=lambda j: j.job_id)
+
+    def _ours(self, instance_id: str, jobs: Sequence[SlurmJob]) -> SlurmJob | None:
+        if not instance_id.isdigit():
+            return None
+        wanted = int(instance_id)
+        return next((j for j in jobs if j.job_id == wanted and j.comment.startswith(self._prefix)), None)
+
+    def _state(self, job: SlurmJob) -> InstanceState:
+        return _STATES.get(job.state, InstanceState.RUNNING if job.holds_resources else InstanceState.PENDING)
+
+    def _instance(self, job: SlurmJob) -> Instance:
+        token, tags = self._parse_comment(job.comment)
+        state = self._state(job)
+        part = job.partitions[0] if job.partitions else ""
+        info = self.partitions.get(part)
+        acc = canonical(info.accelerator) if info else canonical(next(iter(job.gpus), "") or "gpu")
+        key = offering_key(self.name, self.region, part, self.instance_type(acc, job.gpu_count), CapacityType.ON_PREM)
+        started = job.start_time if state is not InstanceState.PENDING else None
+        detail = job.state.lower()
+        if job.state_reason:
+            detail += f": {job.state_reason}"
+        if state is InstanceState.PENDING and job.start_time is not None:
+            detail += f", estimated start {job.start_time.isoformat()}"
+        return Instance(
+            id=str(job.job_id),
+            provider=self.name,
+            offering_key=key,
+            launch_token=token,
+            state=state,
+            tags=tags,
+            launched_at=job.submit_time or datetime.now(UTC),
+            started_at=started,
+            ended_at=job.end_time if state.terminal else None,
+            checkpointed_work_hours=None,
+            detail=detail,
+        )
+
+    def _parse_comment(self, comment: str) -> tuple[str, dict[str, str]]:
+        """(launch token, tags) from `overspill:<broker>:<token> job=.. placement=.. k=v`."""
+        head, *pairs = comment.split(" ")
+        token = head[len(self._prefix) :] if head.startswith(self._prefix) else ""
+        values = {unquote(k): unquote(v) for k, _, v in (p.partition("=") for p in pairs if "=" in p)}
+        tags = {"overspill:broker": self.broker_id}
+        tags["overspill:job"] = values.pop("job", "")
+        tags["overspill:placement"] = values.pop("placement", "")
+        tags.update(values)
+        return token, tags
+
+
+def hold_note(admin_comment: str) -> dict[str, str] | None:
+    """The fields of the `[overspill-hold broker=.. prio=.. at=.. reason=..]` note in an AdminComment, if any."""
+    found = _HOLD_RE.search(admin_comment or "")
+    if found is None:
+        return None
+    body = found.group(0).strip()[len(HOLD_MARK) + 2 : -1]
+    return {k: unquote(v) for k, _, v in (p.partition("=") for p in body.split(" ") if "=" in p)}
+
+
+def _utc(at: datetime) -> datetime:
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

@@ -1,0 +1,313 @@
+"""A throw-away real Slurm 22.05+ cluster for the test suite: munged, slurmctld and two slurmd on this host.
+
+Contract: `slurm_session()` is the body of a session-scoped pytest fixture. It starts the daemons with every file
+(config, munge key and socket, state, spool, logs, fake GPU device nodes) under one temp dir, waits until every
+node is idle (well under a second), yields a `SlurmCluster`, and on teardown cancels every job, waits for them to
+finish, runs `scontrol shutdown`, stops munged and removes the dir. Without the binaries (apt packages
+`slurm-wlm munge`) or root (slurmd and mknod need it) it skips with the reason; CI turns that skip into a failure.
+
+The cluster: partition `gpu` (default, DefaultTime=60 min) over nodes `ovs1` and `ovs2`, each with 8 CPUs and 4
+fake A100s (`Gres=gpu:a100:4`, gres.conf `AutoDetect=off` with `File=` pointing at character devices made with
+`mknod c 195 N`: regular files would give jobs an empty CUDA_VISIBLE_DEVICES, and `Count=` alone drains the
+node). `MinJobAge` is a day so finished jobs stay visible to `squeue` (there is no slurmdbd), the backfill
+scheduler runs every second so pending jobs get estimated start times quickly, and `KillWait=1` makes
+cancellation quick. Every command must run with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+NODES = ("ovs1", "ovs2")
+GPUS_PER_NODE = 4
+GPU_TYPE = "a100"
+PARTITION = "gpu"
+_SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
+_STARTUP_TIMEOUT_S = 20.0
+
+
+def find_daemon(name: str) -> str | None:
+    """A Slurm/munge daemon on PATH or in the usual sbin dirs (which a non-login PATH may lack)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for base in _SBIN:
+        path = Path(base) / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def missing_requirements() -> str | None:
+    """Why a cluster cannot start here, or None."""
+    missing = [d for d in ("slurmctld", "slurmd", "munged") if find_daemon(d) is None]
+    missing += [c for c in ("sbatch", "squeue", "sinfo", "scontrol", "scancel") if shutil.which(c) is None]
+    if missing:
+        return (
+            f"Slurm binaries not found ({', '.join(missing)}): "
+            "apt-get install -y slurm-wlm munge (Debian bookworm: Slurm 22.05)"
+        )
+    if os.geteuid() != 0:
+        return "the test Slurm cluster needs root (slurmd runs jobs as their user; fake GPUs need mknod)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster. `env` carries SLURM_CONF; `run` runs a Slurm client command against it."""
+
+    root: Path
+    conf: Path
+    env: dict[str, str]
+    nodes: tuple[str, ...] = NODES
+    gpus_per_node: int = GPUS_PER_NODE
+    gpu_type: str = GPU_TYPE
+    partition: str = PARTITION
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def run(self, args: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, env=self.env, capture_output=True, text=True, check=check, timeout=30)
+
+    def jobs(self) -> list[dict[str, object]]:
+        out = self.run(["squeue", "--json", "--all", "--states=all"], check=True).stdout
+        return list(json.loads(out)["jobs"])
+
+    def cancel_all(self, timeout: float = 15.0) -> None:
+        """Cancel every job and wait until none is pending, running or completing (GPUs free again)."""
+        live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD")
+        deadline = time.monotonic() + timeout
+        while True:
+            active = [str(j["job_id"]) for j in self.jobs() if _state(j) in live]
+            if not active:
+                return
+            self.run(["scancel", *active])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs still active after scancel: {active}")
+            time.sleep(0.1)
+
+    def log(self, name: str) -> str:
+        path = self.root / "log" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError, TimeoutError, ValueError, KeyError):
+            self.cancel_all()
+        if "slurmctld" in self.procs:
+            self.run(["scontrol", "shutdown"])
+        for name, proc in reversed(list(self.procs.items())):
+            if name == "munged":
+                continue
+            _stop_proc(proc, 10.0)
+        if "munged" in self.procs:  # munged only stops when told
+            self.procs["munged"].send_signal(signal.SIGTERM)
+            _stop_proc(self.procs["munged"], 5.0)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _state(job: dict[str, object]) -> str:
+    state = job.get("job_state")
+    return str(state[0] if isinstance(state, list) and state else state)
+
+
+def _stop_proc(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        proc.wait(timeout=timeout)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def _write_config(root: Path) -> Path:
+    host = socket.gethostname().split(".")[0]
+    ctld_port = _free_port()
+    (root / "etc").mkdir()
+    for sub in ("state", "spool", "log", "run"):
+        (root / sub).mkdir()
+    gres_lines = ["AutoDetect=off"]
+    node_lines = []
+    for node in NODES:
+        devdir = root / "dev" / node
+        devdir.mkdir(parents=True)
+        for i in range(GPUS_PER_NODE):
+            os.mknod(devdir / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))  # S_IFCHR
+        gres_lines.append(f"NodeName={node} Name=gpu Type={GPU_TYPE} File={devdir}/nvidia[0-{GPUS_PER_NODE - 1}]")
+        node_lines.append(
+            f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=8 "
+            f"RealMemory=8000 Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE} State=UNKNOWN"
+        )
+    conf = root / "etc" / "slurm.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=overspill",
+                f"SlurmctldHost={host}(127.0.0.1)",
+                f"SlurmctldPort={ctld_port}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "CredType=cred/munge",
+                f"AuthInfo=socket={root}/run/munge.socket",
+                f"StateSaveLocation={root}/state",
+                f"SlurmdSpoolDir={root}/spool/%n",
+                f"SlurmctldPidFile={root}/run/slurmctld.pid",
+                f"SlurmdPidFile={root}/run/slurmd.%n.pid",
+                f"SlurmctldLogFile={root}/log/slurmctld.log",
+                f"SlurmdLogFile={root}/log/slurmd.%n.log",
+                "SlurmctldDebug=info",
+                "SlurmdDebug=info",
+                "SlurmdParameters=config_overrides",
+                "SwitchType=switch/none",
+                "MpiDefault=none",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "AccountingStorageType=accounting_storage/none",
+                "JobCompType=jobcomp/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core_Memory",
+                "DefMemPerCPU=100",
+                "GresTypes=gpu",
+                "SchedulerType=sched/backfill",
+                "SchedulerParameters=bf_interval=1,sched_min_interval=0",
+                "MinJobAge=86400",
+                "KillWait=1",
+                "InactiveLimit=0",
+                "ReturnToService=2",
+                "SlurmdTimeout=60",
+                *node_lines,
+                f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE DefaultTime=60",
+                "",
+            ]
+        )
+    )
+    (root / "etc" / "gres.conf").write_text("\n".join([*gres_lines, ""]))
+    (root / "etc" / "cgroup.conf").write_text("")
+    return conf
+
+
+def start_slurm_cluster() -> SlurmCluster:
+    """Start munged, slurmctld and one slurmd per node under a new temp dir; return once every node is idle."""
+    reason = missing_requirements()
+    if reason:
+        raise FileNotFoundError(reason)
+    root = Path(tempfile.mkdtemp(prefix="overspill-slurm-"))
+    os.chmod(root, 0o755)
+    cluster: SlurmCluster | None = None
+    try:
+        conf = _write_config(root)
+        env = {**os.environ, "SLURM_CONF": str(conf)}
+        env["PATH"] = ":".join([env.get("PATH", ""), *_SBIN])
+        cluster = SlurmCluster(root=root, conf=conf, env=env)
+        key = root / "etc" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        os.chmod(root / "run", 0o711)
+        munged = find_daemon("munged")
+        assert munged is not None
+        cluster.procs["munged"] = _spawn(
+            [
+                munged,
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={root}/run/munge.socket",
+                f"--pid-file={root}/run/munged.pid",
+                f"--log-file={root}/log/munged.log",
+                f"--seed-file={root}/run/munged.seed",
+            ],
+            env,
+            root / "log" / "munged.out",
+        )
+        _wait_for(lambda: (root / "run" / "munge.socket").exists(), "munged socket", cluster)
+        ctld = find_daemon("slurmctld")
+        slurmd = find_daemon("slurmd")
+        assert ctld is not None and slurmd is not None
+        cluster.procs["slurmctld"] = _spawn([ctld, "-D", "-i"], env, root / "log" / "slurmctld.out")
+        _wait_for(lambda: cluster.run(["scontrol", "ping"]).returncode == 0, "slurmctld", cluster)
+        for node in NODES:
+            cluster.procs[f"slurmd-{node}"] = _spawn([slurmd, "-D", "-N", node], env, root / "log" / f"{node}.out")
+        _wait_for(lambda: _all_idle(cluster), "nodes idle", cluster)
+        return cluster
+    except BaseException:
+        if cluster is not None:
+            cluster.stop()
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _spawn(cmd: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    with out.open("wb") as sink:
+        return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _all_idle(cluster: SlurmCluster) -> bool:
+    done = cluster.run(["sinfo", "--json"])
+    if done.returncode != 0:
+        return False
+    nodes = json.loads(done.stdout).get("nodes", [])
+    states = {n["name"]: n["state"] for n in nodes}
+    return all(str(states.get(node, "")).lower() == "idle" for node in NODES)
+
+
+def _wait_for(check: object, what: str, cluster: SlurmCluster) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    while not check():
+        for name, proc in cluster.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}: {_tail(cluster)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}: {_tail(cluster)}")
+        time.sleep(0.05)
+
+
+def _tail(cluster: SlurmCluster) -> str:
+    parts = []
+    for path in sorted((cluster.root / "log").glob("*")):
+        text = path.read_text(errors="replace").strip().splitlines()[-8:]
+        if text:
+            parts.append(f"--- {path.name}\n" + "\n".join(text))
+    return "\n".join(parts)
+
+
+def slurm_session() -> Iterator[SlurmCluster]:
+    """Body of a session-scoped fixture: start the cluster (or skip saying why), yield it, stop it."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cluster = start_slurm_cluster()
+    except PermissionError as exc:  # e.g. a container without CAP_MKNOD for the fake GPU devices
+        pytest.skip(f"cannot set up the test Slurm cluster here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
