@@ -3,6 +3,8 @@
 - `OVERSPILL_AWS_LAUNCH=true` with `OVERSPILL_AWS_REGIONS` and `OVERSPILL_AWS_IMAGE_ID`: launch on EC2 (spot and
   on-demand); `OVERSPILL_AWS_INTERRUPTION_QUEUE_URL` to receive EventBridge spot warnings through SQS.
 - `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud.
+- `OVERSPILL_SLURM_PARTITIONS={...}`: the on-prem Slurm cluster (its pools, pressure and queue), priced at each
+  partition's internal $/GPU-hour.
 The built-in simulated providers are wired in `broker.runtime`.
 """
 
@@ -18,7 +20,31 @@ def build_providers(settings: Settings) -> list[ComputeProvider]:
         out.append(_aws(settings))
     if settings.libcloud_provider:
         out.append(_libcloud(settings))
+    if settings.slurm_partitions:
+        out.append(_slurm(settings))
     return out
+
+
+def _slurm(settings: Settings) -> ComputeProvider:
+    from decimal import Decimal
+
+    from providers.slurm import PartitionInfo, SlurmProvider, subprocess_runner
+
+    partitions = {}
+    for name, spec in settings.slurm_partitions.items():
+        try:
+            partitions[name] = PartitionInfo(
+                accelerator=spec["accelerator"],
+                rate_usd_per_gpu_hour=Decimal(spec["rate_usd_per_gpu_hour"]),
+                gpus_per_node=int(spec.get("gpus_per_node", "8")),
+                gres_type=spec.get("gres_type"),
+            )
+        except (KeyError, ArithmeticError, ValueError) as exc:
+            raise ValueError(f"OVERSPILL_SLURM_PARTITIONS[{name!r}]: {exc!r} (needs accelerator and rate)") from exc
+    conf = settings.slurm_conf or None
+    return SlurmProvider(
+        broker_id=settings.broker_id, partitions=partitions, run=subprocess_runner(conf), slurm_conf=conf
+    )
 
 
 def _aws(settings: Settings) -> ComputeProvider:

@@ -80,6 +80,10 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
     offering_sources.extend(build_price_feeds(settings, engine))
     for provider in build_providers(settings):
         providers[provider.name] = provider
+        if isinstance(provider, OfferingSource) and provider not in offering_sources:
+            offering_sources.append(provider)
+        if isinstance(provider, QueuePressureSource):
+            pressure_sources.append(provider)
     params = PlacementParams(
         checkpoint_interval_hours=settings.checkpoint_interval_hours,
         restart_hours=settings.restart_hours,

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     aws_image_id: str = Field(default="", description="AMI with Docker and NVIDIA drivers for training jobs")
     aws_subnet_ids: dict[str, str] = Field(default_factory=dict, description='per AZ, e.g. {"us-east-1a": "subnet-.."}')
     aws_interruption_queue_url: str = Field(default="", description="SQS queue fed by EventBridge spot warnings")
+    slurm_partitions: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '
+        '"gpus_per_node": "8"}}',
+    )
+    slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""
     libcloud_secret: str = ""

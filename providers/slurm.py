@@ -65,6 +65,7 @@ from providers.base import (
 )
 from providers.model import CapacityType, Offering, PressureSample, Price, offering_key
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
+from providers.startup import container_env
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 CommandBuilder = Callable[[LaunchRequest], str]
@@ -159,12 +160,9 @@ def subprocess_runner(slurm_conf: str | None = None, *, timeout: float = 30.0) -
 
 
 def default_command(request: LaunchRequest) -> str:
-    """The job's command line, with the launch token and resume point exported for it."""
-    env = {"OVERSPILL_LAUNCH_TOKEN": request.launch_token}
-    if request.resume_from:
-        env["OVERSPILL_RESUME_FROM"] = request.resume_from
-    if request.spec.checkpoint_uri:
-        env["OVERSPILL_CHECKPOINT_URI"] = request.spec.checkpoint_uri
+    """The job's command line with the same environment cloud instances give the container
+    (providers.startup.container_env: checkpoint location, resume flag, job and placement ids)."""
+    env = {"OVERSPILL_LAUNCH_TOKEN": request.launch_token, **container_env(request)}
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return f"{exports} exec {shlex.join(request.spec.command)}"
 

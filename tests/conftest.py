@@ -61,6 +61,14 @@ def postgres() -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Any]:
+    """A real Slurm 22.05 cluster (2 nodes x 4 fake A100) for the whole session; skips saying why if absent."""
+    from tests.slurm_cluster import slurm_session
+
+    yield from slurm_session()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

@@ -29,14 +29,9 @@ from providers.slurm import (
 )
 from providers.slurm_json import SlurmJob
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
-from tests.slurm_cluster import SlurmCluster, slurm_session
+from tests.slurm_cluster import SlurmCluster
 
 PARTITIONS = {"gpu": PartitionInfo("A100", Decimal("1.10"), 4)}
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[SlurmCluster]:
-    yield from slurm_session()
 
 
 @pytest.fixture
