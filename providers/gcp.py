@@ -1,0 +1,570 @@
+"""Google Compute Engine adapter: launches, watches and deletes the broker's GPU VMs through `google-cloud-compute`.
+
+Role: the `ComputeProvider` (and `InterruptionSource`) for GCP. The caller injects a `compute_v1.InstancesClient`
+and a `compute_v1.ZoneOperationsClient` (tests point both at a local fake with `transport="rest"`); this module
+never builds clients or reads credentials.
+
+Contract (see providers/base.py):
+- `launch` is idempotent on the launch token twice over. The instance name is derived from the token
+  (`instance_name`: "ovs-" + the token's first 20 RFC 1035-safe characters + "-" + 8 hex of its SHA-256), so a
+  second insert of the same token answers 409 `alreadyExists` and the existing VM is returned; and every insert
+  carries a `request_id` (a UUID5 of the token), so a retried insert within Google's idempotency window returns
+  the original operation instead of failing. Launch waits for the insert operation (errors such as
+  ZONE_RESOURCE_POOL_EXHAUSTED only arrive there) up to `operation_timeout` seconds, then reads the VM back (an
+  insert still running with no VM visible yet is `Throttled`: launching again resumes it). A VM of that name made
+  for another token is a collision (`InvalidRequest`).
+- Instance ids are "{zone}/{name}". `get` raises `NotFound` for a deleted VM or a malformed id.
+- `terminate` issues the delete and does not wait for it; a 404 (or a malformed id) is success.
+- `list_instances` runs one aggregated list filtered on `labels.overspill-broker`, then keeps only VMs whose exact
+  tags (from metadata, below) name this broker.
+
+Spot: `scheduling.provisioningModel = "SPOT"`, `instanceTerminationAction = termination_action` (default "STOP"),
+`automaticRestart = False`, `onHostMaintenance = "TERMINATE"` (GPUs cannot live-migrate; on-demand VMs get the same
+two settings so a host event surfaces to the broker instead of silently re-running the job from scratch). STOP is
+the default because a stopped VM keeps the evidence of its preemption: `get` can tell PREEMPTED from TERMINATED at
+any later time, across broker restarts. The price is that a preempted VM keeps its boot disk (billed) until
+`terminate` deletes it. With "DELETE" the VM vanishes ~30 s after the reclaim and `get` raises `NotFound`; the
+preemption is then only seen through `poll_interruptions` (while the zone's operation history holds it).
+
+GPUs: pool names from pricing/feeds/gcp.py are either a machine type whose GPUs come with it (a2-*, a3-*, g2-*:
+no `guestAccelerators`) or "n1-standard-8+2xnvidia-tesla-t4" (N1 + attached cards: `guestAccelerators` with
+`zones/{zone}/acceleratorTypes/nvidia-tesla-t4`, count 2). `split_instance_type` reads both.
+
+Labels and tags: GCP label keys and values must match [a-z0-9_-]{0,63} (keys start with a letter). `label_key` maps
+":" to "-" ("overspill:broker" -> "overspill-broker") and anything else outside the set to "_"; `label_value`
+lower-cases and maps the rest to "_"; both truncate to 63. That is lossy, so labels serve filtering and billing
+only: the exact tags travel as JSON in the metadata item "overspill-tags", with the launch token
+("overspill-launch-token") and the offering key ("overspill-offering"), and `get`/`list_instances` read them back
+from there. A VM without that metadata (not ours) gets its labels mapped back (the three broker keys exactly,
+others as they are).
+
+States: PROVISIONING/STAGING -> PENDING; RUNNING/REPAIRING -> RUNNING; STOPPING/TERMINATED/SUSPENDING/SUSPENDED ->
+PREEMPTED when the VM is spot and its zone holds a "compute.instances.preempted" operation targeting it, inserted
+after the VM's last start (queried with filter operationType + targetLink), otherwise TERMINATED (stopped by the
+guest, e.g. the start-up script's final `shutdown`, or by someone else).
+
+Errors: reasons first (from `errors[].reason` of a synchronous error, `error.errors[].code` of a failed operation,
+and ErrorInfo details), then the HTTP status: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] / resourcePoolExhausted
+-> InsufficientCapacity; QUOTA_EXCEEDED / quotaExceeded -> QuotaExceeded; rateLimitExceeded / 429 -> Throttled;
+401 / 403 -> AuthError; 404 -> NotFound; 400 -> InvalidRequest; 5xx and transport failures -> Throttled (transient).
+A 401 usually surfaces as a google-auth error instead (the session refreshes the credential and retries, and the
+refresh fails): any `GoogleAuthError` -> AuthError.
+
+Interruptions: `poll_interruptions` lists the "compute.instances.preempted" operations of every zone holding (or
+launched by this process into) one of our VMs, and returns each one not returned before by this object; at-least-once
+across restarts. `preempted_since(zone, since)` is the same query for one zone without the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Final
+
+import requests
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as gauth_exceptions
+from google.cloud import compute_v1
+
+from providers.base import (
+    AuthError,
+    Instance,
+    InstanceState,
+    InsufficientCapacity,
+    InterruptionNotice,
+    InvalidRequest,
+    LaunchRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    Throttled,
+)
+from providers.model import CapacityType, offering_key
+from providers.startup import startup_script
+
+BROKER_TAG: Final = "overspill:broker"
+BROKER_LABEL: Final = "overspill-broker"
+TOKEN_LABEL: Final = "overspill-token"
+META_TAGS: Final = "overspill-tags"
+META_TOKEN: Final = "overspill-launch-token"
+META_OFFERING: Final = "overspill-offering"
+META_STARTUP: Final = "startup-script"
+PREEMPTED_OP: Final = "compute.instances.preempted"
+TERMINATION_ACTIONS: Final = ("STOP", "DELETE")
+
+_NAMESPACE: Final = uuid.UUID("6f0d4c1e-2b8a-5e9f-9c3d-7a1b2c3d4e5f")
+_LABEL_MAX: Final = 63
+_NOT_LABEL: Final = re.compile(r"[^a-z0-9_-]")
+_NOT_NAME: Final = re.compile(r"[^a-z0-9-]")
+
+_CAPACITY: Final = frozenset(
+    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "resourcePoolExhausted"}
+)
+_QUOTA: Final = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+_THROTTLE: Final = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
+_EXISTS: Final = frozenset({"alreadyExists", "RESOURCE_ALREADY_EXISTS"})
+_PENDING: Final = frozenset({"PROVISIONING", "STAGING"})
+_RUNNING: Final = frozenset({"RUNNING", "REPAIRING"})
+_STOPPED: Final = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"})
+
+
+def instance_name(launch_token: str) -> str:
+    """The VM name for a launch token: deterministic, unique per token, RFC 1035 (at most 33 characters)."""
+    slug = _NOT_NAME.sub("-", launch_token.lower())[:20].strip("-")
+    digest = hashlib.sha256(launch_token.encode()).hexdigest()[:8]
+    return f"ovs-{slug}-{digest}" if slug else f"ovs-{digest}"
+
+
+def request_id(launch_token: str, action: str = "insert") -> str:
+    """The `request_id` Compute Engine deduplicates retried mutations on (a UUID derived from the token)."""
+    return str(uuid.uuid5(_NAMESPACE, f"{action}:{launch_token}"))
+
+
+def label_key(key: str) -> str:
+    """A tag name as a GCP label key: "overspill:broker" -> "overspill-broker"."""
+    out = _NOT_LABEL.sub("_", key.lower().replace(":", "-"))
+    if not out or not out[0].isalpha() or not out[0].isascii():
+        out = f"k-{out}"
+    return out[:_LABEL_MAX]
+
+
+def label_value(value: str) -> str:
+    """A tag value as a GCP label value (lower-cased, [a-z0-9_-], at most 63 characters)."""
+    return _NOT_LABEL.sub("_", value.lower())[:_LABEL_MAX]
+
+
+def labels_for(tags: dict[str, str], launch_token: str) -> dict[str, str]:
+    labels = {label_key(k): label_value(v) for k, v in tags.items()}
+    labels[TOKEN_LABEL] = label_value(launch_token)
+    return labels
+
+
+def tags_from_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Best-effort inverse of `labels_for` for VMs without the exact tags in metadata."""
+    known = {label_key(k): k for k in ("overspill:broker", "overspill:job", "overspill:placement")}
+    return {known.get(k, k): v for k, v in labels.items() if k != TOKEN_LABEL}
+
+
+def split_instance_type(instance_type: str) -> tuple[str, str | None, int]:
+    """`(machine type, attached accelerator type or None, count)` of a GCP pool name (the price feed's naming)."""
+    machine, plus, attached = instance_type.partition("+")
+    if not plus:
+        return machine, None, 0
+    count, _, accelerator_type = attached.partition("x")
+    return machine, accelerator_type, int(count)
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def parse_time(text: str) -> datetime | None:
+    """An RFC 3339 timestamp from the Compute API (e.g. "2013-12-13T10:45:23.351-08:00") as aware UTC."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _last_segment(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _error(provider: str, reasons: Iterable[str], status: int | None, message: str) -> ProviderError:
+    """The typed error for a Compute Engine failure: reasons decide first, then the HTTP status."""
+    found = {r for r in reasons if r}
+    detail = ", ".join(sorted(found))
+    if found & _CAPACITY or any(r.startswith("ZONE_RESOURCE_POOL_EXHAUSTED") for r in found):
+        return InsufficientCapacity(message, provider=provider, detail=detail)
+    if found & _QUOTA:
+        return QuotaExceeded(message, provider=provider, detail=detail)
+    if found & _THROTTLE or status == 429:
+        return Throttled(message, provider=provider, detail=detail)
+    if status in (401, 403):
+        return AuthError(message, provider=provider, detail=detail)
+    if status == 404:
+        return NotFound(message, provider=provider, detail=detail)
+    if status is not None and status >= 500:
+        return Throttled(message, provider=provider, detail=detail or f"HTTP {status}")
+    if status == 400 or status is None:
+        return InvalidRequest(message, provider=provider, detail=detail)
+    return ProviderError(message, provider=provider, detail=detail or f"HTTP {status}")
+
+
+def _reasons(exc: gexc.GoogleAPICallError) -> set[str]:
+    out = {str(e.get("reason", "")) for e in exc.errors if isinstance(e, dict)}
+    if exc.reason:
+        out.add(exc.reason)
+    return out
+
+
+def _op_reasons(op: compute_v1.Operation) -> set[str]:
+    out: set[str] = set()
+    for err in op.error.errors:
+        out.add(err.code)
+        out.update(d.error_info.reason for d in err.error_details if d.error_info.reason)
+    return out
+
+
+def _op_message(op: compute_v1.Operation) -> str:
+    messages = [e.message for e in op.error.errors if e.message]
+    return "; ".join(messages) or op.http_error_message or "operation failed"
+
+
+def _is_done(op: compute_v1.Operation) -> bool:
+    return op.status == compute_v1.Operation.Status.DONE
+
+
+class GcpProvider:
+    """`ComputeProvider` + `InterruptionSource` for Compute Engine. See the module docstring."""
+
+    def __init__(
+        self,
+        instances: compute_v1.InstancesClient,
+        zone_operations: compute_v1.ZoneOperationsClient,
+        *,
+        project: str,
+        broker_id: str,
+        image: str,
+        network: str = "global/networks/default",
+        name: str = "gcp",
+        termination_action: str = "STOP",
+        boot_disk_gb: int = 100,
+        external_ip: bool = True,
+        operation_timeout: float = 300.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if termination_action not in TERMINATION_ACTIONS:
+            raise ValueError(f"termination_action must be one of {TERMINATION_ACTIONS}, not {termination_action!r}")
+        self.name = name
+        self.project = project
+        self.broker_id = broker_id
+        self.image = image
+        self.network = network
+        self.termination_action = termination_action
+        self.boot_disk_gb = boot_disk_gb
+        self.external_ip = external_ip
+        self.operation_timeout = operation_timeout
+        self._instances = instances
+        self._operations = zone_operations
+        self._clock = clock
+        self._zones: set[str] = set()  # zones this object launched into (poll_interruptions looks there too)
+        self._delivered: set[str] = set()  # preemption operation ids already returned by poll_interruptions
+
+    # ----------------------------------------------------------------------------------------------- contract
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        zone = request.offering.zone
+        name = instance_name(request.launch_token)
+        self._zones.add(zone)
+        insert = compute_v1.InsertInstanceRequest(
+            project=self.project,
+            zone=zone,
+            instance_resource=self.instance_resource(request),
+            request_id=request_id(request.launch_token),
+        )
+        with self._translated(f"insert {zone}/{name}"):
+            try:
+                op = self._instances.insert_unary(request=insert)
+            except gexc.GoogleAPICallError as exc:
+                reasons = _reasons(exc)
+                if not reasons & _EXISTS and not (exc.code == 409 and not reasons):
+                    raise
+                return self._adopt(zone, name, request.launch_token)  # the name is taken: by this token?
+        op = self._wait(zone, op)
+        if _is_done(op) and op.error.errors:
+            reasons = _op_reasons(op)
+            if reasons & _EXISTS:
+                return self._adopt(zone, name, request.launch_token)
+            status = op.http_error_status_code or None
+            raise _error(self.name, reasons, status, f"insert {zone}/{name}: {_op_message(op)}")
+        try:
+            return self._adopt(zone, name, request.launch_token)
+        except NotFound:
+            if _is_done(op):
+                raise
+            raise Throttled(
+                f"insert {zone}/{name} still running after {self.operation_timeout:g}s; launch again to resume",
+                provider=self.name,
+            ) from None
+
+    def terminate(self, instance_id: str) -> None:
+        parsed = _parse_id(instance_id)
+        if parsed is None:
+            return
+        zone, name = parsed
+        delete = compute_v1.DeleteInstanceRequest(
+            project=self.project, zone=zone, instance=name, request_id=request_id(instance_id, "delete")
+        )
+        with self._translated(f"delete {instance_id}"):
+            try:
+                op = self._instances.delete_unary(request=delete)
+            except gexc.NotFound:
+                return
+        if _is_done(op) and op.error.errors and op.http_error_status_code != 404:
+            raise _error(self.name, _op_reasons(op), op.http_error_status_code or None, _op_message(op))
+
+    def get(self, instance_id: str) -> Instance:
+        parsed = _parse_id(instance_id)
+        if parsed is None:
+            raise NotFound(f"{instance_id!r} is not a GCP instance id (zone/name)", provider=self.name)
+        zone, name = parsed
+        with self._translated(f"get {instance_id}"):
+            vm = self._instances.get(project=self.project, zone=zone, instance=name)
+        return self._view(zone, vm, lambda: self._preemptions(zone, vm.self_link))
+
+    def list_instances(self) -> list[Instance]:
+        return [view for _, _, view in self._ours()]
+
+    # ----------------------------------------------------------------------------------------- interruptions
+
+    def poll_interruptions(self) -> list[InterruptionNotice]:
+        """Preemption operations on our VMs not returned before by this object (see the module docstring)."""
+        by_zone: dict[str, list[compute_v1.Operation]] = {}
+        ours = self._ours(by_zone)
+        zones = self._zones | {zone for zone, _, _ in ours}
+        links = {vm.self_link: f"{zone}/{vm.name}" for zone, vm, _ in ours}
+        notices: list[InterruptionNotice] = []
+        seen: set[str] = set()
+        fresh: set[str] = set()
+        for zone in sorted(zones):
+            if zone not in by_zone:
+                by_zone[zone] = self._preemptions(zone, None)
+            for op in by_zone[zone]:
+                key = _op_key(op)
+                seen.add(key)
+                name = _last_segment(op.target_link)
+                instance_id = links.get(op.target_link)
+                if instance_id is None and name.startswith("ovs-"):
+                    instance_id = f"{zone}/{name}"  # one of ours already deleted (termination_action DELETE)
+                if instance_id is None or key in self._delivered or key in fresh:
+                    continue
+                fresh.add(key)
+                notices.append(self._notice(instance_id, op))
+        # Acknowledge only once every zone answered; forget operations the zones no longer retain.
+        self._delivered = (self._delivered & seen) | fresh
+        return notices
+
+    def preempted_since(self, zone: str, since: datetime | None = None) -> list[InterruptionNotice]:
+        """Every preemption in `zone` whose operation was inserted at or after `since` (all retained ones if None)."""
+        out = []
+        for op in self._preemptions(zone, None):
+            at = parse_time(op.insert_time)
+            if since is None or (at is not None and at >= since):
+                out.append(self._notice(f"{zone}/{_last_segment(op.target_link)}", op))
+        return out
+
+    # --------------------------------------------------------------------------------------------- internals
+
+    def instance_resource(self, request: LaunchRequest) -> compute_v1.Instance:
+        """The Compute Engine Instance body `launch` inserts for a request."""
+        offering = request.offering
+        zone = offering.zone
+        machine, accelerator, count = split_instance_type(offering.instance_type)
+        spot = offering.capacity_type is CapacityType.SPOT
+        tags = request.tags.as_dict()
+        scheduling = compute_v1.Scheduling(automatic_restart=False, on_host_maintenance="TERMINATE")
+        if spot:
+            scheduling.provisioning_model = "SPOT"
+            scheduling.instance_termination_action = self.termination_action
+        else:
+            scheduling.provisioning_model = "STANDARD"
+        nic = compute_v1.NetworkInterface(network=self.network)
+        if self.external_ip:
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        vm = compute_v1.Instance(
+            name=instance_name(request.launch_token),
+            machine_type=f"zones/{zone}/machineTypes/{machine}",
+            labels=labels_for(tags, request.launch_token),
+            scheduling=scheduling,
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=self.image, disk_size_gb=self.boot_disk_gb
+                    ),
+                )
+            ],
+            network_interfaces=[nic],
+            metadata=compute_v1.Metadata(
+                items=[
+                    compute_v1.Items(key=META_STARTUP, value=startup_script(request)),
+                    compute_v1.Items(key=META_TOKEN, value=request.launch_token),
+                    compute_v1.Items(key=META_TAGS, value=json.dumps(tags, sort_keys=True)),
+                    compute_v1.Items(key=META_OFFERING, value=offering.key),
+                ]
+            ),
+        )
+        if accelerator:
+            vm.guest_accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}", accelerator_count=count
+                )
+            ]
+        return vm
+
+    @contextlib.contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        """Turn SDK failures into the typed errors of providers.base."""
+        try:
+            yield
+        except gexc.GoogleAPICallError as exc:
+            status = int(exc.code) if exc.code is not None else None
+            raise _error(self.name, _reasons(exc), status, f"{what}: {exc.message}") from exc
+        except gauth_exceptions.GoogleAuthError as exc:  # e.g. a 401 whose credential refresh then fails
+            raise AuthError(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
+        except requests.RequestException as exc:
+            raise Throttled(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
+
+    def _wait(self, zone: str, op: compute_v1.Operation) -> compute_v1.Operation:
+        """Wait (server-side `wait`, re-issued) for a zone operation until DONE or `operation_timeout`."""
+        deadline = time.monotonic() + self.operation_timeout
+        while not _is_done(op) and time.monotonic() < deadline:
+            with self._translated(f"wait for {op.name}"):
+                op = self._operations.wait(project=self.project, zone=zone, operation=op.name)
+        return op
+
+    def _adopt(self, zone: str, name: str, launch_token: str) -> Instance:
+        """The existing VM for a token; a VM of that name made for another token is a collision."""
+        view = self.get(f"{zone}/{name}")
+        if view.launch_token != launch_token:
+            raise InvalidRequest(
+                f"instance {zone}/{name} exists for another launch token", provider=self.name, detail=view.launch_token
+            )
+        return view
+
+    def _ours(
+        self, by_zone: dict[str, list[compute_v1.Operation]] | None = None
+    ) -> list[tuple[str, compute_v1.Instance, Instance]]:
+        """(zone, VM, view) of this broker's VMs; `by_zone` caches each zone's preemption operations."""
+        listing = compute_v1.AggregatedListInstancesRequest(
+            project=self.project, filter=f'labels.{BROKER_LABEL} = "{label_value(self.broker_id)}"'
+        )
+        with self._translated("aggregated list of instances"):
+            scopes = list(self._instances.aggregated_list(request=listing))
+        out: list[tuple[str, compute_v1.Instance, Instance]] = []
+        by_zone = {} if by_zone is None else by_zone
+
+        def preempted(zone: str, link: str) -> list[compute_v1.Operation]:
+            if zone not in by_zone:  # one operations query per zone, only when a stopped spot VM needs it
+                by_zone[zone] = self._preemptions(zone, None)
+            return [op for op in by_zone[zone] if op.target_link == link]
+
+        for scope, scoped in scopes:
+            if not scope.startswith("zones/"):
+                continue
+            zone = scope.removeprefix("zones/")
+            for vm in scoped.instances:
+                view = self._view(zone, vm, functools.partial(preempted, zone, vm.self_link))
+                if view.tags.get(BROKER_TAG) == self.broker_id:
+                    out.append((zone, vm, view))
+        return out
+
+    def _preemptions(self, zone: str, target_link: str | None) -> list[compute_v1.Operation]:
+        """The zone's retained preemption operations, for one VM (`target_link`) or all."""
+        clauses = [f'(operationType = "{PREEMPTED_OP}")']
+        if target_link:
+            clauses.append(f'(targetLink = "{target_link}")')
+        listing = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone, filter=" AND ".join(clauses))
+        with self._translated(f"list operations in {zone}"):
+            ops = list(self._operations.list(request=listing))
+        # The filter is the server's job; check again so a server that ignores it cannot mislead us.
+        return [
+            op
+            for op in ops
+            if op.operation_type == PREEMPTED_OP and (target_link is None or op.target_link == target_link)
+        ]
+
+    def _view(
+        self, zone: str, vm: compute_v1.Instance, preemptions: Callable[[], list[compute_v1.Operation]]
+    ) -> Instance:
+        meta = {item.key: item.value for item in vm.metadata.items}
+        labels = dict(vm.labels)
+        try:
+            tags = json.loads(meta[META_TAGS])
+        except (KeyError, ValueError):
+            tags = tags_from_labels(labels)
+        spot = vm.scheduling.provisioning_model == "SPOT" or vm.scheduling.preemptible
+        status = vm.status
+        started = parse_time(vm.last_start_timestamp)
+        stopped = parse_time(vm.last_stop_timestamp)
+        detail = f"GCE status {status}" + (f": {vm.status_message}" if vm.status_message else "")
+        if status in _PENDING:
+            state = InstanceState.PENDING
+        elif status in _RUNNING:
+            state = InstanceState.RUNNING
+        elif status in _STOPPED:
+            state = InstanceState.TERMINATED
+            if spot and self._preempted_after(preemptions(), started):
+                state = InstanceState.PREEMPTED
+                detail = f"preempted (GCE status {status})"
+        else:
+            state = InstanceState.PENDING
+        return Instance(
+            id=f"{zone}/{vm.name}",
+            provider=self.name,
+            offering_key=meta.get(META_OFFERING) or self._offering_key(zone, vm, spot),
+            launch_token=meta.get(META_TOKEN, ""),
+            state=state,
+            tags={str(k): str(v) for k, v in tags.items()},
+            launched_at=parse_time(vm.creation_timestamp) or self._clock(),
+            started_at=started,
+            ended_at=stopped if state.terminal else None,
+            detail=detail,
+        )
+
+    @staticmethod
+    def _preempted_after(ops: list[compute_v1.Operation], started: datetime | None) -> bool:
+        for op in ops:
+            at = parse_time(op.insert_time)
+            if started is None or at is None or at >= started:
+                return True
+        return False
+
+    def _offering_key(self, zone: str, vm: compute_v1.Instance, spot: bool) -> str:
+        instance_type = _last_segment(vm.machine_type)
+        if instance_type.startswith("n1-") and vm.guest_accelerators:
+            card = vm.guest_accelerators[0]
+            instance_type += f"+{card.accelerator_count}x{_last_segment(card.accelerator_type)}"
+        capacity = CapacityType.SPOT if spot else CapacityType.ON_DEMAND
+        return offering_key(self.name, region_of(zone), zone, instance_type, capacity)
+
+    def _notice(self, instance_id: str, op: compute_v1.Operation) -> InterruptionNotice:
+        at = parse_time(op.insert_time) or self._clock()
+        return InterruptionNotice(
+            instance_id=instance_id,
+            provider=self.name,
+            kind="interruption",
+            at=at,
+            action_at=parse_time(op.end_time) or at,
+            raw={
+                "operation_id": _op_key(op),
+                "operation": op.name,
+                "operationType": op.operation_type,
+                "targetLink": op.target_link,
+                "insertTime": op.insert_time,
+                "statusMessage": op.status_message,
+            },
+        )
+
+
+def _op_key(op: compute_v1.Operation) -> str:
+    return str(op.id) if op.id else op.name
+
+
+def _parse_id(instance_id: str) -> tuple[str, str] | None:
+    zone, slash, name = instance_id.partition("/")
+    if not slash or not zone or not name or "/" in name:
+        return None
+    return zone, name

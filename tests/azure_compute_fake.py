@@ -1,0 +1,514 @@
+"""A local stand-in for the ARM virtual-machine API, for `providers.azure` tests through the real
+`azure.mgmt.compute.ComputeManagementClient` (`base_url` = `AzureComputeFake.url`, a bearer-token credential,
+`retry_total=0`).
+
+Role: keep VMs in memory and answer in the real ARM shapes (the libcloud azure_arm fixtures
+`..._virtualMachines_test_node_1.json` and `..._InstanceView.json`: `properties.hardwareProfile`, `storageProfile`,
+`osProfile` without `customData`, `provisioningState`, instance view `statuses` with "ProvisioningState/..." and
+"PowerState/..." codes), with long-running operations.
+
+Contract:
+- Every call needs `api-version` and an `Authorization: Bearer` header (else 400 / 401 AuthenticationFailed).
+- `PUT .../virtualMachines/{name}` validates tag names (no `< > % & \\ ? /`), tag values (<= 256), base64
+  `customData`, `networkInterfaceConfigurations` only with `networkApiVersion`, eviction settings only on Spot, then
+  answers 201 (200 for an existing VM) with the VM as "Creating" and an `Azure-AsyncOperation` header. The operation
+  is InProgress for `op_seconds`, then Succeeded (the VM: provisioning Succeeded, PowerState/running) or, when a
+  `fail_async` fault is armed, Failed with that ARM error, leaving the VM in provisioning state Failed with a
+  "ProvisioningState/failed/{code}" status, as Azure does.
+- `GET .../{name}[?$expand=instanceView]`, `GET .../{name}/instanceView`, `GET .../virtualMachines` (the group's
+  VMs as `{"value": [...]}`), 404 ResourceNotFound for an unknown VM.
+- `DELETE .../{name}` answers 204 for an unknown VM, else 202 with `Location` (+ `Azure-AsyncOperation`); the VM is
+  "Deleting" until the operation ends, then gone. The Location monitor answers 202 while running, then 204.
+- Faults: `fail(call, status, code, message)` for "put", "get", "delete", "list", "instance_view";
+  `fail_async(code, message)` for the next PUT's operation; `drop_response("put")` carries out the next PUT but hangs
+  up without answering.
+- `evict(name)` plays a spot eviction (evictionPolicy Deallocate: PowerState/deallocated; Delete: the VM is
+  deleted); `guest_shutdown(name)` plays `shutdown -h now` inside the VM (PowerState/stopped); `add_vm` makes a VM
+  the broker did not launch. Every request is appended to `requests` (method, path, query, headers, JSON body).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+_VM = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/virtualMachines"
+    r"(?:/(?P<name>[^/]+)(?P<iv>/instanceView)?)?$",
+    re.IGNORECASE,
+)
+_OP = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/operations/(?P<id>[^/]+)$",
+    re.IGNORECASE,
+)
+_TAG_FORBIDDEN = re.compile(r"[<>%&\\?/]")
+_POWER_DISPLAY = {
+    "starting": "VM starting",
+    "running": "VM running",
+    "stopping": "VM stopping",
+    "stopped": "VM stopped",
+    "deallocating": "VM deallocating",
+    "deallocated": "VM deallocated",
+}
+
+
+def iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="microseconds")
+
+
+def arm_error(status: int, code: str, message: str) -> tuple[int, dict[str, str], Any]:
+    return status, {}, {"error": {"code": code, "message": message}}
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Fault:
+    call: str
+    status: int
+    code: str
+    message: str
+    count: int
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str  # "put" | "delete"
+    vm_key: tuple[str, str]
+    done_at: float
+    started: float
+    status: str = "InProgress"
+    error: dict[str, str] | None = None
+
+
+class AzureComputeFake:
+    """In-memory ARM virtual machines behind a stdlib HTTP server (see the module docstring)."""
+
+    def __init__(self, subscription: str, *, op_seconds: float = 0.0, api_version_required: bool = True) -> None:
+        self.subscription = subscription
+        self.op_seconds = op_seconds
+        self.api_version_required = api_version_required
+        self.vms: dict[tuple[str, str], dict[str, Any]] = {}  # (resource group lower, name lower) -> VM
+        self.power: dict[tuple[str, str], str] = {}
+        self.operations: dict[str, Operation] = {}
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
+        self.async_faults: list[Fault] = []
+        self.drops: dict[str, int] = {}
+        self._lock = threading.RLock()
+        handler = type("Handler", (_Handler,), {"owner": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def __enter__(self) -> AzureComputeFake:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=2)
+
+    # ------------------------------------------------------------------------------------------- test helpers
+
+    def fail(self, call: str, status: int, code: str, message: str = "", count: int = 1) -> None:
+        with self._lock:
+            self.faults.append(Fault(call, status, code, message or f"injected {code}", count))
+
+    def fail_async(self, code: str, message: str = "", count: int = 1) -> None:
+        with self._lock:
+            self.async_faults.append(Fault("put", 200, code, message or f"injected {code}", count))
+
+    def drop_response(self, call: str, count: int = 1) -> None:
+        with self._lock:
+            self.drops[call] = self.drops.get(call, 0) + count
+
+    def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.method == method and r.path.lower().endswith(suffix.lower())]
+
+    def vm(self, resource_group: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            self._advance()
+            found = self.vms.get((resource_group.lower(), name.lower()))
+            return copy.deepcopy(found) if found else None
+
+    def add_vm(self, resource_group: str, name: str, location: str, tags: dict[str, str] | None = None) -> str:
+        with self._lock:
+            props = {"hardwareProfile": {"vmSize": "Standard_A1"}}
+            body = {"location": location, "tags": tags or {}, "properties": props}
+            key = (resource_group.lower(), name.lower())
+            self.vms[key] = self._new_vm(resource_group, name, body, time.time())
+            self.vms[key]["properties"]["provisioningState"] = "Succeeded"
+            self.power[key] = "running"
+        return name
+
+    def evict(self, resource_group: str, name: str) -> None:
+        with self._lock:
+            self._advance()
+            key = (resource_group.lower(), name.lower())
+            vm = self.vms[key]
+            assert vm["properties"].get("priority") == "Spot", "only Spot VMs are evicted"
+            if vm["properties"].get("evictionPolicy") == "Delete":
+                del self.vms[key]
+                self.power.pop(key, None)
+            else:
+                self.power[key] = "deallocated"
+
+    def guest_shutdown(self, resource_group: str, name: str) -> None:
+        with self._lock:
+            self._advance()
+            self.power[(resource_group.lower(), name.lower())] = "stopped"
+
+    # -------------------------------------------------------------------------------------------- the model
+
+    def _vm_id(self, resource_group: str, name: str) -> str:
+        return (
+            f"/subscriptions/{self.subscription}/resourceGroups/{resource_group}"
+            f"/providers/Microsoft.Compute/virtualMachines/{name}"
+        )
+
+    def _new_vm(self, resource_group: str, name: str, body: dict[str, Any], now: float) -> dict[str, Any]:
+        props = copy.deepcopy(body.get("properties") or {})
+        os_profile = props.get("osProfile")
+        if os_profile is not None:
+            os_profile.pop("customData", None)  # write-only: ARM never returns it
+            os_profile.setdefault("secrets", [])
+            os_profile.setdefault("allowExtensionOperations", True)
+        storage = props.setdefault("storageProfile", {})
+        os_disk = storage.setdefault("osDisk", {})
+        disk_name = f"{name}_OsDisk_1_{uuid.uuid4().hex}"
+        os_disk.update(
+            {
+                "osType": "Linux",
+                "name": disk_name,
+                "caching": "ReadWrite",
+                "managedDisk": {
+                    "storageAccountType": "Premium_LRS",
+                    "id": f"/subscriptions/{self.subscription}/resourceGroups/{resource_group}"
+                    f"/providers/Microsoft.Compute/disks/{disk_name}",
+                },
+            }
+        )
+        storage.setdefault("dataDisks", [])
+        props.update({"vmId": str(uuid.uuid4()), "provisioningState": "Creating", "timeCreated": iso(now)})
+        vm: dict[str, Any] = {
+            "name": name,
+            "id": self._vm_id(resource_group, name),
+            "type": "Microsoft.Compute/virtualMachines",
+            "location": body.get("location"),
+            "tags": dict(body.get("tags") or {}),
+            "properties": props,
+        }
+        if body.get("zones"):
+            vm["zones"] = list(body["zones"])
+        return vm
+
+    def _instance_view(self, key: tuple[str, str]) -> dict[str, Any]:
+        vm = self.vms[key]
+        state = str(vm["properties"].get("provisioningState", "Succeeded"))
+        code = f"ProvisioningState/{state.lower()}"
+        failure = vm.get("_failure")
+        status: dict[str, Any] = {"code": code, "level": "Info", "displayStatus": f"Provisioning {state.lower()}"}
+        if failure is not None:
+            status = {
+                "code": f"ProvisioningState/failed/{failure['code']}",
+                "level": "Error",
+                "displayStatus": "Provisioning failed",
+                "message": failure["message"],
+            }
+        status["time"] = vm["properties"].get("timeCreated")
+        statuses = [status]
+        power = self.power.get(key)
+        if power is not None:
+            statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": _POWER_DISPLAY[power]})
+        view: dict[str, Any] = {"computerName": vm["name"], "osName": "ubuntu", "osVersion": "22.04"}
+        view["statuses"] = statuses
+        if power == "running":
+            view["vmAgent"] = {
+                "vmAgentVersion": "2.2.5",
+                "statuses": [
+                    {
+                        "code": "ProvisioningState/succeeded",
+                        "level": "Info",
+                        "displayStatus": "Ready",
+                        "message": "Guest Agent is running",
+                        "time": vm["properties"].get("timeCreated"),
+                    }
+                ],
+                "extensionHandlers": [],
+            }
+        return view
+
+    def _public(self, key: tuple[str, str], expand: bool) -> dict[str, Any]:
+        vm = {k: v for k, v in copy.deepcopy(self.vms[key]).items() if not k.startswith("_")}
+        if expand:
+            vm["properties"]["instanceView"] = self._instance_view(key)
+        return vm
+
+    def _advance(self) -> None:
+        now = time.time()
+        for op in self.operations.values():
+            if op.status != "InProgress" or now < op.done_at:
+                continue
+            vm = self.vms.get(op.vm_key)
+            if op.kind == "delete":
+                op.status = "Succeeded"
+                self.vms.pop(op.vm_key, None)
+                self.power.pop(op.vm_key, None)
+            elif op.error is not None:
+                op.status = "Failed"
+                if vm is not None:
+                    vm["properties"]["provisioningState"] = "Failed"
+                    vm["_failure"] = op.error
+            else:
+                op.status = "Succeeded"
+                if vm is not None:
+                    vm["properties"]["provisioningState"] = "Succeeded"
+                    self.power[op.vm_key] = "running"
+
+    def _take(self, faults: list[Fault], call: str) -> Fault | None:
+        for fault in faults:
+            if fault.call == call and fault.count > 0:
+                fault.count -= 1
+                return fault
+        return None
+
+    def _op_headers(self, op: Operation, location: str, *, monitor: bool) -> dict[str, str]:
+        base = f"{self.url}/subscriptions/{self.subscription}/providers/Microsoft.Compute/locations/{location}"
+        headers = {"Azure-AsyncOperation": f"{base}/operations/{op.id}?p=1&api-version=2026-04-01"}
+        if monitor:
+            headers["Location"] = f"{base}/operations/{op.id}?p=1&monitor=true&api-version=2026-04-01"
+        return headers
+
+    # -------------------------------------------------------------------------------------------- handlers
+
+    def handle(
+        self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str], body: Any
+    ) -> tuple[int, dict[str, str], Any]:
+        with self._lock:
+            self.requests.append(Recorded(method, path, query, headers, body))
+            self._advance()
+            if self.api_version_required and "api-version" not in query:
+                return arm_error(400, "MissingApiVersionParameter", "The api-version query parameter is required.")
+            if not headers.get("authorization", "").startswith("Bearer "):
+                msg = "Authentication failed. The 'Authorization' header is missing."
+                return arm_error(401, "AuthenticationFailed", msg)
+            op_match = _OP.match(path)
+            if op_match is not None:
+                return self._operation(op_match.group("id"), "monitor" in query)
+            m = _VM.match(path)
+            if m is None or m.group("sub") != self.subscription:
+                return arm_error(404, "NotFound", f"no route for {path}")
+            rg, name = m.group("rg"), m.group("name")
+            if name is None:
+                return self._list(rg) if method == "GET" else arm_error(405, "MethodNotAllowed", method)
+            if m.group("iv"):
+                return self._get(rg, name, expand=False, instance_view_only=True)
+            if method == "PUT":
+                return self._put(rg, name, body or {})
+            if method == "GET":
+                return self._get(rg, name, expand=query.get("$expand", [""])[0].lower() == "instanceview")
+            if method == "DELETE":
+                return self._delete(rg, name)
+            return arm_error(405, "MethodNotAllowed", method)
+
+    def _fault(self, call: str) -> tuple[int, dict[str, str], Any] | None:
+        fault = self._take(self.faults, call)
+        if fault is None:
+            return None
+        status, headers, body = arm_error(fault.status, fault.code, fault.message)
+        if fault.status == 429:
+            headers["Retry-After"] = "1"
+        return status, headers, body
+
+    def _not_found(self, rg: str, name: str) -> tuple[int, dict[str, str], Any]:
+        msg = (
+            f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource group '{rg}' was not found. "
+            "For more details please go to https://aka.ms/ARMResourceNotFoundFix"
+        )
+        return arm_error(404, "ResourceNotFound", msg)
+
+    def _validate(self, body: dict[str, Any]) -> tuple[int, dict[str, str], Any] | None:
+        if not body.get("location"):
+            return arm_error(400, "LocationRequired", "The location property is required for this definition.")
+        for key, value in (body.get("tags") or {}).items():
+            if _TAG_FORBIDDEN.search(key):
+                msg = f"The tag names '{key}' have reserved characters '<,>,%,&,\\,?,/' or control characters."
+                return arm_error(400, "InvalidTagNameCharacters", msg)
+            if len(str(value)) > 256:
+                return arm_error(400, "InvalidTagValueLength", f"Tag value too long for '{key}'.")
+        props = body.get("properties") or {}
+        if not (props.get("hardwareProfile") or {}).get("vmSize"):
+            return arm_error(400, "InvalidParameter", "Required parameter 'hardwareProfile.vmSize' is missing.")
+        custom = (props.get("osProfile") or {}).get("customData")
+        if custom is not None:
+            try:
+                base64.b64decode(custom, validate=True)
+            except (binascii.Error, ValueError):
+                return arm_error(400, "InvalidParameter", "Custom data in OSProfile must be in Base64 encoding.")
+        network = props.get("networkProfile") or {}
+        if network.get("networkInterfaceConfigurations") and not network.get("networkApiVersion"):
+            msg = "networkApiVersion must be specified when networkInterfaceConfigurations is used."
+            return arm_error(400, "InvalidParameter", msg)
+        if props.get("priority") != "Spot" and (props.get("evictionPolicy") or props.get("billingProfile")):
+            msg = "Eviction policy and billing profile can be set only for Azure Spot virtual machines."
+            return arm_error(400, "InvalidParameter", msg)
+        return None
+
+    def _put(self, rg: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        fault = self._fault("put")
+        if fault is not None:
+            return fault
+        invalid = self._validate(body)
+        if invalid is not None:
+            return invalid
+        key = (rg.lower(), name.lower())
+        now = time.time()
+        existing = self.vms.get(key)
+        if existing is not None and existing["properties"].get("provisioningState") == "Deleting":
+            msg = f"Operation 'PUT' is not allowed on VM '{name}' since the VM is marked for deletion."
+            return arm_error(409, "OperationNotAllowed", msg)
+        status = 200 if existing is not None else 201
+        vm = self._new_vm(rg, name, body, now)
+        if existing is not None:
+            vm["properties"]["vmId"] = existing["properties"]["vmId"]
+            vm["properties"]["timeCreated"] = existing["properties"]["timeCreated"]
+            vm["properties"]["provisioningState"] = "Updating"
+        self.vms[key] = vm
+        self.power.setdefault(key, "starting")
+        op = Operation(str(uuid.uuid4()), "put", key, now + self.op_seconds, now)
+        async_fault = self._take(self.async_faults, "put")
+        if async_fault is not None:
+            op.error = {"code": async_fault.code, "message": async_fault.message}
+            self.power.pop(key, None)
+        self.operations[op.id] = op
+        headers = self._op_headers(op, str(body["location"]), monitor=False)
+        public = self._public(key, expand=False)
+        if self.drops.get("put", 0) > 0:
+            self.drops["put"] -= 1
+            return -1, headers, public
+        return status, headers, public
+
+    def _get(
+        self, rg: str, name: str, *, expand: bool, instance_view_only: bool = False
+    ) -> tuple[int, dict[str, str], Any]:
+        fault = self._fault("instance_view" if instance_view_only else "get")
+        if fault is not None:
+            return fault
+        key = (rg.lower(), name.lower())
+        if key not in self.vms:
+            return self._not_found(rg, name)
+        if instance_view_only:
+            return 200, {}, self._instance_view(key)
+        return 200, {}, self._public(key, expand)
+
+    def _list(self, rg: str) -> tuple[int, dict[str, str], Any]:
+        fault = self._fault("list")
+        if fault is not None:
+            return fault
+        found = [self._public(k, expand=False) for k in sorted(self.vms) if k[0] == rg.lower()]
+        return 200, {}, {"value": found}
+
+    def _delete(self, rg: str, name: str) -> tuple[int, dict[str, str], Any]:
+        fault = self._fault("delete")
+        if fault is not None:
+            return fault
+        key = (rg.lower(), name.lower())
+        vm = self.vms.get(key)
+        if vm is None:
+            return 204, {}, None
+        vm["properties"]["provisioningState"] = "Deleting"
+        now = time.time()
+        op = Operation(str(uuid.uuid4()), "delete", key, now + self.op_seconds, now)
+        self.operations[op.id] = op
+        self._advance()
+        return 202, self._op_headers(op, str(vm["location"]), monitor=True), None
+
+    def _operation(self, op_id: str, monitor: bool) -> tuple[int, dict[str, str], Any]:
+        op = self.operations.get(op_id)
+        if op is None:
+            return arm_error(404, "NotFound", f"operation {op_id} not found")
+        if monitor:
+            return (202, {}, None) if op.status == "InProgress" else (204, {}, None)
+        body: dict[str, Any] = {"startTime": iso(op.started), "status": op.status, "name": op.id}
+        if op.status != "InProgress":
+            body["endTime"] = iso(max(op.done_at, op.started))
+        if op.error is not None and op.status == "Failed":
+            body["error"] = dict(op.error)
+        return 200, {}, body
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: AzureComputeFake
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def _serve(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        query = parse_qs(parts.query, keep_blank_values=True)
+        status, extra, payload = self.owner.handle(method, parts.path, query, headers, body)
+        if status < 0:  # carried out, but the client never hears back
+            self.close_connection = True
+            return
+        data = b"" if payload is None else json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            if data:
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in extra.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

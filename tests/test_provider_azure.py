@@ -1,0 +1,343 @@
+"""Azure provider tests: `providers.azure.AzureProvider` through the real `ComputeManagementClient` (bearer auth
+over plain http, `retry_total=0`) against the in-memory ARM in `tests.azure_compute_fake`.
+
+Covers the provider contract suite, the spot fields, custom data and tags on the wire, idempotent create across a
+lost answer, the typed error mapping (synchronous and in the long-running operation) and spot eviction end to end
+under both eviction policies, with relayed Scheduled Events.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from azure.core.credentials import AccessToken
+from azure.core.pipeline import PipelineRequest
+from azure.mgmt.compute import ComputeManagementClient
+from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy
+
+from providers.azure import NETWORK_API_VERSION, OFFERING_TAG, TOKEN_TAG, AzureProvider, vm_name
+from providers.base import (
+    AuthError,
+    ComputeProvider,
+    InstanceState,
+    InsufficientCapacity,
+    InterruptionSource,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    Scope,
+    Throttled,
+)
+from providers.model import CapacityType, Offering, Price, Tags
+from providers.startup import startup_script
+from tests.azure_compute_fake import AzureComputeFake
+from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract, contract_spec
+
+NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+SUB = "00000000-0000-0000-0000-000000000001"
+SCOPE = "https://management.azure.com/.default"
+RG = "overspill-burst"
+SUBNET = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/virtualNetworks/burst/subnets/gpu"
+IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"}
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOverspillTestKeyOnly overspill@test"
+
+
+class FakeCredential:
+    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+        return AccessToken("fake-arm-token", int(time.time()) + 3600)
+
+
+class PlainHttpBearerPolicy(ARMChallengeAuthenticationPolicy):
+    """ARM bearer auth over plain http: azure-core refuses a bearer token on http unless `enforce_https` is off."""
+
+    def on_request(self, request: PipelineRequest[Any]) -> None:
+        request.context["enforce_https"] = False
+        super().on_request(request)
+
+
+def offering(capacity: CapacityType = CapacityType.SPOT) -> Offering:
+    return Offering(
+        provider="azure",
+        region="eastus",
+        zone="eastus",
+        instance_type="Standard_NC24ads_A100_v4",
+        accelerator="A100-80GB",
+        accelerator_count=1,
+        gpu_memory_gib=80,
+        vcpus=24,
+        memory_gib=Decimal(220),
+        capacity_type=capacity,
+        price=Price(Decimal("0.67877"), "test", NOW),
+    )
+
+
+def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
+    cred = FakeCredential()
+    client = ComputeManagementClient(
+        cred,
+        SUB,
+        base_url=fake.url,
+        credential_scopes=[SCOPE],
+        retry_total=0,
+        authentication_policy=PlainHttpBearerPolicy(cred, SCOPE),
+    )
+    return AzureProvider(
+        client,
+        resource_group=RG,
+        location="eastus",
+        broker_id=BROKER_ID,
+        subnet_id=SUBNET,
+        image_reference=IMAGE,
+        ssh_public_key=SSH_KEY,
+        polling_interval=0,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[AzureComputeFake]:
+    with AzureComputeFake(SUB) as server:
+        yield server
+
+
+@pytest.fixture
+def provider(fake: AzureComputeFake) -> AzureProvider:
+    return make_provider(fake)
+
+
+@pytest.fixture
+def env(provider: AzureProvider) -> ContractEnv:
+    return ContractEnv(provider=provider, offering=offering(), unknown_id="ovs-never-issued-0")
+
+
+class TestAzureContract(ProviderContract):
+    @pytest.fixture
+    def env(self, fake: AzureComputeFake, provider: AzureProvider) -> ContractEnv:
+        def make_foreign() -> str:
+            fake.add_vm(RG, "someone-elses", "eastus", {"overspill:broker": "another-broker"})
+            return fake.add_vm(RG, "untagged-vm", "eastus")
+
+        return ContractEnv(
+            provider=provider, offering=offering(), make_foreign=make_foreign, unknown_id="ovs-never-issued-0"
+        )
+
+
+def test_is_a_compute_provider_and_an_interruption_source(provider: AzureProvider) -> None:
+    assert isinstance(provider, ComputeProvider) and isinstance(provider, InterruptionSource)
+    assert provider.name == "azure"
+
+
+def test_spot_vm_body_carries_spot_fields_custom_data_managed_nic_and_tags(
+    fake: AzureComputeFake, provider: AzureProvider, env: ContractEnv
+) -> None:
+    req = env.request()
+    inst = provider.launch(req)
+
+    (put,) = fake.recorded("PUT")
+    name = vm_name(req.launch_token)
+    assert put.path == f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/{name}"
+    assert put.headers["authorization"] == "Bearer fake-arm-token" and put.query["api-version"]
+    body = put.body
+    props = body["properties"]
+    assert (props["priority"], props["evictionPolicy"], props["billingProfile"]) == ("Spot", "Delete", {"maxPrice": -1})
+    assert props["hardwareProfile"] == {"vmSize": "Standard_NC24ads_A100_v4"}
+    assert base64.b64decode(props["osProfile"]["customData"]).decode() == startup_script(req)
+    assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
+    assert props["storageProfile"]["imageReference"] == IMAGE
+    assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    network = props["networkProfile"]
+    assert network["networkApiVersion"] == NETWORK_API_VERSION
+    (nic,) = network["networkInterfaceConfigurations"]
+    assert nic["properties"]["deleteOption"] == "Delete"
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"] == {"id": SUBNET}
+    assert body["tags"] == {
+        **req.tags.as_dict(),
+        TOKEN_TAG: req.launch_token,
+        OFFERING_TAG: "azure/eastus/eastus/Standard_NC24ads_A100_v4/spot",
+    }
+
+    assert inst.id == name and inst.state is InstanceState.RUNNING
+    assert inst.tags == req.tags.as_dict()  # bookkeeping tags stay hidden
+    assert inst.offering_key == offering().key
+    stored = fake.vm(RG, name)
+    assert stored is not None and "customData" not in stored["properties"]["osProfile"]
+
+
+def test_max_price_is_the_jobs_hourly_cap_and_on_demand_has_no_spot_fields(
+    fake: AzureComputeFake, provider: AzureProvider, env: ContractEnv
+) -> None:
+    spec = dataclasses.replace(contract_spec(), max_hourly_usd=Decimal("1.2345678"))
+    capped = dataclasses.replace(env.request(), spec=spec)
+    provider.launch(capped)
+    assert fake.recorded("PUT")[0].body["properties"]["billingProfile"] == {"maxPrice": 1.23456}
+
+    on_demand = ContractEnv(provider=provider, offering=offering(CapacityType.ON_DEMAND))
+    inst = provider.launch(on_demand.request())
+    props = fake.recorded("PUT")[1].body["properties"]
+    assert not {"priority", "evictionPolicy", "billingProfile"} & props.keys()
+    assert provider.get(inst.id).offering_key == "azure/eastus/eastus/Standard_NC24ads_A100_v4/on_demand"
+
+
+def test_tag_names_are_sanitised_and_tags_round_trip(fake: AzureComputeFake, provider: AzureProvider) -> None:
+    env = ContractEnv(provider=provider, offering=offering())
+    tags = Tags(BROKER_ID, "job-1", "plc-1", extra={"cost/center?": "R&D <ML>", "note": "n" * 300})
+    req = dataclasses.replace(env.request(), tags=tags)
+    inst = provider.launch(req)
+    expected = {**tags.as_dict(), "cost_center_": "R&D <ML>", "note": "n" * 256}
+    del expected["cost/center?"]
+    assert inst.tags == expected == provider.get(inst.id).tags
+    assert [i.tags for i in provider.list_instances()] == [expected]
+
+
+def test_create_is_idempotent_across_a_lost_answer(fake: AzureComputeFake) -> None:
+    fake.op_seconds = 0.05  # the create runs a little: launch polls the Azure-AsyncOperation
+    env = ContractEnv(provider=make_provider(fake), offering=offering())
+    req = env.request()
+
+    fake.drop_response("put")  # the PUT is carried out, but the broker crashes before it hears back
+    with pytest.raises(Throttled):
+        make_provider(fake).launch(req)
+
+    again = make_provider(fake).launch(req)  # a fresh process finds the VM by name and token: no second PUT
+    assert again.id == vm_name(req.launch_token) and again.launch_token == req.launch_token
+    assert len(fake.recorded("PUT")) == 1
+    time.sleep(0.06)
+    assert [i.id for i in make_provider(fake).list_instances()] == [again.id]
+    assert make_provider(fake).launch(req).state is InstanceState.RUNNING
+
+
+def test_a_name_taken_by_another_token_is_refused(fake: AzureComputeFake, provider: AzureProvider) -> None:
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    fake.add_vm(RG, vm_name(req.launch_token), "eastus", {TOKEN_TAG: "someone-else"})
+    with pytest.raises(InvalidRequest, match="another launch token"):
+        provider.launch(req)
+
+
+QUOTA_MESSAGE = (
+    "Operation could not be completed as it results in exceeding approved Low Priority Cores quota. Additional "
+    "details - Deployment Model: Resource Manager, Location: eastus, Current Limit: 0, Current Usage: 0, Additional "
+    "Required: 24, (Minimum) New Limit Required: 24."
+)
+SYNC_ERRORS = [
+    (
+        409,
+        "SkuNotAvailable",
+        "The requested size for resource '...' is currently not available in location 'eastus' zones ''.",
+        InsufficientCapacity,
+    ),
+    (409, "OperationNotAllowed", QUOTA_MESSAGE, QuotaExceeded),
+    (409, "QuotaExceeded", "Operation results in exceeding quota limits of Core.", QuotaExceeded),
+    (429, "TooManyRequests", "The request is being throttled.", Throttled),
+    (403, "AuthorizationFailed", "The client does not have authorization to perform action 'write'.", AuthError),
+    (401, "InvalidAuthenticationToken", "The access token is invalid.", AuthError),
+    (400, "InvalidParameter", "The value of parameter imageReference.sku is invalid.", InvalidRequest),
+    (500, "InternalServerError", "An internal execution error occurred.", Throttled),
+]
+
+
+@pytest.mark.parametrize(("status", "code", "message", "expected"), SYNC_ERRORS)
+def test_synchronous_errors_are_typed(
+    fake: AzureComputeFake, env: ContractEnv, status: int, code: str, message: str, expected: type[ProviderError]
+) -> None:
+    fake.fail("put", status, code, message)
+    with pytest.raises(expected) as caught:
+        env.provider.launch(env.request())
+    assert type(caught.value) is expected and caught.value.detail == code and message in str(caught.value)
+    assert not fake.vms
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("AllocationFailed", "Allocation failed. We do not have sufficient capacity for the requested VM size."),
+        ("ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity in this zone."),
+        ("OverconstrainedAllocationRequest", "Allocation failed. VM(s) with the following constraints cannot be met."),
+    ],
+)
+def test_allocation_failures_in_the_operation_are_capacity_and_clean_up(
+    fake: AzureComputeFake, env: ContractEnv, code: str, message: str
+) -> None:
+    fake.fail_async(code, message)
+    with pytest.raises(InsufficientCapacity) as caught:
+        env.provider.launch(env.request())
+    assert caught.value.detail == code and message in str(caught.value) and caught.value.scope is Scope.ZONE
+    assert fake.recorded("DELETE"), "the VM left in provisioning state Failed is deleted"
+    assert not fake.vms
+
+
+def test_eviction_with_deallocate_policy_end_to_end(fake: AzureComputeFake) -> None:
+    provider = make_provider(fake, eviction_policy="Deallocate")
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert fake.recorded("PUT")[0].body["properties"]["evictionPolicy"] == "Deallocate"
+
+    fake.evict(RG, inst.id)
+
+    got = provider.get(inst.id)
+    assert got.state is InstanceState.PREEMPTED and "evicted" in got.detail
+    assert [(i.id, i.state) for i in provider.list_instances()] == [(inst.id, InstanceState.PREEMPTED)]
+    provider.terminate(inst.id)
+    with pytest.raises(NotFound):
+        provider.get(inst.id)
+    assert fake.vm(RG, inst.id) is None
+
+
+def scheduled_events(
+    name: str, event_type: str = "Preempt", event_id: str = "A123BC45-1234-5678-AB90-ABCDEF123456"
+) -> dict[str, Any]:
+    """A Scheduled Events document as the instance metadata service serves it (api-version 2020-07-01)."""
+    return {
+        "DocumentIncarnation": 2,
+        "Events": [
+            {
+                "EventId": event_id,
+                "EventType": event_type,
+                "ResourceType": "VirtualMachine",
+                "Resources": [name],
+                "EventStatus": "Scheduled",
+                "NotBefore": "Mon, 02 Nov 2026 08:00:30 GMT",
+                "Description": "",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        ],
+    }
+
+
+def test_eviction_with_delete_policy_through_relayed_scheduled_events(
+    fake: AzureComputeFake, provider: AzureProvider, env: ContractEnv
+) -> None:
+    inst = provider.launch(env.request())
+    assert provider.poll_interruptions() == []
+    assert provider.relay_scheduled_event(inst.id, scheduled_events(inst.id, "Freeze")) is None
+    assert provider.relay_scheduled_event(inst.id, scheduled_events("some-other-vm")) is None
+
+    notice = provider.relay_scheduled_event(inst.id, scheduled_events(inst.id))
+    assert notice is not None
+    provider.relay_scheduled_event(inst.id, scheduled_events(inst.id)["Events"][0])  # relayed again: same EventId
+    (polled,) = provider.poll_interruptions()
+    assert (polled.instance_id, polled.provider, polled.kind) == (inst.id, "azure", "interruption")
+    assert polled.action_at == datetime(2026, 11, 2, 8, 0, 30, tzinfo=UTC)
+    assert provider.poll_interruptions() == []
+    assert provider.get(inst.id).state is InstanceState.RUNNING  # warned, not yet reclaimed
+
+    fake.evict(RG, inst.id)  # evictionPolicy Delete: the VM is gone
+
+    got = provider.get(inst.id)
+    assert got.state is InstanceState.PREEMPTED and got.ended_at == polled.action_at
+    provider.terminate(inst.id)
+    with pytest.raises(NotFound):
+        provider.get(inst.id)
+
+
+def test_a_guest_shutdown_is_terminated_not_preempted(fake: AzureComputeFake, provider: AzureProvider) -> None:
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    fake.guest_shutdown(RG, inst.id)
+    assert provider.get(inst.id).state is InstanceState.TERMINATED

@@ -1,0 +1,345 @@
+"""GCP provider tests: `providers.gcp.GcpProvider` through the real `google.cloud.compute_v1` clients (REST transport,
+anonymous credentials) against the in-memory Compute Engine in `tests.gcp_compute_fake`.
+
+Covers the provider contract suite, the spot fields and labels on the wire, idempotent insert across a lost answer,
+the typed error mapping (synchronous and in the insert operation) and a spot preemption end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from providers.base import (
+    AuthError,
+    ComputeProvider,
+    InstanceState,
+    InsufficientCapacity,
+    InterruptionSource,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    Scope,
+    Throttled,
+)
+from providers.gcp import (
+    BROKER_LABEL,
+    GcpProvider,
+    instance_name,
+    label_key,
+    label_value,
+    request_id,
+)
+from providers.model import CapacityType, Offering, Price, Tags
+from providers.startup import startup_script
+from tests.gcp_compute_fake import GcpComputeFake
+from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
+
+NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+ZONE = "us-central1-a"
+IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+_RFC1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def offering(
+    instance_type: str = "n1-standard-8+2xnvidia-tesla-t4", capacity: CapacityType = CapacityType.SPOT
+) -> Offering:
+    gpus = 2 if "+" in instance_type else 1
+    return Offering(
+        provider="gcp",
+        region="us-central1",
+        zone=ZONE,
+        instance_type=instance_type,
+        accelerator="T4" if "t4" in instance_type else "A100",
+        accelerator_count=gpus,
+        gpu_memory_gib=16 if "t4" in instance_type else 40,
+        vcpus=8,
+        memory_gib=Decimal(30),
+        capacity_type=capacity,
+        price=Price(Decimal("0.42"), "test", NOW),
+    )
+
+
+def fake_link(instance_id: str) -> str:
+    zone, name = instance_id.split("/")
+    return f"https://www.googleapis.com/compute/v1/projects/proj/zones/{zone}/instances/{name}"
+
+
+def make_provider(fake: GcpComputeFake, **kwargs: Any) -> GcpProvider:
+    options = ClientOptions(api_endpoint=fake.endpoint)
+    creds = AnonymousCredentials()
+    return GcpProvider(
+        compute_v1.InstancesClient(transport="rest", client_options=options, credentials=creds),
+        compute_v1.ZoneOperationsClient(transport="rest", client_options=options, credentials=creds),
+        project=fake.project,
+        broker_id=BROKER_ID,
+        image=IMAGE,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[GcpComputeFake]:
+    with GcpComputeFake() as server:
+        yield server
+
+
+@pytest.fixture
+def provider(fake: GcpComputeFake) -> GcpProvider:
+    return make_provider(fake)
+
+
+@pytest.fixture
+def env(fake: GcpComputeFake, provider: GcpProvider) -> ContractEnv:
+    return ContractEnv(provider=provider, offering=offering(), unknown_id=f"{ZONE}/ovs-never-issued-0")
+
+
+class TestGcpContract(ProviderContract):
+    @pytest.fixture
+    def env(self, fake: GcpComputeFake, provider: GcpProvider) -> ContractEnv:
+        def make_foreign() -> str:
+            fake.add_instance("us-central1-b", "someone-elses", {BROKER_LABEL: "another-broker"})
+            return fake.add_instance(ZONE, "unlabelled-vm")
+
+        return ContractEnv(
+            provider=provider, offering=offering(), make_foreign=make_foreign, unknown_id=f"{ZONE}/ovs-never-issued-0"
+        )
+
+
+def test_is_a_compute_provider_and_an_interruption_source(provider: GcpProvider) -> None:
+    assert isinstance(provider, ComputeProvider) and isinstance(provider, InterruptionSource)
+    assert provider.name == "gcp"
+
+
+def test_spot_n1_insert_carries_spot_scheduling_gpus_startup_script_and_request_id(
+    fake: GcpComputeFake, provider: GcpProvider, env: ContractEnv
+) -> None:
+    req = env.request()
+    inst = provider.launch(req)
+
+    (call,) = fake.recorded("POST", "/instances")
+    assert call.path == f"/compute/v1/projects/proj/zones/{ZONE}/instances"
+    assert call.query["requestId"] == [request_id(req.launch_token)]
+    body = call.body
+    assert body["name"] == instance_name(req.launch_token) and inst.id == f"{ZONE}/{body['name']}"
+    assert body["machineType"] == f"zones/{ZONE}/machineTypes/n1-standard-8"
+    assert body["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "STOP",
+        "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE",
+    }
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}
+    ]
+    meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+    assert meta["startup-script"] == startup_script(req)
+    assert body["disks"][0]["initializeParams"]["sourceImage"] == IMAGE
+    assert body["labels"][BROKER_LABEL] == label_value(BROKER_ID)
+
+    assert inst.offering_key == "gcp/us-central1/us-central1-a/n1-standard-8+2xnvidia-tesla-t4/spot"
+    assert inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    stored = fake.instance(inst.id)
+    assert stored is not None and stored["guestAccelerators"][0]["acceleratorType"].startswith("https://")
+
+
+def test_bundled_gpu_machine_on_demand_has_no_guest_accelerators(fake: GcpComputeFake) -> None:
+    provider = make_provider(fake)
+    env = ContractEnv(provider=provider, offering=offering("a2-highgpu-1g", CapacityType.ON_DEMAND))
+    inst = provider.launch(env.request())
+    body = fake.recorded("POST", "/instances")[0].body
+    assert "guestAccelerators" not in body
+    assert body["machineType"] == f"zones/{ZONE}/machineTypes/a2-highgpu-1g"
+    assert body["scheduling"]["provisioningModel"] == "STANDARD"
+    assert "instanceTerminationAction" not in body["scheduling"]
+    assert provider.get(inst.id).offering_key == "gcp/us-central1/us-central1-a/a2-highgpu-1g/on_demand"
+
+
+def test_labels_are_sanitised_and_tags_round_trip_exactly(fake: GcpComputeFake, provider: GcpProvider) -> None:
+    env = ContractEnv(provider=provider, offering=offering(), broker_id=BROKER_ID)
+    base = env.request()
+    tags = Tags(BROKER_ID, "Job_42.A", "plc:7", extra={"Cost Center": "R&D/ML", "9lives": "x" * 80})
+    req = dataclasses.replace(base, tags=tags)
+    inst = provider.launch(req)
+
+    labels = fake.recorded("POST", "/instances")[0].body["labels"]
+    assert labels == {
+        "overspill-broker": "overspill-contract",
+        "overspill-job": "job_42_a",
+        "overspill-placement": "plc_7",
+        "cost_center": "r_d_ml",
+        "k-9lives": "x" * 63,
+        "overspill-token": req.launch_token,
+    }
+    assert label_key("overspill:broker") == BROKER_LABEL
+    assert provider.get(inst.id).tags == tags.as_dict()
+    assert [i.tags for i in provider.list_instances()] == [tags.as_dict()]
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["0f3c2a9e8b7d4c6a9e1f2b3c4d5e6f70", "Mixed_Case.Token/with:odd chars", "-", "A" * 200, "plc-123"],
+)
+def test_instance_names_are_rfc1035_deterministic_and_distinct(token: str) -> None:
+    name = instance_name(token)
+    assert _RFC1035.match(name) and len(name) <= 63
+    assert name == instance_name(token) and name != instance_name(token + "x")
+    assert name.startswith("ovs-")
+
+
+def test_insert_is_idempotent_across_a_lost_answer(fake: GcpComputeFake) -> None:
+    fake.op_seconds = 0.05  # the insert operation runs a little: launch waits for it through zoneOperations.wait
+    env = ContractEnv(provider=make_provider(fake), offering=offering())
+    req = env.request()
+
+    fake.drop_response("insert")  # the VM is made, but the broker crashes before it hears back
+    with pytest.raises(Throttled):
+        make_provider(fake).launch(req)
+
+    again = make_provider(fake).launch(req)  # a fresh process: same requestId -> Google answers the same operation
+    inserts = fake.recorded("POST", "/instances")
+    assert [c.query["requestId"] for c in inserts] == [[request_id(req.launch_token)]] * 2
+    assert fake.recorded("POST", "/wait"), "launch waited on the insert operation"
+
+    fake.forget_request_ids()  # past Google's idempotency window: the name is what protects us now (409)
+    third = make_provider(fake).launch(req)
+    assert again.id == third.id == f"{ZONE}/{instance_name(req.launch_token)}"
+    assert [i.id for i in make_provider(fake).list_instances()] == [again.id]
+
+
+def test_a_name_taken_by_another_token_is_refused(fake: GcpComputeFake, provider: GcpProvider) -> None:
+    env = ContractEnv(provider=provider, offering=offering())
+    req = env.request()
+    provider.launch(req)
+    stored = fake.instance(f"{ZONE}/{instance_name(req.launch_token)}")
+    assert stored is not None
+    for item in stored["metadata"]["items"]:
+        if item["key"] == "overspill-launch-token":
+            item["value"] = "someone-else"
+    fake.instances[(ZONE, stored["name"])] = stored
+    with pytest.raises(InvalidRequest, match="another launch token"):
+        provider.launch(req)
+
+
+SYNC_ERRORS = [
+    (403, "quotaExceeded", "Quota exceeded for quota metric 'Queries'", QuotaExceeded),
+    (429, "rateLimitExceeded", "Rate Limit Exceeded", Throttled),
+    (403, "forbidden", "Required 'compute.instances.create' permission for 'projects/proj'", AuthError),
+    (401, "authError", "Request had invalid authentication credentials.", AuthError),
+    (400, "invalid", "Invalid value for field 'resource.machineType'", InvalidRequest),
+    (503, "backendError", "Backend Error", Throttled),
+]
+
+
+@pytest.mark.parametrize(("status", "reason", "message", "expected"), SYNC_ERRORS)
+def test_synchronous_errors_are_typed(
+    fake: GcpComputeFake,
+    env: ContractEnv,
+    status: int,
+    reason: str,
+    message: str,
+    expected: type[ProviderError],
+) -> None:
+    fake.fail("insert", status, reason, message)
+    with pytest.raises(expected) as caught:
+        env.provider.launch(env.request())
+    assert type(caught.value) is expected and caught.value.provider == "gcp"
+    if status == 401:  # google-auth refreshes the credential on a 401 first; that failure is what surfaces
+        assert caught.value.detail == "InvalidOperation"
+    else:
+        assert message in str(caught.value)
+
+
+OPERATION_ERRORS = [
+    (
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "The zone 'projects/proj/zones/us-central1-a' does not have enough resources available to fulfill the "
+        "request. Try a different zone, or try again later.",
+        503,
+        InsufficientCapacity,
+    ),
+    (
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "The zone 'projects/proj/zones/us-central1-a' does not have enough resources available to fulfill the "
+        "request. '(resource type:compute)'.",
+        503,
+        InsufficientCapacity,
+    ),
+    ("QUOTA_EXCEEDED", "Quota 'NVIDIA_T4_GPUS' exceeded. Limit: 0.0 in region us-central1.", 403, QuotaExceeded),
+]
+
+
+@pytest.mark.parametrize(("code", "message", "http_status", "expected"), OPERATION_ERRORS)
+def test_errors_in_the_insert_operation_are_typed(
+    fake: GcpComputeFake, env: ContractEnv, code: str, message: str, http_status: int, expected: type[ProviderError]
+) -> None:
+    fake.fail_operation(code, message, http_status)
+    req = env.request()
+    with pytest.raises(expected) as caught:
+        env.provider.launch(req)
+    assert caught.value.detail == code and message in str(caught.value)
+    assert caught.value.scope is (Scope.ZONE if expected is InsufficientCapacity else Scope.REGION)
+    with pytest.raises(NotFound):
+        env.provider.get(f"{ZONE}/{instance_name(req.launch_token)}")
+
+
+def test_spot_preemption_end_to_end(fake: GcpComputeFake, provider: GcpProvider, env: ContractEnv) -> None:
+    inst = provider.launch(env.request())
+    other = provider.launch(env.request())
+    assert provider.poll_interruptions() == []
+
+    fake.preempt(inst.id)
+
+    got = provider.get(inst.id)
+    assert got.state is InstanceState.PREEMPTED and got.ended_at is not None
+    listed = {i.id: i.state for i in provider.list_instances()}
+    assert listed == {inst.id: InstanceState.PREEMPTED, other.id: InstanceState.RUNNING}
+    filters = [c.query["filter"][0] for c in fake.recorded("GET", "/operations")]
+    assert f'(operationType = "compute.instances.preempted") AND (targetLink = "{fake_link(inst.id)}")' in filters
+
+    (notice,) = provider.poll_interruptions()
+    assert (notice.instance_id, notice.provider, notice.kind) == (inst.id, "gcp", "interruption")
+    assert notice.action_at is not None and notice.raw["operationType"] == "compute.instances.preempted"
+    assert provider.poll_interruptions() == []  # acknowledged
+    assert [n.instance_id for n in make_provider(fake).poll_interruptions()] == [inst.id]  # at-least-once on restart
+    assert [n.instance_id for n in provider.preempted_since(ZONE, notice.at)] == [inst.id]
+
+    provider.terminate(inst.id)
+    with pytest.raises(NotFound):
+        provider.get(inst.id)
+    assert fake.instance(inst.id) is None and fake.instance(other.id) is not None
+
+
+def test_a_guest_shutdown_is_terminated_not_preempted(fake: GcpComputeFake, provider: GcpProvider) -> None:
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    fake.guest_shutdown(inst.id)
+    got = provider.get(inst.id)
+    assert got.state is InstanceState.TERMINATED and got.ended_at is not None
+    assert provider.poll_interruptions() == []
+
+
+def test_termination_action_delete_reports_through_interruptions(fake: GcpComputeFake) -> None:
+    provider = make_provider(fake, termination_action="DELETE")
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert fake.recorded("POST", "/instances")[0].body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    fake.preempt(inst.id)
+    with pytest.raises(NotFound):
+        provider.get(inst.id)
+    assert [n.instance_id for n in provider.poll_interruptions()] == [inst.id]
+    provider.terminate(inst.id)  # already gone: converges
+
+
+def test_malformed_ids_are_not_found_and_terminate_converges(provider: GcpProvider) -> None:
+    with pytest.raises(NotFound):
+        provider.get("no-zone-here")
+    provider.terminate("no-zone-here")
