@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
+from broker.settings import Settings
 from broker.tables import ApiKey
 
 CACHE_SECONDS = 60.0
@@ -131,3 +132,8 @@ def ensure_bootstrap_key(engine: Engine, *, tenant: str, key: str, now: datetime
     except IntegrityError:  # another replica created it at the same moment
         return False
     return True
+
+
+def callback_token(settings: Settings, placement_id: str) -> str:
+    """The token an instance presents when it reports its exit status (an HMAC of the placement id)."""
+    return hmac.new(settings.callback_key(), placement_id.encode(), hashlib.sha256).hexdigest()

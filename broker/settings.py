@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     max_request_bytes: int = 1_000_000
+    public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
+    callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
@@ -99,6 +101,14 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.resolved_database_url.startswith("sqlite")
+
+    def callback_key(self) -> bytes:
+        """The key that signs instances' exit-status callbacks (derived from the bootstrap key if not set)."""
+        import hashlib
+
+        return hashlib.sha256(
+            ("overspill-callback:" + (self.callback_secret or self.bootstrap_api_key)).encode()
+        ).digest()
 
     def wait_value(self) -> Decimal:
         return Decimal(str(self.wait_value_usd_per_gpu_hour))

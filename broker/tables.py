@@ -102,6 +102,7 @@ class Placement(SQLModel, table=True):
     price_segment_started_at: datetime | None = _at()
     price_segment_hourly_usd: Decimal | None = _money(None, nullable=True)
     cost_usd: Decimal = _money()
+    exit_code: int | None = None  # reported by the instance itself through the completion callback
     detail: str = Field(default="", max_length=500)
 
 

@@ -44,6 +44,8 @@ class LaunchRequest:
     remaining_work_hours: Decimal
     resume_from: str | None = None
     checkpoint_interval_hours: Decimal = Decimal("0.5")
+    callback_url: str | None = None  # where the instance reports its container's exit status
+    callback_token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """The start-up script every cloud instance boots with: pull the job's container and run it, told where its
-checkpoint lives and whether to resume from it.
+checkpoint lives and whether to resume from it; then report the exit status to the broker (when the broker has a
+public URL) and power off, so an instance never idles billing after its job ends.
 
 Contract with the training container (documented for users): the broker sets `OVERSPILL_CHECKPOINT_URI` (where
 to write and read checkpoints), `OVERSPILL_RESUME=1` when a checkpoint from an earlier attempt should be loaded,
@@ -32,14 +33,23 @@ def startup_script(request: LaunchRequest) -> str:
     env_flags = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(container_env(request).items()))
     command = " ".join(shlex.quote(part) for part in request.spec.command)
     gpus = "--gpus all" if request.spec.gpu_count else ""
-    return "\n".join(
-        [
-            "#!/bin/bash",
-            "# written by Overspill: runs one training job attempt, then powers off",
-            "set -euo pipefail",
-            f"docker pull {shlex.quote(request.spec.image)}",
-            f"docker run --rm {gpus} {env_flags} {shlex.quote(request.spec.image)} {command}".rstrip(),
-            "shutdown -h now",
-            "",
-        ]
-    )
+    run = f"docker run --rm {gpus} {env_flags} {shlex.quote(request.spec.image)} {command}".rstrip()
+    lines = [
+        "#!/bin/bash",
+        "# written by Overspill: runs one training job attempt, then powers off",
+        "set -uo pipefail",
+    ]
+    lines += [f"docker pull {shlex.quote(request.spec.image)}", f"{run}", "rc=$?"]
+    if request.callback_url and request.callback_token:
+        url = f"{request.callback_url.rstrip('/')}/v1/placements/{request.tags.placement_id}/exit"
+        lines.append(
+            "curl -fsS --retry 5 --retry-all-errors -X POST -H 'Content-Type: application/json' "
+            f"-H {shlex.quote('X-Overspill-Callback-Token: ' + request.callback_token)} "
+            f'-d "{{\\"exit_code\\": $rc}}" {shlex.quote(url)} || true'
+        )
+        lines += ["shutdown -h now", ""]
+    else:
+        # No way to report the status: power off only on success (adapters read a self-shutdown as success);
+        # a failed job's instance stays up, visible, until the broker's ceiling guard or a cancel stops it.
+        lines += ['if [ "$rc" -eq 0 ]; then shutdown -h now; fi', 'exit "$rc"', ""]
+    return "\n".join(lines)

@@ -248,3 +248,30 @@ def test_orphan_instances_are_terminated_after_the_grace_period(
     report = tick(srt, clock())
     assert report.count("sweep_orphans") == 1
     assert cloud.get(orphan.id).state.value == "terminated"
+
+
+def test_reported_exit_status_decides_the_verdict(
+    db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    from broker.auth import callback_token
+
+    rt = make_runtime(db_url, simulated=False, public_url="https://broker.example")
+    rt.providers[cloud.name] = cloud
+    rt.offering_sources.append(cloud)
+    tick(rt, clock())
+    api = TestClient(create_app(runtime=rt))
+    api.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(rt, clock())
+    [p] = _placements(rt, job_id)
+    url = f"/v1/placements/{p.id}/exit"
+    assert api.post(url, json={"exit_code": 3}, headers={"X-Overspill-Callback-Token": "forged"}).status_code == 403
+    token = callback_token(rt.settings, p.id)
+    assert api.post(url, json={"exit_code": 3}, headers={"X-Overspill-Callback-Token": token}).status_code == 204
+    assert api.post(url, json={"exit_code": 0}, headers={"X-Overspill-Callback-Token": token}).status_code == 204
+    assert p.instance_id is not None
+    cloud.terminate(p.instance_id)  # the instance powered itself off after reporting
+    tick(rt, clock())
+    job = _job(rt, job_id)
+    assert job.state == "failed" and "exited 3" in job.wait_reason  # not re-run: its own command failed
+    assert len(_placements(rt, job_id)) == 1

@@ -41,3 +41,23 @@ def test_script_runs_the_container_with_the_command_quoted() -> None:
     argv = shlex.split(run)
     assert argv[-4:] == ["python", "train.py", "--lr", "3e-4; rm -rf /"]
     assert "ghcr.io/acme/train:1.0" in argv and "OVERSPILL_JOB_ID=job-1" in argv
+
+
+def test_script_reports_exit_status_and_always_powers_off_with_a_callback() -> None:
+    import dataclasses
+    import subprocess
+
+    req = dataclasses.replace(_request(), callback_url="https://broker.example/", callback_token="tok-1")
+    script = startup_script(req)
+    assert "https://broker.example/v1/placements/plc-1/exit" in script
+    assert "X-Overspill-Callback-Token: tok-1" in script
+    assert script.rstrip().endswith("shutdown -h now")
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_without_a_callback_only_success_powers_off() -> None:
+    import subprocess
+
+    script = startup_script(_request())
+    assert 'if [ "$rc" -eq 0 ]; then shutdown -h now; fi' in script and "curl" not in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)

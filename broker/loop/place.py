@@ -15,6 +15,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
+from broker.auth import callback_token
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -173,6 +174,8 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
                     remaining_work_hours=p.work_hours_at_start,
                     resume_from=job.checkpoint_uri if job.attempts > 1 else None,
                     checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
+                    callback_url=rt.settings.public_url or None,
+                    callback_token=callback_token(rt.settings, p.id) if rt.settings.public_url else None,
                 )
             )
         except ProviderError as exc:

@@ -85,7 +85,13 @@ def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Place
     if inst.state is InstanceState.RUNNING:
         _guard_ceiling(rt, session, provider, p, job, inst, now)
         return
-    if inst.state is InstanceState.SUCCEEDED:
+    if p.exit_code is not None and inst.state is not InstanceState.PREEMPTED:
+        # the instance reported its container's exit status itself: the most reliable verdict there is
+        if p.exit_code == 0:
+            _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished (exit 0)")
+        else:
+            _ended(session, p, job, now, PlacementState.FAILED, inst, f"the job exited {p.exit_code}", job_failed=True)
+    elif inst.state is InstanceState.SUCCEEDED:
         _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished")
     elif inst.state is InstanceState.PREEMPTED:
         _ended(session, p, job, now, PlacementState.PREEMPTED, inst, "preempted by the provider")
@@ -94,6 +100,20 @@ def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Place
         _ended(session, p, job, now, PlacementState.FAILED, inst, inst.detail or "the job's command failed")
     else:
         _ended(session, p, job, now, PlacementState.STOPPED, inst, "terminated")
+    if p.state != PlacementState.SUCCEEDED.value:
+        _release(provider, p)
+
+
+def _release(provider: ComputeProvider, p: Placement) -> None:
+    """Delete what a reclaimed or failed instance leaves behind (a stopped GCP VM, a deallocated Azure VM keep
+    their disks and quota). Terminate converges, so repeating it is harmless."""
+    assert p.instance_id is not None
+    try:
+        provider.terminate(p.instance_id)
+    except ProviderError as exc:
+        log.warning(
+            "releasing ended instance %s on %s failed (the orphan sweep retries): %s", p.instance_id, p.provider, exc
+        )
 
 
 def _remaining_after(p: Placement, inst: Instance | None) -> Decimal:
@@ -110,7 +130,11 @@ def _ended(
     state: PlacementState,
     inst: Instance | None,
     message: str,
+    *,
+    job_failed: bool = False,
 ) -> None:
+    """Record a placement's end and move its job on: succeeded, failed (its own command failed: not retried),
+    or back to pending with the work its last checkpoint saved."""
     p.state = state.value
     p.ended_at = (inst.ended_at if inst and inst.ended_at else None) or now
     session.add(p)
@@ -133,6 +157,10 @@ def _ended(
         job.state = JobState.SUCCEEDED.value
         job.finished_at = p.ended_at
         job.wait_reason = ""
+    elif job_failed:
+        job.state = JobState.FAILED.value
+        job.finished_at = p.ended_at
+        job.wait_reason = f"{message} on {p.offering_key}"
     elif job.state == JobState.RUNNING.value:
         job.state = JobState.PENDING.value
         job.wait_reason = f"{message}; re-placing with {remaining} h of work left"

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 04:24:20.236134
+Create Date: 2026-11-22 05:16:46.723115
 """
 
 from collections.abc import Sequence
@@ -231,6 +231,7 @@ def upgrade() -> None:
         sa.Column("price_segment_started_at", broker.db.UTCDateTime(timezone=True), nullable=True),
         sa.Column("price_segment_hourly_usd", broker.db.Money(length=40), nullable=True),
         sa.Column("cost_usd", broker.db.Money(length=40), nullable=False),
+        sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("detail", sqlmodel.sql.sqltypes.AutoString(length=500), nullable=False),
         sa.ForeignKeyConstraint(
             ["job_id"],

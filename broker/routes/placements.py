@@ -1,0 +1,50 @@
+"""/v1/placements/{id}/exit: an instance reports its container's exit status (no API key: the instance proves
+itself with the per-placement token its start-up script was given)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, status
+from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session
+
+from broker.auth import callback_token
+from broker.deps import RuntimeDep
+from broker.services.jobs import add_event
+from broker.tables import Job, Placement
+
+router = APIRouter(prefix="/v1/placements", tags=["placements"])
+
+
+class ExitReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: int = Field(ge=-1, le=255)
+
+
+@router.post("/{placement_id}/exit", status_code=status.HTTP_204_NO_CONTENT)
+def report_exit(
+    placement_id: str,
+    body: ExitReport,
+    rt: RuntimeDep,
+    x_overspill_callback_token: Annotated[str, Header(max_length=128)],
+) -> None:
+    """Record the exit status; the next tick turns it into the job's verdict. Repeats are harmless."""
+    expected = callback_token(rt.settings, placement_id)
+    if not hmac.compare_digest(expected, x_overspill_callback_token):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "bad callback token for this placement")
+    with Session(rt.engine) as session:
+        p = session.get(Placement, placement_id, with_for_update=True)
+        if p is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placement {placement_id!r}")
+        if p.exit_code is None:
+            p.exit_code = body.exit_code
+            session.add(p)
+            job = session.get(Job, p.job_id)
+            if job is not None:
+                add_event(
+                    session, job, rt.clock(), "exit_reported", f"the job exited {body.exit_code}", placement_id=p.id
+                )
+            session.commit()
