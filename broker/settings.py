@@ -65,6 +65,8 @@ class Settings(BaseSettings):
         description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '
         '"gpus_per_node": "8"}}',
     )
+    burst_after_wait_hours: float = Field(default=1.0, description="burst an opted-in Slurm job waiting longer")
+    burst_give_up_minutes: float = Field(default=30.0, description="release it on-prem if no cloud pool takes it")
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""

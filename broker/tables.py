@@ -67,6 +67,8 @@ class Job(SQLModel, table=True):
     checkpoint_region: str | None = Field(default=None, max_length=64)
     current_placement_id: str | None = Field(default=None, max_length=40)
     attempts: int = 0
+    origin: str | None = Field(default=None, unique=True, max_length=120)  # e.g. "onprem-slurm:1234" when burst
+    origin_settled: bool = False  # the on-prem side (held Slurm job) has been cancelled or released
     created_at: datetime = _at(nullable=False)
     updated_at: datetime = _at(nullable=False)
     finished_at: datetime | None = _at()

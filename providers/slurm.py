@@ -420,6 +420,25 @@ class SlurmProvider:
         self._call(["scontrol", "update", f"JobId={job.job_id}", f"AdminComment={(base + ' ' + mark).strip()}"])
         self._call(["scontrol", "hold", str(job.job_id)])
 
+    def cancel_held(self, job_id: int | str) -> None:
+        """Cancel another user's job that this broker holds because it ran in the cloud instead.
+
+        Only a job carrying this broker's hold note is cancelled (never anyone else's); a job already gone is
+        success, so the call converges.
+        """
+        try:
+            job = self._job(job_id)
+        except NotFound:
+            return
+        note = hold_note(job.admin_comment)
+        if note is None or note.get("broker") != self.broker_id:
+            raise InvalidRequest(f"job {job.job_id} is not held by broker {self.broker_id}", provider=self.name)
+        if self._state(job).terminal:
+            return
+        done = self.run(["scancel", str(job.job_id)])
+        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
+            raise self._error(["scancel", str(job.job_id)], done)
+
     def release(self, job_id: int | str, *, restore_priority: bool = True) -> None:
         """Give back a job this broker held: `scontrol release`, restore its recorded priority, drop the note.
 

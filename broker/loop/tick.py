@@ -1,7 +1,8 @@
 """The control loop: one `tick(rt, now)` runs every step once, in order, each guarded and timed.
 
-Steps: refresh prices -> sample on-prem pressure -> act on interruption notices -> sync instances
-(cancellations, ceilings, finishes, preemptions) -> place pending jobs -> accrue cost -> sweep orphans.
+Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
+-> sync instances (cancellations, ceilings, finishes, preemptions) -> place pending jobs -> accrue cost
+-> sweep orphans.
 Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
 can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
 failing is logged and reported; the next still runs.
@@ -18,6 +19,7 @@ from datetime import datetime
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
+from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
 from broker.loop.sync import sync_instances
 from broker.runtime import Runtime
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("refresh_prices", refresh_prices),
     ("sample_pressure", sample_pressure),
+    ("burst_onprem_queue", burst_onprem_queue),
     ("handle_interruptions", handle_interruptions),
     ("sync_instances", sync_instances),
     ("place_pending", place_pending),

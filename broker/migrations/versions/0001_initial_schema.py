@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 05:16:46.723115
+Create Date: 2026-11-22 05:26:01.499821
 """
 
 from collections.abc import Sequence
@@ -76,10 +76,13 @@ def upgrade() -> None:
         sa.Column("checkpoint_region", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
         sa.Column("current_placement_id", sqlmodel.sql.sqltypes.AutoString(length=40), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("origin", sqlmodel.sql.sqltypes.AutoString(length=120), nullable=True),
+        sa.Column("origin_settled", sa.Boolean(), nullable=False),
         sa.Column("created_at", broker.db.UTCDateTime(timezone=True), nullable=False),
         sa.Column("updated_at", broker.db.UTCDateTime(timezone=True), nullable=False),
         sa.Column("finished_at", broker.db.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("origin"),
         sa.UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
     )
     with op.batch_alter_table("job", schema=None) as batch_op:

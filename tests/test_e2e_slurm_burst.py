@@ -1,0 +1,129 @@
+"""Bursting an opted-in job out of a real Slurm queue: it is held on-prem while it runs in the cloud and then
+cancelled there (it ran exactly once); when the cloud cannot take it, it is released back into the queue."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from broker.loop.tick import tick
+from broker.runtime import Runtime, build_runtime
+from broker.settings import Settings
+from broker.tables import Job
+from tests.conftest import MovableClock
+from tests.scripted import ScriptedCloud
+from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
+
+
+@pytest.fixture
+def slurm(cluster: Any) -> Iterator[Any]:
+    (cluster.root / "out").mkdir(exist_ok=True)
+    cluster.cancel_all()
+    yield cluster
+    cluster.cancel_all()
+
+
+def _runtime(cluster: Any, tmp_path: Path, cloud: ScriptedCloud) -> Runtime:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'burst.db'}",
+        data_dir=tmp_path,
+        simulated=False,
+        slurm_partitions={
+            cluster.partition: {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", "gpus_per_node": "4"}
+        },
+        slurm_conf=str(cluster.conf),
+        burst_after_wait_hours=0.5,
+        burst_give_up_minutes=5,
+        wait_value_usd_per_gpu_hour=0,
+    )
+    rt = build_runtime(settings)
+    rt.providers[cloud.name] = cloud
+    rt.offering_sources.append(cloud)
+    return rt
+
+
+def _opted_in(slurm: Any, max_total: str = "40") -> int:
+    spec = {"max_total_usd": max_total, "image": "ghcr.io/example/train:1", "work_gpu_hours": "2"}
+    return sbatch(
+        slurm,
+        "--job-name=opted-in",
+        "--gres=gpu:a100:1",
+        "--time=60",
+        f"--comment=overspill-burst {json.dumps(spec)}",
+        "--wrap=sleep 1",
+    )
+
+
+def _broker_job(rt: Runtime, slurm_id: int) -> Job:
+    with Session(rt.engine) as s:
+        found = s.exec(select(Job).where(Job.origin == f"onprem-slurm:{slurm_id}")).first()
+        assert found is not None, "the Slurm job was not burst"
+        return found
+
+
+@pytest.mark.integration
+def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    fill_gpus(slurm, minutes=60)
+    not_opted = sbatch(slurm, "--job-name=other", "--gres=gpu:a100:1", "--time=60", "--wrap=sleep 1")
+    slurm_id = _opted_in(slurm)
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+
+    tick(rt, clock())
+    broker_job = _broker_job(rt, slurm_id)
+    held = job(provider, slurm_id)
+    assert held.state_reason.startswith("JobHeld") and broker_job.id in held.admin_comment
+    assert not job(provider, not_opted).state_reason.startswith("JobHeld")  # never burst without opting in
+    tick(rt, clock())  # a second tick must not burst it twice
+    with Session(rt.engine) as s:
+        assert len(s.exec(select(Job).where(Job.origin == f"onprem-slurm:{slurm_id}")).all()) == 1
+
+    tick(rt, clock())
+    assert _broker_job(rt, slurm_id).state == "running" and len(cloud.running()) == 1
+    clock.advance(hours=3)
+    tick(rt, clock())
+    tick(rt, clock())
+    done = _broker_job(rt, slurm_id)
+    assert done.state == "succeeded" and done.origin_settled
+    wait_until(lambda: job(provider, slurm_id).state == "CANCELLED", "the held Slurm job to be cancelled")
+
+
+@pytest.mark.integration
+def test_failed_burst_releases_the_slurm_job_which_then_runs_once(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    cloud.no_capacity = {"z1", "z2"}  # every launch fails
+    rt = _runtime(slurm, tmp_path, cloud)
+    fillers = fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm)
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    tick(rt, clock())
+    assert job(provider, slurm_id).state_reason.startswith("JobHeld")
+    for _ in range(3):
+        tick(rt, clock())
+    assert cloud.running() == [] and _broker_job(rt, slurm_id).state == "pending"
+    with Session(rt.engine) as s:  # pretend the give-up window has passed
+        row = s.exec(select(Job).where(Job.origin == f"onprem-slurm:{slurm_id}")).one()
+        row.created_at = row.created_at - timedelta(minutes=10)
+        s.add(row)
+        s.commit()
+    tick(rt, clock())
+    back = _broker_job(rt, slurm_id)
+    assert back.state == "cancelled" and back.origin_settled and "on-prem" in back.wait_reason
+    assert not job(provider, slurm_id).state_reason.startswith("JobHeld")
+    slurm.run(["scancel", *map(str, fillers)])
+    wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the released job to run on-prem", timeout=30)
+    assert sum(1 for j in provider.squeue() if j.job_id == slurm_id) == 1
