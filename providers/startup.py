@@ -39,6 +39,16 @@ def startup_script(request: LaunchRequest) -> str:
         "# written by Overspill: runs one training job attempt, then powers off",
         "set -uo pipefail",
     ]
+    if request.callback_url and request.callback_token and request.offering.provider.startswith("azure"):
+        # Azure announces evictions only inside the VM (Scheduled Events, >= 30 s ahead): relay them home.
+        relay = f"{request.callback_url.rstrip('/')}/v1/placements/{request.tags.placement_id}/scheduled-events"
+        lines.append(
+            "( while sleep 5; do ev=$(curl -fsS -H Metadata:true "
+            "'http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01') || continue; "
+            "case \"$ev\" in *Preempt*) curl -fsS -X POST -H 'Content-Type: application/json' "
+            f"-H {shlex.quote('X-Overspill-Callback-Token: ' + request.callback_token)} "
+            f'-d "$ev" {shlex.quote(relay)} ;; esac; done ) &'
+        )
     lines += [f"docker pull {shlex.quote(request.spec.image)}", f"{run}", "rc=$?"]
     if request.callback_url and request.callback_token:
         url = f"{request.callback_url.rstrip('/')}/v1/placements/{request.tags.placement_id}/exit"

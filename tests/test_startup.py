@@ -61,3 +61,18 @@ def test_without_a_callback_only_success_powers_off() -> None:
     script = startup_script(_request())
     assert 'if [ "$rc" -eq 0 ]; then shutdown -h now; fi' in script and "curl" not in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_azure_instances_relay_scheduled_events() -> None:
+    import dataclasses
+    import subprocess
+
+    from tests.builders import offering
+
+    req = dataclasses.replace(
+        _request(), offering=offering(provider="azure"), callback_url="https://b.example", callback_token="t"
+    )
+    script = startup_script(req)
+    assert "metadata/scheduledevents" in script and "/v1/placements/plc-1/scheduled-events" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "scheduledevents" not in startup_script(dataclasses.replace(req, offering=offering(provider="aws")))

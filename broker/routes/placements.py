@@ -4,7 +4,7 @@ itself with the per-placement token its start-up script was given)."""
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,3 +48,25 @@ def report_exit(
                     session, job, rt.clock(), "exit_reported", f"the job exited {body.exit_code}", placement_id=p.id
                 )
             session.commit()
+
+
+@router.post("/{placement_id}/scheduled-events", status_code=status.HTTP_202_ACCEPTED)
+def relay_scheduled_events(
+    placement_id: str,
+    document: dict[str, Any],
+    rt: RuntimeDep,
+    x_overspill_callback_token: Annotated[str, Header(max_length=128)],
+) -> dict[str, bool]:
+    """An Azure VM relays its Scheduled Events document (IMDS); a Preempt event becomes an interruption notice
+    the next tick acts on. Other providers answer 409: they deliver notices their own way."""
+    if not hmac.compare_digest(callback_token(rt.settings, placement_id), x_overspill_callback_token):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "bad callback token for this placement")
+    with Session(rt.engine) as session:
+        p = session.get(Placement, placement_id)
+    if p is None or p.instance_id is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launched placement {placement_id!r}")
+    provider = rt.provider(p.provider)
+    relay = getattr(provider, "relay_scheduled_event", None)
+    if relay is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"provider {p.provider} does not take relayed events")
+    return {"preempt": relay(p.instance_id, document) is not None}
