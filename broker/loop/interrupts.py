@@ -21,7 +21,7 @@ from broker.loop.common import PREEMPTION_BLOCK, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
-from providers.base import InterruptionSource, NotFound, ProviderError
+from providers.base import InstanceState, InterruptionSource, NotFound, ProviderError
 from providers.model import JobState, PlacementState
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
             remaining_work_hours=str(remaining),
         )
         block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
+        if action_at <= now:  # already reclaimed (GCP reports after the fact): delete what it left behind now;
+            _release(rt, provider, instance_id)  # a warning ahead of time leaves the VM its final checkpoint
         if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
             job.state = JobState.PENDING.value
             job.current_placement_id = None
@@ -85,6 +87,16 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
             session.add(job)
         session.commit()
         return 1
+
+
+def _release(rt: Runtime, provider: str, instance_id: str) -> None:
+    adapter = rt.provider(provider)
+    if adapter is None:
+        return
+    try:
+        adapter.terminate(instance_id)
+    except ProviderError as exc:
+        log.warning("deleting reclaimed %s on %s failed (the orphan sweep retries): %s", instance_id, provider, exc)
 
 
 def _checkpointed(rt: Runtime, provider: str, instance_id: str) -> Decimal | None:
@@ -122,8 +134,12 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
             log.warning("listing %s instances for the orphan sweep failed: %s", provider.name, exc)
             continue
         for inst in instances:
-            if inst.state.terminal or (provider.name, inst.id) in live or inst.launch_token in live_tokens:
-                continue
+            if (
+                inst.state is InstanceState.TERMINATED
+                or (provider.name, inst.id) in live
+                or inst.launch_token in live_tokens
+            ):
+                continue  # a preempted or finished VM may still exist (stopped, holding its disk): it is swept too
             if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
                 continue
             try:
