@@ -298,17 +298,6 @@ def _group_may_fit(job: JobSpec, g: GroupSummary) -> bool:
     )
 
 
-def _group_may_fit(job: JobSpec, g: GroupSummary) -> bool:
-    return (
-        g.max_gpu_memory_gib >= job.min_gpu_memory_gib
-        and g.max_vcpus >= job.cpus
-        and g.max_memory_gib >= float(job.memory_gib)
-        and (not job.allowed_providers or not g.providers.isdisjoint(job.allowed_providers))
-        and (not job.allowed_regions or not g.regions.isdisjoint(job.allowed_regions))
-        and (job.preemptible or g.has_non_spot)
-    )
-
-
 def ever_feasible(job: JobSpec, offerings: Iterable[Offering]) -> bool:
     """True when at least one pool fits the job's shape and constraints (prices and capacity aside)."""
     return any(_shape_reason(job, off) is None for off in offerings)

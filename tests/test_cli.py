@@ -115,3 +115,18 @@ def test_prices_import_catalog(tmp_path: Path) -> None:
     broken.write_text("InstanceType,Price\np4d.24xlarge,abc\n")
     failed = runner.invoke(app, ["prices", "import-catalog", str(broken)], env=env)
     assert failed.exit_code == 1 and "aws_broken.csv" in failed.output
+
+
+@pytest.mark.integration
+def test_simulate_replays_real_traces(tmp_path: Path) -> None:
+    from tests.data import shared_file
+
+    data = shared_file("spot-probes-skynomad").parent
+    out = runner.invoke(app, ["simulate", "--data", str(data), "--suite", "deadline", "--quick", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    text = json.dumps(report)
+    for policy in ("on_demand", "eager_next_region", "uniform_progress", "overspill", "optimum"):
+        assert policy in text
+    bad = runner.invoke(app, ["simulate", "--data", str(tmp_path / "nowhere")])
+    assert bad.exit_code != 0

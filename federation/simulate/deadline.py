@@ -1,0 +1,172 @@
+"""Replay one deadline job on a spot trace through a preemption strategy, tick by tick, on a virtual clock.
+
+The model is the one of "Can't Be Late" (NSDI'24) and its simulator, so the omniscient optimum
+(`federation.simulate.optimum`) is a true lower bound of every policy here:
+- time moves in ticks of the trace's `gap_seconds`; at each tick the strategy decides (through
+  `federation.strategies.decide`, the same code the broker runs) and the decision holds for the tick;
+- a spot pool whose zone is unavailable at a tick is reclaimed at that tick (recorded as a preemption);
+- every launch (a new pool, or the same zone again after a reclaim) costs `restart_ticks` of changeover paid at
+  the new pool's price without progress (launch, restore, and the work lost since the last checkpoint);
+- every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover.
+The executor never bills beyond what a plan allowed: `decide` pauses a job whose budget cannot pay the next tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from federation.simulate.market import TraceMarket
+from federation.strategies import Move, Preemption, RunState, Strategy, decide
+from providers.model import CapacityType, JobSpec, Offering
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineJob:
+    """A job of `work_ticks` of work due `deadline_ticks` after `start_tick`, with a changeover of
+    `restart_ticks` per launch."""
+
+    name: str
+    start_tick: int
+    work_ticks: int
+    deadline_ticks: int
+    restart_ticks: int
+    max_total_usd: Decimal = Decimal("1000000")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRun:
+    """What one policy did with one job."""
+
+    policy: str
+    job: str
+    cost_usd: float
+    finished: bool
+    met_deadline: bool
+    finish_hours: float | None
+    preemptions: int
+    migrations: int
+    launches: int
+    spot_hours: float
+    on_demand_hours: float
+    idle_hours: float = 0.0
+    paused: bool = False
+    pause_reason: str = ""
+    over_budget: bool = False
+    moves: tuple[str, ...] = field(default=(), repr=False)
+
+
+def job_spec(market: TraceMarket, job: DeadlineJob) -> JobSpec:
+    t = market.trace
+    gap = Decimal(t.gap_seconds) / Decimal(3600)
+    return JobSpec(
+        tenant="sim",
+        team="sim",
+        project="deadline",
+        name=job.name,
+        image="sim",
+        command=(),
+        accelerators=(t.accelerator,),
+        gpu_count=t.gpus,
+        max_total_usd=job.max_total_usd,
+        runtime_hours=gap * job.work_ticks,
+        deadline_at=t.at(job.start_tick + job.deadline_ticks),
+    )
+
+
+def run_deadline(
+    market: TraceMarket,
+    job: DeadlineJob,
+    strategy: Strategy,
+    policy: str | None = None,
+    overrun_ticks: int | None = None,
+    record: bool = False,
+) -> DeadlineRun:
+    """Run `job` under `strategy`; a job not done by its deadline keeps going for `overrun_ticks` more (default:
+    as long again as its deadline window, within the trace) so late finishes are still costed."""
+    trace = market.trace
+    gap_h = trace.gap_hours
+    gap = Decimal(trace.gap_seconds) / Decimal(3600)
+    spec = job_spec(market, job)
+    started = trace.at(job.start_tick)
+    extra = job.deadline_ticks if overrun_ticks is None else overrun_ticks
+    end = min(len(trace), job.start_tick + job.deadline_ticks + extra)
+    remaining = job.work_ticks
+    current: Offering | None = None
+    restart_left = 0
+    spent = Decimal(0)
+    history: list[Preemption] = []
+    checkpoint: tuple[str, str] | None = None
+    preemptions = migrations = launches = 0
+    spot_ticks = od_ticks = 0
+    paused, reason = False, ""
+    moves: list[str] = []
+    tick = job.start_tick
+    while remaining > 0 and tick < end:
+        book = market.book(tick)
+        now = trace.at(tick)
+        if current is not None:
+            live = book.get(current.key)
+            if live is None or not live.available:
+                preemptions += 1
+                history.append(Preemption.of(current, now))
+                current, restart_left = None, 0
+            else:
+                current = live
+        state = RunState(
+            job=spec,
+            now=now,
+            started_at=started,
+            remaining_work_hours=gap * remaining,
+            spent_usd=spent,
+            current=current,
+            restart_left_hours=restart_left * gap_h,
+            checkpoint_at=checkpoint,
+            preemptions=tuple(history),
+            tick_hours=gap_h,
+        )
+        plan = decide(strategy, state, book)
+        if record:
+            moves.append(f"{tick - job.start_tick}:{plan.move.value}:{plan.offering.key if plan.offering else ''}")
+        if plan.move is Move.PAUSE:
+            paused, reason = True, plan.reason
+            break
+        if plan.move is Move.WAIT:
+            current, restart_left = None, 0
+        elif plan.move is Move.LAUNCH and plan.offering is not None:
+            if current is not None:
+                migrations += 1
+            current, restart_left = plan.offering, job.restart_ticks
+            launches += 1
+        if current is not None:
+            spent += current.price.hourly_usd * gap
+            checkpoint = (current.provider, current.region)
+            if current.capacity_type is CapacityType.SPOT:
+                spot_ticks += 1
+            else:
+                od_ticks += 1
+            if restart_left > 0:
+                restart_left -= 1
+            else:
+                remaining -= 1
+        tick += 1
+    finished = remaining == 0
+    elapsed = tick - job.start_tick
+    return DeadlineRun(
+        policy=policy or strategy.name,
+        job=job.name,
+        cost_usd=float(spent),
+        finished=finished,
+        met_deadline=finished and elapsed <= job.deadline_ticks,
+        finish_hours=elapsed * gap_h if finished else None,
+        preemptions=preemptions,
+        migrations=migrations,
+        launches=launches,
+        spot_hours=spot_ticks * gap_h,
+        on_demand_hours=od_ticks * gap_h,
+        idle_hours=(elapsed - spot_ticks - od_ticks) * gap_h,
+        paused=paused,
+        pause_reason=reason,
+        over_budget=spent > job.max_total_usd,
+        moves=tuple(moves),
+    )

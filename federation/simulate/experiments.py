@@ -1,0 +1,291 @@
+"""The two experiments the benchmark and `overspill simulate` run, and their per-policy summaries.
+
+Contract: `deadline_experiment` runs every deadline policy (and the omniscient optimum) on the same jobs of one
+spot trace; `burst_experiment` runs every bursting policy and knob on the same cluster trace. Both are pure
+functions of their inputs (deterministic), return summaries (values), and may spread work over processes.
+
+Deadline jobs: `work_hours` of work due `deadline_hours` after a start, for each deadline and each start every
+`start_every_hours` through the trace (leaving room for late finishes), changeover `restart_hours` per launch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from federation.burst import BurstParams
+from federation.simulate.cluster import BurstPolicy, ClusterRun, simulate_cluster
+from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
+from federation.simulate.market import TraceMarket
+from federation.simulate.optimum import optimum_cost
+from federation.simulate.traces import SpotTrace, TraceJob
+from federation.strategies import make_strategy
+from pricing.book import PriceBook
+
+DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+POLICY_SOURCES = {
+    "on_demand": "on-demand only",
+    "eager_next_region": "greedy spot, SkyPilot EAGER_NEXT_REGION",
+    "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
+    "overspill": "ours: cost model + slack accounting",
+    "optimum": "omniscient offline optimum (DP, lower bound)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineConfig:
+    work_hours: float = 48.0
+    deadlines_hours: tuple[float, ...] = (52.0, 60.0, 70.0)
+    restart_hours: float = 0.25
+    start_every_hours: float = 12.0
+    policies: tuple[str, ...] = DEADLINE_POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySummary:
+    """One row of a results table."""
+
+    policy: str
+    source: str
+    jobs: int
+    cost_usd: float
+    cost_vs_on_demand: float | None
+    cost_vs_optimum: float | None
+    deadline_attainment: float | None
+    preemptions: int
+    migrations: int
+    wait_p50_hours: float
+    wait_p95_hours: float
+    extra: dict[str, float | int | str] = field(default_factory=dict)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
+    per_hour = 3600 / trace.gap_seconds
+    work = round(cfg.work_hours * per_hour)
+    restart = round(cfg.restart_hours * per_hour)
+    longest = round(max(cfg.deadlines_hours) * per_hour)
+    step = max(1, round(cfg.start_every_hours * per_hour))
+    starts = range(0, max(0, len(trace) - 2 * longest) + 1, step)
+    return [
+        DeadlineJob(f"{dl:g}h@{s * trace.gap_hours:.0f}h", s, work, round(dl * per_hour), restart)
+        for dl in cfg.deadlines_hours
+        for s in starts
+    ]
+
+
+def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
+    return {"restart_hours": cfg.restart_hours} if name in ("uniform_progress", "overspill") else {}
+
+
+def run_deadline_chunk(
+    trace: SpotTrace, jobs: Sequence[DeadlineJob], cfg: DeadlineConfig
+) -> list[tuple[float, list[DeadlineRun]]]:
+    """For each job: its optimum cost and every policy's run (one process's share of the work)."""
+    market = TraceMarket(trace)
+    strategies = {name: make_strategy(name, **_strategy_kwargs(name, cfg)) for name in cfg.policies}
+    return [
+        (optimum_cost(trace, job), [run_deadline(market, job, strategies[n], n) for n in cfg.policies]) for job in jobs
+    ]
+
+
+@lru_cache(maxsize=4)
+def load_aws_v100_trace(data_dir: str, gap_seconds: int, zones: tuple[str, ...] | None) -> SpotTrace:
+    from federation.simulate.loaders import load_on_demand_prices, load_segments_csv
+
+    base = Path(data_dir)
+    od = load_on_demand_prices(base / CATALOG, "p3.2xlarge")
+    return load_segments_csv(base / SEGMENTS, od, gap_seconds, zones)
+
+
+CATALOG = Path("catalog") / "skypilot_v8_aws_vms_pfamily_gpu_subset.csv"
+SEGMENTS = Path("spot-probes-skynomad") / "aws_v100_p3.2xlarge_avail_price_segments_2023-02-15.csv"
+PHILLY = Path("cluster-traces") / "philly-rfold" / "philly_trace_rfold.csv"
+
+
+def _chunk_from_files(
+    data_dir: str, gap: int, zones: tuple[str, ...] | None, jobs: list[DeadlineJob], cfg: DeadlineConfig
+) -> list[tuple[float, list[DeadlineRun]]]:
+    return run_deadline_chunk(load_aws_v100_trace(data_dir, gap, zones), jobs, cfg)
+
+
+def deadline_experiment(
+    trace: SpotTrace,
+    cfg: DeadlineConfig,
+    workers: int = 1,
+    files: tuple[str, int, tuple[str, ...] | None] | None = None,
+) -> tuple[list[PolicySummary], list[tuple[float, list[DeadlineRun]]]]:
+    """Summaries per policy (plus the optimum row) and the raw runs. With `files` = (data dir, gap, zones) the
+    worker processes load the trace themselves instead of receiving it."""
+    jobs = deadline_jobs(trace, cfg)
+    if workers > 1 and files is not None and len(jobs) > 1:
+        chunks = [jobs[i::workers] for i in range(workers)]
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_chunk_from_files, *zip(*[(*files, c, cfg) for c in chunks], strict=True)))
+        order = {j.name: i for i, j in enumerate(jobs)}
+        results = sorted((r for part in parts for r in part), key=lambda r: order[r[1][0].job])
+    else:
+        results = run_deadline_chunk(trace, jobs, cfg)
+    return summarize_deadline(results, cfg), results
+
+
+def summarize_deadline(results: list[tuple[float, list[DeadlineRun]]], cfg: DeadlineConfig) -> list[PolicySummary]:
+    optimum = sum(o for o, _ in results if math.isfinite(o))
+    n = len(results)
+    by_policy: dict[str, list[DeadlineRun]] = {p: [] for p in cfg.policies}
+    for _, runs in results:
+        for r in runs:
+            by_policy[r.policy].append(r)
+    on_demand = sum(r.cost_usd for r in by_policy.get("on_demand", [])) or None
+    rows = []
+    for name, runs in by_policy.items():
+        cost = sum(r.cost_usd for r in runs)
+        ratios = [r.cost_usd / o for (o, _), r in zip(results, runs, strict=True) if o > 0 and math.isfinite(o)]
+        idle = [r.idle_hours for r in runs]
+        rows.append(
+            PolicySummary(
+                policy=name,
+                source=POLICY_SOURCES.get(name, name),
+                jobs=len(runs),
+                cost_usd=cost,
+                cost_vs_on_demand=cost / on_demand if on_demand else None,
+                cost_vs_optimum=cost / optimum if optimum else None,
+                deadline_attainment=sum(r.met_deadline for r in runs) / len(runs) if runs else None,
+                preemptions=sum(r.preemptions for r in runs),
+                migrations=sum(r.migrations for r in runs),
+                wait_p50_hours=percentile(idle, 50),
+                wait_p95_hours=percentile(idle, 95),
+                extra={
+                    "worst_job_vs_optimum": max(ratios, default=0.0),
+                    "mean_job_vs_optimum": sum(ratios) / len(ratios) if ratios else 0.0,
+                    "on_demand_hours": round(sum(r.on_demand_hours for r in runs), 1),
+                    "paused": sum(r.paused for r in runs),
+                    "over_budget": sum(r.over_budget for r in runs),
+                },
+            )
+        )
+    rows.append(
+        PolicySummary(
+            "optimum",
+            POLICY_SOURCES["optimum"],
+            n,
+            optimum,
+            optimum / on_demand if on_demand else None,
+            1.0,
+            1.0,
+            0,
+            0,
+            0.0,
+            0.0,
+        )
+    )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class BurstConfig:
+    skip_jobs: int = 300
+    jobs: int = 10_000
+    onprem_gpus: int = 1024
+    timeouts_minutes: tuple[float, ...] = (2.0, 60.0, 240.0, 720.0)
+    quotas_gpus: tuple[int, ...] = (32, 128, 512)
+    values_usd_per_gpu_hour: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+    deadline_every: int = 10
+    deadline_factor: float = 2.0
+
+
+def burst_policies(cfg: BurstConfig) -> list[BurstPolicy]:
+    out = [BurstPolicy("onprem_only")]
+    out += [BurstPolicy("fixed_timeout", timeout_hours=m / 60) for m in cfg.timeouts_minutes]
+    out += [BurstPolicy("fixed_order", cloud_quota_gpus=q) for q in cfg.quotas_gpus]
+    out += [BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=v)) for v in cfg.values_usd_per_gpu_hour]
+    return out
+
+
+def _cluster_task(jobs: list[TraceJob], book: PriceBook, policy: BurstPolicy, cfg: BurstConfig) -> ClusterRun:
+    return simulate_cluster(
+        jobs,
+        cfg.onprem_gpus,
+        book,
+        policy,
+        deadline_every=cfg.deadline_every,
+        deadline_factor=cfg.deadline_factor,
+    )
+
+
+BURST_SOURCES = {
+    "onprem_only": "never burst",
+    "fixed_timeout": "SkyPilot Slurm burst: fixed timeout (2 min in SkyPilot)",
+    "fixed_order": "Kueue MultiKueue: fixed spill order, cloud quota",
+    "overspill": "ours: wait cost vs premium, deadline, budget, return",
+}
+
+
+def burst_experiment(
+    jobs: list[TraceJob], book: PriceBook, cfg: BurstConfig, workers: int = 1
+) -> tuple[list[PolicySummary], list[ClusterRun]]:
+    policies = burst_policies(cfg)
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            n = len(policies)
+            runs = list(pool.map(_cluster_task, [jobs] * n, [book] * n, policies, [cfg] * n))
+    else:
+        runs = [_cluster_task(jobs, book, p, cfg) for p in policies]
+    return [summarize_cluster(r) for r in runs], runs
+
+
+def summarize_cluster(r: ClusterRun) -> PolicySummary:
+    return PolicySummary(
+        policy=r.policy,
+        source=BURST_SOURCES.get(r.kind, r.kind),
+        jobs=r.jobs,
+        cost_usd=r.cloud_spend_usd,
+        cost_vs_on_demand=None,
+        cost_vs_optimum=None,
+        deadline_attainment=r.deadlines_met / r.deadline_jobs if r.deadline_jobs else None,
+        preemptions=0,
+        migrations=r.returns,
+        wait_p50_hours=percentile(r.waits_hours, 50),
+        wait_p95_hours=percentile(r.waits_hours, 95),
+        extra={
+            "kind": r.kind,
+            "bursts": r.bursts,
+            "wait_p99_hours": percentile(r.waits_hours, 99),
+            "wait_mean_hours": sum(r.waits_hours) / len(r.waits_hours) if r.waits_hours else 0.0,
+        },
+    )
+
+
+def matched_spend(rows: list[PolicySummary]) -> list[dict[str, float | str | None]]:
+    """For each baseline row, ours' lowest p95 wait among our runs that spent no more than it did."""
+    ours = [r for r in rows if r.extra.get("kind") == "overspill"]
+    out: list[dict[str, float | str | None]] = []
+    for base in rows:
+        if base.extra.get("kind") not in ("fixed_timeout", "fixed_order"):
+            continue
+        within = [r for r in ours if r.cost_usd <= base.cost_usd * 1.0001]
+        best = min(within, key=lambda r: (r.wait_p95_hours, r.cost_usd), default=None)
+        out.append(
+            {
+                "baseline": base.policy,
+                "baseline_spend_usd": round(base.cost_usd, 2),
+                "baseline_p95_hours": round(base.wait_p95_hours, 3),
+                "ours": best.policy if best else None,
+                "ours_spend_usd": round(best.cost_usd, 2) if best else None,
+                "ours_p95_hours": round(best.wait_p95_hours, 3) if best else None,
+                "ours_lower_p95": bool(best and best.wait_p95_hours < base.wait_p95_hours),
+            }
+        )
+    return out

@@ -1,0 +1,89 @@
+"""The market a policy sees at one tick of a spot trace: a `PriceBook` of spot and on-demand pools.
+
+Contract: `TraceMarket(trace).book(tick)` holds, for every zone of the trace, a spot pool (available and priced
+as the trace says at that tick) and an on-demand pool (always available, the region's catalog price). A spot
+pool's interruption rate is what a broker could have known at that tick: reclaims per hour up over the
+`rate_window_hours` before it, blended with a prior (`pricing.risk.blend`), refreshed hourly - never the future.
+Books are immutable and memoized per tick, so every policy replaying the same trace shares them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from federation.simulate.traces import SpotTrace, ZoneSeries
+from pricing.book import PriceBook
+from pricing.risk import PoolExperience, blend
+from providers.accelerators import memory_gib
+from providers.model import CapacityType, Offering, Price
+
+_FOUR = Decimal("0.0001")
+
+
+def usd(value: float) -> Decimal:
+    """A trace price as the Decimal the pools carry (4 decimals, as the catalogs and probes give them)."""
+    return Decimal(repr(value)).quantize(_FOUR)
+
+
+@dataclass
+class TraceMarket:
+    trace: SpotTrace
+    rate_window_hours: float = 48.0
+    prior_rate_per_hour: float = 0.2
+    prior_hours: float = 12.0
+    _books: dict[int, PriceBook] = field(default_factory=dict, repr=False)
+    _rates: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict, repr=False)
+
+    def book(self, tick: int) -> PriceBook:
+        found = self._books.get(tick)
+        if found is None:
+            at = self.trace.at(tick)
+            offs = [o for z in self.trace.zones for o in self._pools(z, tick, at)]
+            found = PriceBook.build(offs, at)
+            self._books[tick] = found
+        return found
+
+    def _rate(self, zone: ZoneSeries, tick: int) -> tuple[float, str]:
+        per_hour = max(1, round(3600 / self.trace.gap_seconds))
+        bucket = tick // per_hour * per_hour
+        key = (zone.zone, bucket)
+        cached = self._rates.get(key)
+        if cached is None:
+            window = round(self.rate_window_hours * 3600 / self.trace.gap_seconds)
+            drops, hours = self.trace.observed_rate(zone, bucket, window)
+            est = blend(self.prior_rate_per_hour, "prior", PoolExperience(hours, drops), self.prior_hours)
+            cached = (est.rate_per_hour, est.basis)
+            self._rates[key] = cached
+        return cached
+
+    def _pools(self, zone: ZoneSeries, tick: int, at: datetime) -> tuple[Offering, Offering]:
+        t = self.trace
+        rate, basis = self._rate(zone, tick)
+        common = {
+            "provider": t.provider,
+            "region": zone.region,
+            "zone": zone.zone,
+            "instance_type": t.instance_type,
+            "accelerator": t.accelerator,
+            "accelerator_count": t.gpus,
+            "gpu_memory_gib": memory_gib(t.accelerator),
+            "vcpus": 8 * t.gpus,
+            "memory_gib": Decimal(61 * t.gpus),
+            "simulated": True,
+        }
+        spot = Offering(
+            capacity_type=CapacityType.SPOT,
+            price=Price(usd(zone.spot_usd[tick]), t.source, at),
+            interruption_rate_per_hour=rate,
+            interruption_basis=basis,
+            available=zone.available[tick],
+            **common,  # type: ignore[arg-type]
+        )
+        od = Offering(
+            capacity_type=CapacityType.ON_DEMAND,
+            price=Price(usd(t.on_demand_usd[zone.region]), "catalog", at),
+            **common,  # type: ignore[arg-type]
+        )
+        return spot, od

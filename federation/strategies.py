@@ -1,0 +1,534 @@
+"""Preemption strategies: what a job does next after a reclaim, a price change or a deadline squeeze.
+
+Role: given a job's `RunState` (remaining work, deadline, spend against `max_total_usd`, the pool it runs on,
+where its checkpoint is, its preemption history) and the current `PriceBook`, a strategy returns a `Plan`: a
+value saying launch on a pool, keep the current one, wait idle, or pause, with its reason. An executor (the
+broker's tick, the trace simulator) carries the plan out. A strategy never calls a cloud and never reads a clock.
+
+Contract:
+- `decide(strategy, state, book)` is the entry point. It enforces the HARD RULE for every strategy: total spend
+  across attempts never exceeds `max_total_usd`. When the budget left cannot finish the remaining work even at the
+  cheapest pool that fits the job, or cannot pay the next decision interval on the chosen pool, the plan is
+  `Pause` with the numbers in its reason. Executors bill at most `price x tick_hours` before the next decision.
+- Strategies are named (`STRATEGIES`, `make_strategy`) and stateless: everything they know is in the state, so a
+  decision is a pure function and replays identically in the simulator.
+- Hours are floats inside decisions (scoring); money stays Decimal.
+
+Strategies:
+- `on_demand`: always the cheapest on-demand pool.
+- `eager_next_region`: SkyPilot managed jobs' default recovery (EAGER_NEXT_REGION), spot only. Example with
+  regions R1 < R2 < R3 in price order: R1z1 (preempted) -> R2 (cheapest spot outside R1) -> ... if nothing
+  outside R1 has capacity, the cheapest spot anywhere, R1z2 or even R1z1; if nothing at all, retry next tick.
+  It ignores deadlines, remaining work and egress, as SkyPilot does.
+- `next_cheapest`: our failover without a deadline. Example: running in aws/us-east-1/a, checkpoint in
+  us-east-1; a is reclaimed -> zone a is blocklisted for `block_hours`; candidates are ranked by the placement
+  cost model (price x remaining work x interruption overhead + checkpoint egress); us-east-1/b wins over a
+  slightly cheaper us-west-2/a because its cost is within `same_region_slack` of the best and the checkpoint is
+  local (same region first); if only pools elsewhere fit, the cheapest elsewhere; if no pool fits the budget,
+  Pause.
+- `uniform_progress`: "Can't Be Late" (NSDI'24), as in its simulator's `rc_cr_threshold` policy. The expected
+  progress line is ep(t) = t x C0 / R0. Example (C0 = 4 h of work due in R0 = 12 h, d = 1 h changeover, 1 h
+  ticks, one zone with spot up at t = 0..2 and from t = 9): t=0 launches spot (changeover), t=1..2 make 2 h;
+  reclaimed at t=3 with cp = 2 >= ep(3) = 1: wait; at t=6 cp = 2 = ep(6): still wait; at t=7 cp = 2 < ep(7) =
+  2.33, behind the line: on-demand. Spot is back at t=9, but hysteresis keeps on-demand while
+  cp < ep(t + 2d) (3 < 3.67), so the job finishes on on-demand at t=10. Safety net: idle or on-demand with
+  C + 2d >= time left -> on-demand to the end; on a running spot with C + d >= time left it keeps the spot.
+- `overspill`: ours (see `Overspill`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol
+
+from federation.placement import Candidate, PlacementContext, PlacementParams, ever_feasible, judge, quote
+from pricing.book import PriceBook
+from providers.model import ZERO_USD, CapacityType, JobSpec, Offering
+
+EPS = 1e-9
+NON_SPOT = frozenset({CapacityType.ON_DEMAND, CapacityType.RESERVED})
+CLOUD_ANY = frozenset({CapacityType.SPOT, CapacityType.ON_DEMAND, CapacityType.RESERVED})
+ANY_POOL = CLOUD_ANY | {CapacityType.ON_PREM}
+
+
+class Move(StrEnum):
+    LAUNCH = "launch"  # start on `offering` (from idle, or migrating off the current pool)
+    KEEP = "keep"  # stay on the current pool
+    WAIT = "wait"  # stay idle until the next decision
+    PAUSE = "pause"  # stop: the budget cannot finish the job (or no pool can ever run it)
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """One reclaim the job suffered."""
+
+    at: datetime
+    provider: str
+    region: str
+    zone: str
+
+    @classmethod
+    def of(cls, off: Offering, at: datetime) -> Preemption:
+        return cls(at, off.provider, off.region, off.zone)
+
+    @property
+    def zone_key(self) -> str:
+        return f"{self.provider}/{self.region}/{self.zone}"
+
+    @property
+    def region_key(self) -> str:
+        return f"{self.provider}/{self.region}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """Everything a strategy may use. `current` is the pool running the job now (None: idle, e.g. just
+    preempted); `restart_left_hours` is the changeover still to go on it (launch, restore, lost work);
+    `started_at` is when the job's deadline window opened (the origin of the uniform progress line);
+    `tick_hours` is the time until the executor asks again."""
+
+    job: JobSpec
+    now: datetime
+    started_at: datetime
+    remaining_work_hours: Decimal
+    spent_usd: Decimal = ZERO_USD
+    current: Offering | None = None
+    restart_left_hours: float = 0.0
+    checkpoint_at: tuple[str, str] | None = None
+    preemptions: tuple[Preemption, ...] = ()
+    tick_hours: float = 0.1
+
+    @property
+    def budget_left_usd(self) -> Decimal:
+        return self.job.max_total_usd - self.spent_usd
+
+    @property
+    def work(self) -> float:
+        return float(self.remaining_work_hours)
+
+    def hours_to_deadline(self) -> float | None:
+        """Hours left before the deadline, floored to whole decision intervals (None without a deadline)."""
+        if self.job.deadline_at is None:
+            return None
+        left = (self.job.deadline_at - self.now).total_seconds() / 3600
+        return math.floor(left / self.tick_hours + EPS) * self.tick_hours
+
+    def ticks(self, hours: float) -> float:
+        """`hours` rounded up to whole decision intervals."""
+        return math.ceil(hours / self.tick_hours - EPS) * self.tick_hours
+
+    def on(self, kinds: Iterable[CapacityType]) -> bool:
+        return self.current is not None and self.current.capacity_type in frozenset(kinds)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A decision as a value. `offering` is the pool for LAUNCH and KEEP; `migrates` is True when a LAUNCH moves
+    a job off a pool it is still running on (the executor moves it at its next checkpoint, so no work is lost);
+    `blocklist` names the scopes this decision avoided."""
+
+    move: Move
+    reason: str
+    strategy: str
+    offering: Offering | None = None
+    expected_cost_usd: Decimal | None = None
+    migrates: bool = False
+    blocklist: frozenset[str] = frozenset()
+
+
+class Strategy(Protocol):
+    name: ClassVar[str]
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan: ...
+
+
+def pools(
+    state: RunState, book: PriceBook, kinds: frozenset[CapacityType], blocklist: frozenset[str] = frozenset()
+) -> list[Offering]:
+    """Available pools of `kinds` that fit the job (shape, constraints, hourly ceiling), cheapest first."""
+    job = state.job
+    out: list[Offering] = []
+    for group in book.for_shape(job.accelerators, job.gpu_count):
+        for item in group.items:
+            off = item.offering
+            if off.capacity_type not in kinds or not off.available or blocked(off, blocklist):
+                continue
+            if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+                continue
+            if ever_feasible(job, (off,)):
+                out.append(off)
+    out.sort(key=lambda o: (o.price.hourly_usd, o.key))
+    return out
+
+
+def blocked(off: Offering, blocklist: frozenset[str]) -> bool:
+    return bool(blocklist) and (
+        off.provider in blocklist
+        or f"{off.provider}/{off.region}" in blocklist
+        or f"{off.provider}/{off.region}/{off.zone}" in blocklist
+    )
+
+
+def recent_blocklist(state: RunState, hours: float, scope: str = "zone") -> frozenset[str]:
+    """Zones (or regions) where the job was preempted within the last `hours`."""
+    keys = set()
+    for p in state.preemptions:
+        if (state.now - p.at).total_seconds() < hours * 3600:
+            keys.add(p.zone_key if scope == "zone" else p.region_key)
+    return frozenset(keys)
+
+
+def current_alive(state: RunState) -> bool:
+    """True when the job runs on a pool that still has capacity (a reclaimed spot pool shows unavailable)."""
+    return state.current is not None and state.current.available
+
+
+def keep(state: RunState, name: str, reason: str) -> Plan:
+    return Plan(Move.KEEP, reason, name, state.current)
+
+
+def launch(state: RunState, name: str, off: Offering, reason: str, blocklist: frozenset[str] = frozenset()) -> Plan:
+    if state.current is not None and state.current.key == off.key and current_alive(state):
+        return keep(state, name, reason)
+    return Plan(Move.LAUNCH, reason, name, off, migrates=current_alive(state), blocklist=blocklist)
+
+
+def wait(name: str, reason: str) -> Plan:
+    return Plan(Move.WAIT, reason, name)
+
+
+@dataclass(frozen=True, slots=True)
+class OnDemandOnly:
+    """Always the cheapest on-demand (or reserved) pool; never spot."""
+
+    name: ClassVar[str] = "on_demand"
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        if current_alive(state) and state.on(NON_SPOT):
+            return keep(state, self.name, "on-demand until done")
+        found = pools(state, book, NON_SPOT)
+        if not found:
+            return wait(self.name, "no on-demand pool available")
+        return launch(state, self.name, found[0], f"cheapest on-demand pool at ${found[0].hourly_usd}/h")
+
+
+@dataclass(frozen=True, slots=True)
+class EagerNextRegion:
+    """SkyPilot's EAGER_NEXT_REGION recovery for a `use_spot` managed job (see the module docstring)."""
+
+    name: ClassVar[str] = "eager_next_region"
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        if current_alive(state):
+            return keep(state, self.name, "cluster UP: keep it")
+        kinds = frozenset({CapacityType.SPOT}) if state.job.preemptible else NON_SPOT
+        last = state.preemptions[-1] if state.preemptions else None
+        if last is not None and (state.now - last.at).total_seconds() < state.tick_hours * 3600:
+            # Step 2: relaunch with the previously launched region blocked.
+            block = frozenset({last.region_key})
+            found = pools(state, book, kinds, block)
+            if found:
+                return launch(state, self.name, found[0], f"preempted in {last.region_key}: next region", block)
+        # Step 3: relaunch anywhere (retried every tick until up).
+        found = pools(state, book, kinds)
+        if not found:
+            return wait(self.name, "no spot capacity anywhere: retry")
+        return launch(state, self.name, found[0], f"cheapest available pool at ${found[0].hourly_usd}/h")
+
+
+@dataclass(frozen=True, slots=True)
+class NextCheapest:
+    """Failover by the placement cost model, preempted zones blocklisted, same region first (module docstring)."""
+
+    name: ClassVar[str] = "next_cheapest"
+    params: PlacementParams = field(default_factory=PlacementParams)
+    block_hours: float = 1.0
+    same_region_slack: float = 0.05
+    kinds: frozenset[CapacityType] = ANY_POOL
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        if current_alive(state):
+            return keep(state, self.name, "current pool still running")
+        return self.best(state, book, self.kinds)
+
+    def best(self, state: RunState, book: PriceBook, kinds: frozenset[CapacityType]) -> Plan:
+        """Launch on the best pool of `kinds` by expected cost, or wait saying why none fits now."""
+        block = recent_blocklist(state, self.block_hours)
+        ctx = PlacementContext(
+            now=state.now,
+            remaining_work_hours=state.remaining_work_hours,
+            spent_usd=state.spent_usd,
+            blocklist=block,
+            checkpoint_at=state.checkpoint_at,
+            params=self.params,
+        )
+        q = quote(state.job, book, ctx)
+        cands = [c for c in q.candidates if c.offering.capacity_type in kinds]
+        if not cands:  # (a budget that cannot finish the job at all was already paused by `decide`)
+            return wait(self.name, q.wait_reason() or "no pool fits now")
+        best = cands[0]
+        if state.checkpoint_at is not None:
+            local = [c for c in cands if (c.offering.provider, c.offering.region) == state.checkpoint_at]
+            if local and local[0].score <= best.score * (1 + self.same_region_slack) + EPS:
+                best = local[0]
+        where = (
+            "same region as the checkpoint"
+            if (best.offering.provider, best.offering.region) == (state.checkpoint_at)
+            else "cheapest expected cost"
+        )
+        plan = launch(state, self.name, best.offering, f"{where}: expected ${best.expected_cost_usd}", block)
+        return Plan(plan.move, plan.reason, plan.strategy, plan.offering, best.expected_cost_usd, plan.migrates, block)
+
+
+@dataclass(frozen=True, slots=True)
+class UniformProgress:
+    """Uniform Progress ("Can't Be Late") with hysteresis and safety net (module docstring), spot in any zone."""
+
+    name: ClassVar[str] = "uniform_progress"
+    restart_hours: float = 0.2
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        job = state.job
+        if job.deadline_at is None:
+            return (
+                wait(self.name, "uniform progress needs a deadline")
+                if not current_alive(state)
+                else keep(state, self.name, "no deadline")
+            )
+        d = self.restart_hours
+        c0 = float(job.work_hours)
+        r0 = (job.deadline_at - state.started_at).total_seconds() / 3600
+        t = (state.now - state.started_at).total_seconds() / 3600
+        c = state.work
+        done = c0 - c
+        spots = pools(state, book, frozenset({CapacityType.SPOT})) if job.preemptible else []
+        on_spot = current_alive(state) and state.on({CapacityType.SPOT})
+        on_od = current_alive(state) and state.on(NON_SPOT)
+        has_spot = bool(spots) or on_spot
+        want = "spot" if has_spot else "none"
+        why = "spot available" if has_spot else "ahead of the progress line: wait for spot"
+        if done - t * c0 / r0 < 0:  # behind the uniform progress line
+            want, why = ("spot", "behind the line, spot available") if has_spot else ("od", "behind the line")
+        if on_od and (not has_spot or (t + 2 * d) * c0 / r0 - done >= 0):
+            want, why = "od", "hysteresis: stay on on-demand until ahead of ep(t + 2d)"
+        left = state.hours_to_deadline() or 0.0
+        if state.ticks(c + 2 * d) >= left - EPS and not on_spot:
+            want, why = "od", "safety net: no slack for another changeover"
+        if state.ticks(c + d) >= left - EPS:
+            if on_spot and state.restart_left_hours < EPS:
+                want, why = "spot", "deadline close: keep the running spot until preempted"
+            else:
+                want, why = "od", "deadline close: on-demand"
+            if d <= 0 and has_spot:
+                want = "spot"
+        if want == "spot":
+            if on_spot:
+                return keep(state, self.name, why)
+            return launch(state, self.name, spots[0], f"{why}: cheapest spot ${spots[0].hourly_usd}/h")
+        if want == "od":
+            if on_od:
+                return keep(state, self.name, why)
+            found = pools(state, book, NON_SPOT)
+            if not found:
+                return wait(self.name, "no on-demand pool available")
+            return launch(state, self.name, found[0], why)
+        return wait(self.name, why)
+
+
+def _no_changeover_params(restart_hours: float) -> PlacementParams:
+    return PlacementParams(checkpoint_interval_hours=0.0, restart_hours=restart_hours, cloud_startup_hours=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Overspill:
+    """Ours: the placement cost model decides where, slack accounting decides when.
+
+    Where: available pools ranked by expected cost (price x remaining work x (1 + rate x d) + checkpoint egress,
+    the placement model with the pool's interruption rate); zones reclaimed in the last `block_hours` are
+    blocklisted for spot (not for on-demand); on-prem pools compete like any other. A running job moves only when
+    the move saves `min_saving` of the remaining cost after paying its changeover (cheaper spot, spot back while
+    on on-demand, a cheaper on-prem pool): executors move it at its next checkpoint.
+
+    When (with a deadline): slack = hours to the deadline - remaining work - changeover in progress. Each launch
+    burns d = `restart_hours` of it, idling burns it tick by tick, running burns none. Rules, after the paper's
+    safety net: a spot pool is launched only with slack >= margin = 2d + one tick (a reclaim right after its
+    changeover still leaves d to reach on-demand), and a running spot is kept until reclaimed (exploitation).
+    Idle with no spot, it waits only while the slack left after the tick covers margin + d + reserve, where
+    reserve = `pace` x initial slack x remaining work / total work keeps slack in proportion to the work left
+    (like Uniform Progress' line, but spent only on waiting); otherwise it takes the cheapest safe pool. On a
+    safe pool it returns to spot once slack >= margin + `hysteresis` x d + reserve. Slack below margin means
+    on-demand to the end, which still meets the deadline.
+
+    Example (d = 0.25 h, 15-minute ticks so margin = 0.75 h, pace 0.75, no spot anywhere): 2 h of work due in
+    10 h -> slack 8 h, reserve 0.75 x 8 x 2/2 = 6 h, 7.75 >= 0.75 + 0.25 + 6: wait. Due in 3 h instead -> slack
+    1 h, reserve 0.75 h, 0.75 < 1.75: on-demand now. 4 h of work due in 10 h, on on-demand after 1 h with
+    3.5 h left when spot comes back -> slack 5.5 h >= 0.75 + 0.25 + 3.94: back to spot (a migration).
+    """
+
+    name: ClassVar[str] = "overspill"
+    restart_hours: float = 0.25
+    block_hours: float = 1.0
+    pace: float = 0.75
+    min_saving: float = 0.25
+    hysteresis: float = 1.0
+    kinds: frozenset[CapacityType] = ANY_POOL
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        alive = current_alive(state)
+        if alive and state.on({CapacityType.SPOT}) and not self._cheaper_spot_exists(state, book):
+            return keep(state, self.name, "exploitation: stay on the running spot pool until reclaimed")
+        block = recent_blocklist(state, self.block_hours)
+        ranked = self._rank(state, book, block)
+        if state.job.deadline_at is None:
+            return self._cheapest(state, ranked, block)
+        return self._deadline(state, ranked, block)
+
+    def _cheaper_spot_exists(self, state: RunState, book: PriceBook) -> bool:
+        assert state.current is not None
+        found = pools(state, book, frozenset({CapacityType.SPOT}))
+        return bool(found) and found[0].price.hourly_usd < state.current.price.hourly_usd * Decimal("0.9")
+
+    def _rank(self, state: RunState, book: PriceBook, block: frozenset[str]) -> list[Candidate]:
+        """Every available, fitting, affordable pool by expected cost (the deadline is handled by slack). The
+        blocklist (recently reclaimed zones) only applies to spot pools: a reclaim says nothing of on-demand."""
+        job = replace(state.job, deadline_at=None)
+        ctx = PlacementContext(
+            now=state.now,
+            remaining_work_hours=state.remaining_work_hours,
+            spent_usd=state.spent_usd,
+            checkpoint_at=state.checkpoint_at,
+            params=_no_changeover_params(self.restart_hours),
+        )
+        spot = frozenset({CapacityType.SPOT})
+        offs = pools(state, book, self.kinds & spot, block) + pools(state, book, self.kinds - spot)
+        out = [c for off in offs if isinstance(c := judge(job, off, ctx), Candidate)]
+        out.sort(key=lambda c: (c.score, c.offering.key))
+        return out
+
+    def _stay_cost(self, state: RunState) -> float:
+        assert state.current is not None
+        rate = state.current.interruption_rate_per_hour
+        return float(state.current.price.hourly_usd) * state.work * (1 + rate * self.restart_hours)
+
+    def _worth_moving(self, state: RunState, to: Candidate) -> bool:
+        move = float(to.expected_cost_usd) + float(to.offering.price.hourly_usd) * self.restart_hours
+        return move < self._stay_cost(state) * (1 - self.min_saving)
+
+    def _cheapest(self, state: RunState, ranked: list[Candidate], block: frozenset[str]) -> Plan:
+        if current_alive(state):
+            if ranked and ranked[0].offering.key != state.current.key and self._worth_moving(state, ranked[0]):  # type: ignore[union-attr]
+                return self._go(state, ranked[0], "cheaper pool by expected cost: move at the next checkpoint", block)
+            return keep(state, self.name, "current pool is still the best value")
+        if not ranked:
+            return wait(self.name, "no pool fits now")
+        return self._go(state, ranked[0], "cheapest expected cost", block)
+
+    def _go(self, state: RunState, c: Candidate, why: str, block: frozenset[str]) -> Plan:
+        p = launch(state, self.name, c.offering, f"{why} (expected ${c.expected_cost_usd})", block)
+        return Plan(p.move, p.reason, p.strategy, p.offering, c.expected_cost_usd, p.migrates, block)
+
+    def _deadline(self, state: RunState, ranked: list[Candidate], block: frozenset[str]) -> Plan:
+        d, g = self.restart_hours, state.tick_hours
+        left = state.hours_to_deadline() or 0.0
+        slack = left - state.work - state.restart_left_hours
+        margin = state.ticks(2 * d) + g
+        spot = [c for c in ranked if c.offering.capacity_type is CapacityType.SPOT]
+        safe = [c for c in ranked if c.offering.capacity_type is not CapacityType.SPOT]
+        safe = [c for c in safe if state.ticks(c.expected_wait_hours + d + state.work) <= left + EPS] or safe[:0]
+        w0 = float(state.job.work_hours)
+        s0 = left + (state.now - state.started_at).total_seconds() / 3600 - w0  # the slack the job started with
+        reserve = self.pace * max(0.0, s0) * state.work / w0 if w0 > 0 else 0.0
+        alive = current_alive(state)
+        on_spot = alive and state.on({CapacityType.SPOT})
+        if on_spot:  # only reached when a clearly cheaper spot pool is up
+            if spot and slack >= margin + self.hysteresis * d + reserve and self._worth_moving(state, spot[0]):
+                return self._go(state, spot[0], "cheaper spot pool up with slack to spare: migrate", block)
+            return keep(state, self.name, "exploitation: stay on the running spot pool until reclaimed")
+        if alive:  # on on-demand or on-prem
+            if spot and slack >= margin + self.hysteresis * d + reserve and self._worth_moving(state, spot[0]):
+                return self._go(state, spot[0], f"spot is back and slack {slack:.2f} h allows it: return", block)
+            if safe and safe[0].offering.key != state.current.key and self._worth_moving(state, safe[0]):  # type: ignore[union-attr]
+                return self._go(state, safe[0], "a cheaper safe pool (on-prem or on-demand) fits the deadline", block)
+            return keep(state, self.name, f"slack {slack:.2f} h: stay on the safe pool")
+        if spot and slack >= margin:
+            return self._go(state, spot[0], f"spot up, slack {slack:.2f} h >= {margin:.2f} h", block)
+        if slack - g >= margin + d + reserve:
+            return wait(self.name, f"no spot: slack {slack:.2f} h covers the {reserve:.2f} h reserve, wait")
+        if safe:
+            return self._go(state, safe[0], f"slack {slack:.2f} h too thin to wait: safe pool", block)
+        return wait(self.name, "no safe pool available; waiting")
+
+
+StrategyFactory = Callable[..., Strategy]
+STRATEGIES: dict[str, StrategyFactory] = {
+    OnDemandOnly.name: OnDemandOnly,
+    EagerNextRegion.name: EagerNextRegion,
+    NextCheapest.name: NextCheapest,
+    UniformProgress.name: UniformProgress,
+    Overspill.name: Overspill,
+}
+
+
+def register(name: str, factory: StrategyFactory) -> None:
+    """Add a strategy under `name` (pluggable; a name can be registered once)."""
+    if name in STRATEGIES and STRATEGIES[name] is not factory:
+        raise ValueError(f"strategy {name!r} is already registered")
+    STRATEGIES[name] = factory
+
+
+def make_strategy(name: str, **params: Any) -> Strategy:
+    """A strategy by name, e.g. `make_strategy("uniform_progress", restart_hours=0.2)`."""
+    try:
+        factory = STRATEGIES[name]
+    except KeyError as exc:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}") from exc
+    return factory(**params)
+
+
+def cheapest_finish_usd(state: RunState, book: PriceBook) -> tuple[Decimal, Offering] | None:
+    """The least any fitting pool (available or not, blocklisted or not) could charge for the remaining work."""
+    job = state.job
+    best: tuple[Decimal, Offering] | None = None
+    for group in book.for_shape(job.accelerators, job.gpu_count):
+        for item in group.items:
+            off = item.offering
+            if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+                continue
+            if ever_feasible(job, (off,)):
+                cost = off.price.hourly_usd * state.remaining_work_hours
+                if best is None or cost < best[0]:
+                    best = (cost, off)
+                break  # items are in price order: the first that fits is this group's cheapest
+    return best
+
+
+def decide(strategy: Strategy, state: RunState, book: PriceBook) -> Plan:
+    """Run `strategy` under the budget rule: spend across attempts never exceeds `max_total_usd`."""
+    left = state.budget_left_usd
+    floor = cheapest_finish_usd(state, book)
+    if floor is None:
+        return Plan(Move.PAUSE, "no pool fits this job's shape and constraints", strategy.name)
+    if floor[0] > left:
+        return Plan(
+            Move.PAUSE,
+            f"budget: ${left:.2f} left of max_total_usd ${state.job.max_total_usd} cannot finish "
+            f"{state.work:.2f} h of work: even the cheapest pool {floor[1].key} at ${floor[1].hourly_usd}/h "
+            f"needs ${floor[0]:.2f}",
+            strategy.name,
+        )
+    plan = strategy.decide(state, book)
+    if plan.move in (Move.LAUNCH, Move.KEEP) and plan.offering is not None:
+        step = plan.offering.price.hourly_usd * Decimal(repr(state.tick_hours))
+        if step > left:
+            return Plan(
+                Move.PAUSE,
+                f"budget: the next {state.tick_hours:g} h on {plan.offering.key} costs ${step:.2f}, "
+                f"only ${left:.2f} left of max_total_usd ${state.job.max_total_usd}",
+                strategy.name,
+            )
+    return plan

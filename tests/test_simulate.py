@@ -1,0 +1,306 @@
+"""Trace-driven simulator (federation/simulate/): the optimum by hand and by brute force, policy replays, the
+cluster simulator's baselines on hand-made queues, loaders, reports, and runs on the real shared traces."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from federation.burst import BurstParams
+from federation.simulate import run_simulation
+from federation.simulate.cluster import BurstPolicy, simulate_cluster
+from federation.simulate.deadline import DeadlineJob, run_deadline
+from federation.simulate.experiments import (
+    BurstConfig,
+    DeadlineConfig,
+    deadline_experiment,
+    matched_spend,
+    percentile,
+    summarize_cluster,
+)
+from federation.simulate.loaders import load_availability_json, load_on_demand_prices, load_philly, load_segments_csv
+from federation.simulate.market import TraceMarket
+from federation.simulate.optimum import optimum_cost
+from federation.simulate.report import SimulationReport
+from federation.simulate.traces import SpotTrace, TraceJob
+from federation.strategies import make_strategy
+from pricing.book import PriceBook
+from tests.builders import offering
+from tests.data import shared_file
+
+POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+
+
+def trace(zones: dict[str, str], prices: dict[str, float], od: float = 3.0) -> SpotTrace:
+    return SpotTrace.from_bits(zones, prices, on_demand_usd=od, gap_seconds=3600)
+
+
+def test_optimum_of_a_three_tick_trace_by_hand() -> None:
+    t = trace({"us-east-1a": "101"}, {"us-east-1a": 1.0})
+    # 2 h of work in 3 h, no changeover: spot at t=0 and t=2, idle at t=1 -> $2.
+    assert optimum_cost(t, DeadlineJob("a", 0, 2, 3, 0)) == pytest.approx(2.0)
+    # With a 1 h changeover, 1 h of work: spot t=0 (changeover) + t=1? unavailable; t=2 alone is too short;
+    # so on-demand for 2 ticks -> $6.
+    assert optimum_cost(t, DeadlineJob("b", 0, 1, 3, 1)) == pytest.approx(6.0)
+    t2 = trace({"us-east-1a": "1101"}, {"us-east-1a": 1.0})
+    # 2 h of work in 4 h, changeover 1 h: spot t=0-1 (1 h done), reclaimed at t=2 -> on-demand t=2-3: $1+1+3+3.
+    assert optimum_cost(t2, DeadlineJob("c", 0, 2, 4, 1)) == pytest.approx(8.0)
+    assert optimum_cost(t2, DeadlineJob("d", 0, 4, 4, 1)) == float("inf")
+
+
+def brute_force(t: SpotTrace, job: DeadlineJob) -> float:
+    """Every action sequence (idle, on-demand, spot zone z) in the simulator's model."""
+    best = float("inf")
+    zones = t.zones
+    od = min(t.on_demand_usd.values())
+    actions = ["idle", "od", *range(len(zones))]
+    for seq in itertools.product(actions, repeat=job.deadline_ticks):
+        cost, done, cur, restart = 0.0, 0, None, 0
+        for i, a in enumerate(seq):
+            tick = job.start_tick + i
+            if done >= job.work_ticks:
+                break
+            if isinstance(cur, int) and not zones[cur].available[tick]:
+                cur = None
+            if a == "idle":
+                cur = None
+                continue
+            if isinstance(a, int) and not zones[a].available[tick]:
+                cost = float("inf")
+                break
+            if a != cur:
+                cur, restart = a, job.restart_ticks
+            cost += od if a == "od" else zones[a].spot_usd[tick]  # type: ignore[index]
+            if restart:
+                restart -= 1
+            else:
+                done += 1
+        if done >= job.work_ticks:
+            best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimum_matches_brute_force_on_random_small_traces(seed: int) -> None:
+    rng = random.Random(seed)
+    n = 7
+    zones = {z: "".join(rng.choice("110") for _ in range(n)) for z in ("us-east-1a", "us-west-2a")}
+    prices = {"us-east-1a": [rng.choice([0.8, 1.0, 1.3]) for _ in range(n)], "us-west-2a": 0.9}
+    t = trace(zones, prices)  # type: ignore[arg-type]
+    for work, restart in ((3, 0), (3, 1), (4, 1), (2, 2)):
+        job = DeadlineJob("r", 0, work, n, restart)
+        assert optimum_cost(t, job) == pytest.approx(brute_force(t, job)), (seed, work, restart)
+
+
+def test_every_policy_costs_at_least_the_optimum_and_on_demand_is_exact() -> None:
+    rng = random.Random(7)
+    bits = {z: "".join(rng.choice("1110") for _ in range(60)) for z in ("us-east-1a", "us-east-1b", "us-west-2a")}
+    t = trace(bits, {"us-east-1a": 1.0, "us-east-1b": 1.1, "us-west-2a": 0.9})
+    m = TraceMarket(t)
+    for deadline in (12, 16, 24):
+        job = DeadlineJob(f"d{deadline}", 3, 10, deadline, 1)
+        opt = optimum_cost(t, job)
+        for name in POLICIES:
+            kw = {"restart_hours": 1.0} if name in ("uniform_progress", "overspill") else {}
+            run = run_deadline(m, job, make_strategy(name, **kw))
+            if name != "eager_next_region":  # SkyPilot's recovery ignores deadlines (and may be cheaper by missing)
+                assert run.met_deadline, (name, deadline)
+            if run.met_deadline:
+                assert run.cost_usd >= opt - 1e-9, (name, deadline)
+        od = run_deadline(m, job, make_strategy("on_demand"))
+        assert od.cost_usd == pytest.approx((10 + 1) * 3.0)
+
+
+def test_deadline_experiment_summaries() -> None:
+    rng = random.Random(3)
+    bits = {z: "".join(rng.choice("1110") for _ in range(120)) for z in ("us-east-1a", "us-west-2a")}
+    t = SpotTrace.from_bits(bits, {"us-east-1a": 1.0, "us-west-2a": 0.9}, on_demand_usd=3.0, gap_seconds=1800)
+    cfg = DeadlineConfig(work_hours=8, deadlines_hours=(10, 14), restart_hours=0.5, start_every_hours=10)
+    rows, results = deadline_experiment(t, cfg)
+    names = [r.policy for r in rows]
+    assert names == [*POLICIES, "optimum"]
+    by = {r.policy: r for r in rows}
+    assert by["optimum"].cost_vs_optimum == 1.0
+    assert by["on_demand"].cost_vs_on_demand == 1.0
+    assert all((r.cost_vs_optimum or 0) >= 1 - 1e-9 for r in rows if r.deadline_attainment == 1.0)
+    assert by["overspill"].deadline_attainment == 1.0 and by["uniform_progress"].deadline_attainment == 1.0
+    assert by["on_demand"].jobs == len(results) == 2 * 4
+
+
+# --- the cluster simulator --------------------------------------------------------------------------------
+
+
+def v100_book() -> PriceBook:
+    v: dict[str, Any] = {"accelerator": "V100", "gpu_memory": 16, "capacity": "on_demand"}
+    return PriceBook.build(
+        [
+            offering(instance_type="p3.2xlarge", count=1, price="3.06", vcpus=8, memory="61", **v),
+            offering(instance_type="p3.8xlarge", count=4, price="12.24", vcpus=32, memory="244", **v),
+        ],
+        datetime(2026, 4, 2, tzinfo=UTC),
+    )
+
+
+TWO = [TraceJob("a", 0, 4, 2 * 3600), TraceJob("b", 0, 4, 3600)]  # both need the whole 4-GPU cluster
+
+
+def test_onprem_only_waits_in_fifo_order() -> None:
+    run = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("onprem_only"))
+    assert run.waits_hours == (0.0, 2.0) and run.cloud_spend_usd == 0
+
+
+def test_fixed_timeout_bursts_after_two_minutes() -> None:
+    run = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("fixed_timeout", timeout_hours=2 / 60))
+    assert run.bursts == 1
+    assert run.waits_hours[1] == pytest.approx(2 / 60 + 0.05)  # the timeout, then 3 minutes of startup
+    assert run.cloud_spend_usd == pytest.approx(12.24 * 1.05)
+
+
+def test_fixed_order_spills_while_the_cloud_quota_has_room() -> None:
+    run = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("fixed_order", cloud_quota_gpus=4))
+    assert run.bursts == 1 and run.waits_hours[1] == pytest.approx(0.05)
+    full = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("fixed_order", cloud_quota_gpus=2))
+    assert full.bursts == 0 and full.waits_hours[1] == pytest.approx(2.0)
+
+
+def test_overspill_bursts_only_when_the_wait_costs_more_than_the_premium() -> None:
+    # b would wait 2 h: 2 h x 4 GPUs x $v against $12.24 x 1.05 h = $12.85.
+    yes = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=2)))
+    assert yes.bursts == 1 and yes.waits_hours[1] == pytest.approx(0.05)
+    no = simulate_cluster(TWO, 4, v100_book(), BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=1)))
+    assert no.bursts == 0 and no.waits_hours[1] == pytest.approx(2.0)
+    broke = BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=2), team_budget_usd=Decimal("10"))
+    assert simulate_cluster(TWO, 4, v100_book(), broke).bursts == 0
+
+
+def test_overspill_brings_a_long_job_back_at_its_next_checkpoint() -> None:
+    jobs = [TraceJob("a", 0, 4, 3 * 3600), TraceJob("b", 0, 4, 10 * 3600)]
+    policy = BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=16), decide_every_hours=0.5)
+    run = simulate_cluster(jobs, 4, v100_book(), policy)
+    # b would wait 3 h: 3 x 4 x $16 = $192 > $12.24 x 10.05 h = $123.01, so it bursts at t=0. a ends at 3 h; at
+    # the 3 h decision the queue is empty and b has run 2.95 h: it returns at its 3 h checkpoint (t = 3.05 h),
+    # billed 3.05 h, then runs its last 7 h + 0.1 h of restart on-prem.
+    assert run.bursts == 1 and run.returns == 1
+    assert run.cloud_spend_usd == pytest.approx(12.24 * 3.05)
+    assert run.makespan_hours == pytest.approx(3.05 + 7.1)
+
+
+def test_jobs_deadlines_and_percentiles() -> None:
+    jobs = [TraceJob(str(i), 0, 4, 3600) for i in range(3)]
+    run = simulate_cluster(jobs, 4, v100_book(), BurstPolicy("onprem_only"), deadline_every=1, deadline_factor=2.0)
+    # deadlines arrival + 2 h + 0.5 h: the third job ends at 3 h > 2.5 h.
+    assert (run.deadline_jobs, run.deadlines_met) == (3, 2)
+    assert percentile([0, 1, 2, 3], 50) == 1 and percentile([0, 1, 2, 3], 95) == 3 and percentile([], 95) == 0
+
+
+def test_matched_spend_picks_ours_at_no_more_spend() -> None:
+    runs = [
+        simulate_cluster(TWO, 4, v100_book(), BurstPolicy("fixed_timeout", timeout_hours=1.0)),
+        simulate_cluster(TWO, 4, v100_book(), BurstPolicy("overspill", params=BurstParams(value_usd_per_gpu_hour=2))),
+    ]
+    out = matched_spend([summarize_cluster(r) for r in runs])
+    assert len(out) == 1 and out[0]["ours"] is not None and out[0]["ours_lower_p95"] is True
+
+
+# --- loaders and the report -------------------------------------------------------------------------------
+
+
+def test_segments_csv_resamples_onto_a_grid(tmp_path: Path) -> None:
+    csv_file = tmp_path / "seg.csv"
+    csv_file.write_text(
+        "zone,start_utc,end_utc,ticks,available,spot_price_usd_per_hr\n"
+        "us-east-1a,2023-02-15 00:00:00,2023-02-15 00:10:00,3,1,1.1\n"
+        "us-east-1a,2023-02-15 00:10:00,2023-02-15 00:30:00,6,0,1.2\n"
+        "us-west-2a,2023-02-15 00:00:00,2023-02-15 00:20:00,6,0,0.9\n"
+        "us-west-2a,2023-02-15 00:20:00,2023-02-15 00:40:00,6,1,0.95\n"
+    )
+    t = load_segments_csv(csv_file, {"us-east-1": 3.06, "us-west-2": 3.06}, gap_seconds=300)
+    assert len(t) == 6  # the common window is 00:00-00:30
+    east, west = t.zones
+    assert east.available == (True, True, False, False, False, False)
+    assert east.spot_usd == (1.1, 1.1, 1.2, 1.2, 1.2, 1.2)
+    assert west.available == (False, False, False, False, True, True)
+    with pytest.raises(ValueError, match="on-demand price"):
+        load_segments_csv(csv_file, {"us-east-1": 3.06}, gap_seconds=300)
+
+
+def test_availability_json_philly_and_catalog_loaders(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0, 1, 1]}))
+    t = load_availability_json({"us-west-2a": tmp_path / "a.json"}, {"us-west-2a": 0.9}, {"us-west-2": 3.06})
+    assert t.gap_seconds == 600 and t.zones[0].available == (True, False, True, True)
+    (tmp_path / "p.csv").write_text(
+        "#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,10.0,CLOS,1,1,60\n1,70.0,CLOS,2,2,120\n"
+    )
+    assert load_philly(tmp_path / "p.csv", limit=1, skip=1) == [TraceJob("1", 0.0, 2, 120.0)]
+    (tmp_path / "vms.csv").write_text("InstanceType,Price,Region\np3.2xlarge,3.06,us-east-1\nx,1,us-east-1\n")
+    assert load_on_demand_prices(tmp_path / "vms.csv", "p3.2xlarge") == {"us-east-1": 3.06}
+    with pytest.raises(ValueError, match="not a Philly"):
+        load_philly(tmp_path / "a.json")
+
+
+def test_report_tables_json_and_png(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    bits = {"us-east-1a": "".join(rng.choice("110") for _ in range(60))}
+    t = SpotTrace.from_bits(bits, {"us-east-1a": 1.0}, on_demand_usd=3.0, gap_seconds=3600)
+    rows, _ = deadline_experiment(t, DeadlineConfig(work_hours=6, deadlines_hours=(9,), restart_hours=1))
+    burst = [summarize_cluster(simulate_cluster(TWO, 4, v100_book(), BurstPolicy(k))) for k in ("onprem_only",)]
+    report = SimulationReport(deadline={"synthetic": rows}, burst=burst, burst_setup={"title": "two jobs"})
+    text = report.tables()
+    assert "Deadline jobs - synthetic" in text and "x optimum" in text and "onprem_only" in text
+    doc = json.loads(json.dumps(report.to_json(), default=str))
+    assert doc["deadline"]["scenarios"]["synthetic"][-1]["policy"] == "optimum"
+    pytest.importorskip("matplotlib")
+    png = report.write_png(tmp_path / "chart.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the real shared traces --------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_real_aws_v100_trace_one_job_per_policy() -> None:
+    seg = shared_file("spot-probes-skynomad/aws_v100_p3.2xlarge_avail_price_segments_2023-02-15.csv")
+    cat = shared_file("catalog/skypilot_v8_aws_vms_pfamily_gpu_subset.csv")
+    od = load_on_demand_prices(cat, "p3.2xlarge")
+    assert od["us-east-1"] == 3.06
+    t = load_segments_csv(seg, od, gap_seconds=300)
+    assert len(t.zones) == 9 and len(t) > 8000
+    assert all(0.9 <= p <= 1.9 for z in t.zones for p in z.spot_usd[:1000])
+    m = TraceMarket(t)
+    job = DeadlineJob("48h/52h", 1000, 48 * 12, 52 * 12, 3)
+    opt = optimum_cost(t, job)
+    runs = {
+        n: run_deadline(m, job, make_strategy(n, **({"restart_hours": 0.25} if n in POLICIES[2:] else {})))
+        for n in POLICIES
+    }
+    assert all(r.cost_usd >= opt - 1e-6 for r in runs.values())
+    assert runs["overspill"].met_deadline and runs["uniform_progress"].met_deadline
+    assert runs["overspill"].cost_usd < runs["on_demand"].cost_usd / 2
+
+
+@pytest.mark.integration
+def test_real_philly_trace_bursting_smoke() -> None:
+    jobs = load_philly(shared_file("cluster-traces/philly-rfold/philly_trace_rfold.csv"), limit=800, skip=300)
+    assert len(jobs) == 800 and jobs[0].arrival_s == 0 and max(j.gpus for j in jobs) <= 64
+    base = simulate_cluster(jobs, 256, v100_book(), BurstPolicy("onprem_only"))
+    ours = simulate_cluster(jobs, 256, v100_book(), BurstPolicy("overspill", params=BurstParams(4.0)))
+    assert percentile(ours.waits_hours, 95) <= percentile(base.waits_hours, 95)
+
+
+@pytest.mark.integration
+def test_run_simulation_on_the_shared_data_quick() -> None:
+    seg = shared_file("spot-probes-skynomad/aws_v100_p3.2xlarge_avail_price_segments_2023-02-15.csv")
+    cfg = DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=240.0)
+    report = run_simulation(seg.parent.parent, suite="deadline", deadline=cfg)
+    for rows in report.deadline.values():
+        by = {r.policy: r for r in rows}
+        assert by["overspill"].deadline_attainment == 1.0
+        assert (by["overspill"].cost_vs_optimum or 0) >= 1.0
+    assert BurstConfig().onprem_gpus == 1024
