@@ -12,6 +12,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -126,19 +127,26 @@ def submit_job(
             "no pool could ever run this job: check accelerators, gpu_count, min_gpu_memory_gib, cpus, "
             "memory_gib, allowed_providers, allowed_regions and preemptible (see POST /v1/quotes)",
         )
-    with Session(engine, expire_on_commit=False) as session:
-        session.add(job)
-        add_event(session, job, now, "submitted", f"submitted with a ceiling of ${job.max_total_usd}")
-        try:
-            session.commit()
-        except IntegrityError:
-            session.rollback()
-            if not idempotency_key:
-                raise
-            existing = _by_idempotency_key(engine, tenant, idempotency_key)
-            if existing is None:
-                raise
-            return _replayed(existing, digest), False
+    event = {
+        "job_id": job.id,
+        "tenant": tenant,
+        "at": now,
+        "kind": "submitted",
+        "message": f"submitted with a ceiling of ${job.max_total_usd}",
+        "data": {},
+    }
+    try:
+        # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
+        with engine.begin() as conn:
+            conn.execute(insert(Job), [job.model_dump()])
+            conn.execute(insert(JobEvent), [event])
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        existing = _by_idempotency_key(engine, tenant, idempotency_key)
+        if existing is None:
+            raise
+        return _replayed(existing, digest), False
     return job, True
 
 
