@@ -89,14 +89,14 @@ from providers.base import (
     QuotaExceeded,
     Throttled,
 )
-from providers.model import CapacityType, Offering
+from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering
 from providers.startup import startup_script
 
 log = logging.getLogger(__name__)
 
-TAG_BROKER = "overspill:broker"
-TAG_LAUNCH_TOKEN = "overspill:launch-token"
-TAG_OFFERING = "overspill:offering"
+TAG_BROKER = BROKER_TAG
+TAG_LAUNCH_TOKEN = LAUNCH_TOKEN_TAG
+TAG_OFFERING = OFFERING_TAG
 INTERRUPTION_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
 INTERRUPTION_EVENT_PATTERN: dict[str, list[str]] = {

@@ -87,12 +87,10 @@ from providers.base import (
     QuotaExceeded,
     Throttled,
 )
-from providers.model import CapacityType, offering_key
+from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, offering_key
 from providers.startup import startup_script
 
-BROKER_TAG: Final = "overspill:broker"
-TOKEN_TAG: Final = "overspill:launch-token"
-OFFERING_TAG: Final = "overspill:offering"
+TOKEN_TAG: Final = LAUNCH_TOKEN_TAG
 INTERNAL_TAGS: Final = frozenset({TOKEN_TAG, OFFERING_TAG})
 NETWORK_API_VERSION: Final = "2020-11-01"
 EVICTION_POLICIES: Final = ("Delete", "Deallocate")

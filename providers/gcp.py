@@ -86,10 +86,9 @@ from providers.base import (
     QuotaExceeded,
     Throttled,
 )
-from providers.model import CapacityType, offering_key
+from providers.model import BROKER_TAG, JOB_TAG, PLACEMENT_TAG, CapacityType, offering_key
 from providers.startup import startup_script
 
-BROKER_TAG: Final = "overspill:broker"
 BROKER_LABEL: Final = "overspill-broker"
 TOKEN_LABEL: Final = "overspill-token"
 META_TAGS: Final = "overspill-tags"
@@ -148,7 +147,7 @@ def labels_for(tags: dict[str, str], launch_token: str) -> dict[str, str]:
 
 def tags_from_labels(labels: dict[str, str]) -> dict[str, str]:
     """Best-effort inverse of `labels_for` for VMs without the exact tags in metadata."""
-    known = {label_key(k): k for k in ("overspill:broker", "overspill:job", "overspill:placement")}
+    known = {label_key(k): k for k in (BROKER_TAG, JOB_TAG, PLACEMENT_TAG)}
     return {known.get(k, k): v for k, v in labels.items() if k != TOKEN_LABEL}
 
 

@@ -79,13 +79,13 @@ from providers.base import (
     QuotaExceeded,
     Throttled,
 )
-from providers.model import CapacityType, Offering, Price
+from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering, Price
 from providers.startup import startup_script
 
 NAME_PREFIX = "ovs-"
-TAG_BROKER = "overspill:broker"
-TAG_TOKEN = "overspill:launch-token"
-TAG_OFFERING = "overspill:offering"
+TAG_BROKER = BROKER_TAG
+TAG_TOKEN = LAUNCH_TOKEN_TAG
+TAG_OFFERING = OFFERING_TAG
 
 STATE_MAP: dict[str, InstanceState] = {
     NodeState.PENDING.value: InstanceState.PENDING,

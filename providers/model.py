@@ -250,6 +250,14 @@ def hours_between(start: datetime, end: datetime) -> Decimal:
     return Decimal(micros) / Decimal(3_600_000_000)
 
 
+# Tag names every adapter writes on what it launches (one place, so `list` can always find ours).
+BROKER_TAG = "overspill:broker"
+JOB_TAG = "overspill:job"
+PLACEMENT_TAG = "overspill:placement"
+LAUNCH_TOKEN_TAG = "overspill:launch-token"
+OFFERING_TAG = "overspill:offering"
+
+
 @dataclass(frozen=True, slots=True)
 class Tags:
     """The tags every instance the broker launches carries, so `list` can find ours and only ours."""
@@ -260,9 +268,4 @@ class Tags:
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "overspill:broker": self.broker_id,
-            "overspill:job": self.job_id,
-            "overspill:placement": self.placement_id,
-            **self.extra,
-        }
+        return {BROKER_TAG: self.broker_id, JOB_TAG: self.job_id, PLACEMENT_TAG: self.placement_id, **self.extra}

@@ -63,7 +63,16 @@ from providers.base import (
     Scope,
     Throttled,
 )
-from providers.model import CapacityType, Offering, PressureSample, Price, offering_key
+from providers.model import (
+    BROKER_TAG,
+    JOB_TAG,
+    PLACEMENT_TAG,
+    CapacityType,
+    Offering,
+    PressureSample,
+    Price,
+    offering_key,
+)
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
 from providers.startup import container_env
 
@@ -548,9 +557,9 @@ class SlurmProvider:
         head, *pairs = comment.split(" ")
         token = head[len(self._prefix) :] if head.startswith(self._prefix) else ""
         values = {unquote(k): unquote(v) for k, _, v in (p.partition("=") for p in pairs if "=" in p)}
-        tags = {"overspill:broker": self.broker_id}
-        tags["overspill:job"] = values.pop("job", "")
-        tags["overspill:placement"] = values.pop("placement", "")
+        tags = {BROKER_TAG: self.broker_id}
+        tags[JOB_TAG] = values.pop("job", "")
+        tags[PLACEMENT_TAG] = values.pop("placement", "")
         tags.update(values)
         return token, tags
 
