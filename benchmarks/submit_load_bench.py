@@ -708,7 +708,9 @@ def print_table(results: Sequence[Result]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=3, help="uvicorn worker processes (default 3, as `overspill serve --workers 3`)"
+    )
     parser.add_argument("--duration", type=int, default=10, help="measured whole seconds (default 10)")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")

@@ -55,23 +55,43 @@ def _fail(exc: ApiError) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address (default OVERSPILL_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="port (default OVERSPILL_PORT or 8000)")] = None,
-    loop: Annotated[bool, typer.Option(help="run the control loop in this process")] = True,
+    loop: Annotated[bool, typer.Option(help="run the control loop too")] = True,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="API worker processes (3 suit a 2-core machine)")] = 1,
 ) -> None:
     """Run the REST API (and the control loop on an interval)."""
+    import subprocess
+
     import uvicorn
 
     from broker.app import create_app
+    from broker.runtime import build_runtime
     from broker.settings import DEV_API_KEY, Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
-    app_ = create_app(settings, loop=loop)
     bind_host, bind_port = host or settings.host, port or settings.port
     console.print(f"[bold]Overspill[/bold] on http://{bind_host}:{bind_port}  (OpenAPI: /docs)")
     console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
     if settings.bootstrap_api_key == DEV_API_KEY:
         console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
-    uvicorn.run(app_, host=bind_host, port=bind_port, log_level="warning")
+    if workers == 1:
+        uvicorn.run(create_app(settings, loop=loop), host=bind_host, port=bind_port, log_level="warning")
+        return
+    build_runtime(settings)  # migrate and install the bootstrap key once, before the workers start
+    ticker = subprocess.Popen([sys.argv[0], "tick", "--loop"]) if loop else None
+    try:
+        uvicorn.run(
+            "broker.app:app_from_env",
+            factory=True,
+            host=bind_host,
+            port=bind_port,
+            workers=workers,
+            log_level="warning",
+        )
+    finally:
+        if ticker is not None:
+            ticker.terminate()
+            ticker.wait(timeout=30)
 
 
 @app.command()
