@@ -39,10 +39,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.local_server import LocalServer
 
 _VM = re.compile(
     r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/virtualMachines"
@@ -101,7 +102,7 @@ class Operation:
     error: dict[str, str] | None = None
 
 
-class AzureComputeFake:
+class AzureComputeFake(LocalServer):
     """In-memory ARM virtual machines behind a stdlib HTTP server (see the module docstring)."""
 
     def __init__(self, subscription: str, *, op_seconds: float = 0.0, api_version_required: bool = True) -> None:
@@ -116,28 +117,9 @@ class AzureComputeFake:
         self.async_faults: list[Fault] = []
         self.drops: dict[str, int] = {}
         self._lock = threading.RLock()
-        handler = type("Handler", (_Handler,), {"owner": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._serve(_Handler)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> AzureComputeFake:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=2)
 
     # ------------------------------------------------------------------------------------------- test helpers
 

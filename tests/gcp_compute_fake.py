@@ -39,10 +39,11 @@ import time
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.local_server import LocalServer
 
 BASE = "https://www.googleapis.com/compute/v1"
 PACIFIC = timezone(timedelta(hours=-7))  # the API answers in the project's local time, like the fixture
@@ -127,7 +128,7 @@ class OperationFault:
     count: int
 
 
-class GcpComputeFake:
+class GcpComputeFake(LocalServer):
     """In-memory Compute Engine instances + zone operations behind a stdlib HTTP server (see the module docstring)."""
 
     def __init__(
@@ -153,28 +154,13 @@ class GcpComputeFake:
         self._request_ids: dict[str, tuple[str, str]] = {}
         self._seq = 0
         self._lock = threading.RLock()
-        handler = type("Handler", (_Handler,), {"owner": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._serve(_Handler)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> GcpComputeFake:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=2)
+        return self.url
 
     # ------------------------------------------------------------------------------------------- test helpers
 
