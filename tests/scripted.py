@@ -35,6 +35,7 @@ class ScriptedCloud:
         self.clock = clock
         self.zones = zones
         self.prices: dict[str, Decimal] = {z: Decimal("10") for z in zones}
+        self.on_demand: dict[str, Decimal] = {}  # zones that also offer on-demand capacity, at these prices
         self.no_capacity: set[str] = set()
         self.vms: dict[str, _Vm] = {}
         self.launch_calls = 0
@@ -57,6 +58,21 @@ class ScriptedCloud:
                 interruption_rate_per_hour=0.0,
             )
             for z in self.zones
+        ] + [
+            Offering(
+                provider=self.name,
+                region="r1",
+                zone=z,
+                instance_type="gpu.1",
+                accelerator="A100",
+                accelerator_count=1,
+                gpu_memory_gib=40,
+                vcpus=8,
+                memory_gib=Decimal("64"),
+                capacity_type=CapacityType.ON_DEMAND,
+                price=Price(price, "scripted", now),
+            )
+            for z, price in self.on_demand.items()
         ]
 
     def launch(self, request: LaunchRequest) -> Instance:

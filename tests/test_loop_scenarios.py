@@ -4,6 +4,7 @@ ledger, ceilings (wait, pause), preemption and re-placement, capacity failover, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -275,3 +276,56 @@ def test_reported_exit_status_decides_the_verdict(
     job = _job(rt, job_id)
     assert job.state == "failed" and "exited 3" in job.wait_reason  # not re-run: its own command failed
     assert len(_placements(rt, job_id)) == 1
+
+
+def test_preempted_twice_falls_back_to_on_demand_and_meets_the_deadline(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    """4 h of work due in 5 h, spot at $3 in z1 and z2, on-demand at $8 in z3 (10-minute ticks, 0.1 h restart).
+
+    t=0: slack 1 h >= the 0.5 h margin -> spot z1. Reclaimed at 50 min (30 min saved, 3.5 h left): slack 0.67 h
+    -> spot again, in z2 (z1 was just reclaimed). Reclaimed at 100 min (3 h left): slack 0.33 h < margin -> the
+    on-demand pool, which finishes at 4 h 40 min, before the deadline, for $5 of spot + $24 on-demand <= $60.
+    """
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3")}
+    cloud.on_demand = {"z3": Decimal("8")}
+    tick(srt, clock())
+    deadline = clock() + timedelta(hours=5)
+    job_id = api.post(
+        "/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="60", deadline=deadline.isoformat())
+    ).json()["id"]
+    tick(srt, clock())
+    for _ in range(2):
+        _run(srt, clock, 5)
+        [live] = [p for p in _placements(srt, job_id) if p.state == "running"]
+        assert live.capacity_type == "spot" and live.instance_id is not None
+        cloud.preempt(live.instance_id)
+        tick(srt, clock())
+    tick(srt, clock())
+    placements = _placements(srt, job_id)
+    assert [(p.zone, p.capacity_type, p.state) for p in placements] == [
+        ("z1", "spot", "preempted"),
+        ("z2", "spot", "preempted"),
+        ("z3", "on_demand", "running"),
+    ]
+    _run(srt, clock, 20)
+    job = _job(srt, job_id)
+    assert job.state == "succeeded"
+    assert job.finished_at is not None and job.finished_at <= deadline
+    spent = sum((e.usd for e in _ledger(srt, job_id)), Decimal("0"))
+    assert spent == job.spent_usd <= Decimal("60")
+    assert spent == Decimal("29")  # 100 min of spot at $3 + 3 h of on-demand at $8
+
+
+def test_deadline_job_whose_budget_cannot_finish_is_paused_with_the_numbers(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3")}
+    tick(srt, clock())
+    deadline = (clock() + timedelta(hours=10)).isoformat()
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="10", deadline=deadline)).json()["id"]
+    tick(srt, clock())
+    job = api.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "paused"
+    assert "max_total_usd $10" in job["wait_reason"] and "cannot finish" in job["wait_reason"]
+    assert _placements(srt, job_id) == [] and cloud.vms == {}

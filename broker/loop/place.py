@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -27,7 +28,8 @@ from broker.loop.common import (
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, Placement
-from federation.placement import PlacementContext, place, quote
+from federation.placement import Candidate, PlacementContext, evaluate, place, quote
+from federation.strategies import Move, Preemption, RunState, decide, make_strategy
 from pricing.book import PriceBook
 from providers.base import (
     AuthError,
@@ -37,7 +39,7 @@ from providers.base import (
     QuotaExceeded,
     Scope,
 )
-from providers.model import CapacityType, JobState, PlacementState, Tags
+from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, Tags
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +87,19 @@ def _place_one(
             return None, book  # another replica has it, or it changed state
         spec = spec_of(job)
         ctx = _context(rt, job, now, blocklist)
-        best = place(spec, book, ctx)
+        if spec.deadline_at is not None:
+            best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
+        else:
+            best, reason, pause = place(spec, book, ctx), "", False
         if best is None:
-            reason = quote(spec, book, ctx).wait_reason()
-            if reason != job.wait_reason:
+            reason = reason or quote(spec, book, ctx).wait_reason()
+            if pause:
+                job.state = JobState.PAUSED.value
+            if reason != job.wait_reason or pause:
                 job.wait_reason = reason
                 job.updated_at = now
                 session.add(job)
-                add_event(session, job, now, "waiting", reason)
+                add_event(session, job, now, "paused" if pause else "waiting", reason)
             session.commit()
             return None, book
         off = best.offering
@@ -142,6 +149,65 @@ def _place_one(
     if off.capacity_type is CapacityType.ON_PREM:
         book = _refresh_provider(rt, book, off.provider, now)
     return placement.id, book
+
+
+def _deadline_decision(
+    rt: Runtime,
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    book: PriceBook,
+    ctx: PlacementContext,
+    now: datetime,
+) -> tuple[Candidate | None, str, bool]:
+    """A job with a deadline is placed by the deadline-aware strategy (federation.strategies): spot while the
+    slack allows, on-demand (or on-prem) when it does not, pause when the budget cannot finish it.
+
+    Returns (candidate, reason when none, pause?)."""
+    history = session.exec(
+        select(Placement).where(Placement.job_id == job.id, Placement.state == PlacementState.PREEMPTED.value)
+    ).all()
+    state = RunState(
+        job=spec,
+        now=now,
+        started_at=job.created_at,
+        remaining_work_hours=job.remaining_work_hours,
+        spent_usd=job.spent_usd,
+        checkpoint_at=ctx.checkpoint_at,
+        preemptions=tuple(Preemption(p.ended_at or now, p.provider, p.region, p.zone) for p in history),
+        tick_hours=rt.settings.tick_interval_seconds / 3600,
+    )
+    strategy = make_strategy("overspill", restart_hours=rt.settings.restart_hours)
+    plan = decide(strategy, state, _without_blocked(book, spec, ctx.blocklist, now))
+    if plan.move is Move.PAUSE:
+        return None, f"paused: {plan.reason}", True
+    if plan.move is not Move.LAUNCH or plan.offering is None:
+        return None, f"waiting: {plan.reason}", False
+    # the strategy answers for the deadline; the placement model still prices the pool and holds the ceiling
+    verdict = evaluate(replace(spec, deadline_at=None), plan.offering, ctx)
+    if isinstance(verdict, Candidate):
+        return verdict, "", False
+    return None, f"{verdict.reason.value}: {verdict.message} ({plan.offering.key})", False
+
+
+def _without_blocked(book: PriceBook, spec: JobSpec, blocklist: frozenset[str], now: datetime) -> PriceBook:
+    """The job's pools minus those the broker's blocklist (failed launches, recent reclaims) rules out now."""
+    if not blocklist:
+        return book
+    keep = [
+        item.offering
+        for group in book.for_accelerators(spec.accelerators)
+        for item in group
+        if not (
+            {item.offering.provider, f"{item.offering.provider}/{item.offering.region}", _zone_key(item.offering)}
+            & blocklist
+        )
+    ]
+    return PriceBook.build(keep, now, book.feed_observed_at)
+
+
+def _zone_key(off: Offering) -> str:
+    return f"{off.provider}/{off.region}/{off.zone}"
 
 
 def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime) -> PriceBook:
