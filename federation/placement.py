@@ -99,9 +99,17 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
+    """A pool judged unfit, with why. The human `message` is built only when read (a quote over a large catalog
+    rejects thousands of pools and shows a few)."""
+
     offering: Offering
     reason: RejectReason
-    message: str
+    job: JobSpec
+    ctx: PlacementContext
+
+    @property
+    def message(self) -> str:
+        return explain(self.reason, self.job, self.offering, self.ctx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +242,7 @@ def evaluate(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | 
     verdict = judge(job, off, ctx)
     if isinstance(verdict, Candidate):
         return verdict
-    return Rejection(off, verdict, explain(verdict, job, off, ctx))
+    return Rejection(off, verdict, job, ctx)
 
 
 def _rank_key(c: Candidate) -> tuple[float, datetime, str]:
