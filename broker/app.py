@@ -94,10 +94,11 @@ class _TooLarge(HTTPException):
 def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None, loop: bool = False) -> FastAPI:
     """Build the app. With `loop=True` the control loop ticks every `tick_interval_seconds` in a thread."""
     stop = threading.Event()
+    config = runtime.settings if runtime is not None else (settings or Settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        rt = runtime or build_runtime(settings or Settings())
+        rt = runtime or build_runtime(config)
         app.state.runtime = rt
         worker = None
         if loop:
@@ -119,7 +120,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     )
     if runtime is not None:
         app.state.runtime = runtime
-    max_bytes = (settings or (runtime.settings if runtime else Settings())).max_request_bytes
+    max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
 

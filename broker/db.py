@@ -74,8 +74,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 def make_engine(settings: Settings) -> Engine:
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
-        if url.startswith("sqlite:///") and ":memory:" not in url:
-            settings.data_dir.mkdir(parents=True, exist_ok=True) if not settings.database_url else None
+        if not settings.database_url:  # the default file lives in data_dir: make sure it exists
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -100,10 +100,6 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'overspill.db').as_posix()}"
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.resolved_database_url.startswith("sqlite")
-
     def callback_key(self) -> bytes:
         """The key that signs instances' exit-status callbacks (derived from the bootstrap key if not set)."""
         import hashlib
@@ -111,6 +107,3 @@ class Settings(BaseSettings):
         return hashlib.sha256(
             ("overspill-callback:" + (self.callback_secret or self.bootstrap_api_key)).encode()
         ).digest()
-
-    def wait_value(self) -> Decimal:
-        return Decimal(str(self.wait_value_usd_per_gpu_hour))

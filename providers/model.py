@@ -14,7 +14,6 @@ from enum import StrEnum
 
 ZERO_USD = Decimal("0")
 CENT = Decimal("0.01")
-MICRO_USD = Decimal("0.000001")
 
 
 class CapacityType(StrEnum):

@@ -1,7 +1,7 @@
 """Shared fixtures: databases (SQLite and a real PostgreSQL), a movable clock, a runtime and API clients.
 
-With `OVERSPILL_REQUIRE_INTEGRATION=1` (set by `.ci/run`) a skipped integration test fails the run: CI must
-prove the real components work, not quietly skip them.
+With `OVERSPILL_REQUIRE_INTEGRATION=1` (set by `.ci/run`) any skipped test fails the run, including a module
+skipped at collection (a missing SDK): CI must prove the real components work, not quietly skip them.
 """
 
 from __future__ import annotations
@@ -29,10 +29,22 @@ T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if REQUIRE_INTEGRATION and report.skipped and item.get_closest_marker("integration"):
-        report.outcome = "failed"
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.longrepr = f"integration test skipped but OVERSPILL_REQUIRE_INTEGRATION=1: {reason}"
+    if REQUIRE_INTEGRATION and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if REQUIRE_INTEGRATION and report.skipped:
+        _fail_skip(report)
+
+
+def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    report.outcome = "failed"
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.longrepr = f"skipped but OVERSPILL_REQUIRE_INTEGRATION=1 (CI runs everything): {reason}"
 
 
 class MovableClock:
