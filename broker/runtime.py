@@ -22,6 +22,7 @@ from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
+from pricing.risk import RiskEstimate, load_trace
 from providers.base import ComputeProvider, OfferingSource, QueuePressureSource
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Runtime:
     verifier: KeyVerifier
     params: PlacementParams = field(default_factory=PlacementParams)
     marks: dict[str, datetime] = field(default_factory=dict)  # when periodic steps last ran in this process
+    trace_priors: dict[str, RiskEstimate] = field(default_factory=dict)  # interruption priors from traces
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)
@@ -99,4 +101,5 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         catalog=CatalogCache(engine),
         verifier=KeyVerifier(engine),
         params=params,
+        trace_priors={prefix: load_trace(path) for prefix, path in settings.interruption_traces.items()},
     )

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     tick_interval_seconds: float = 10.0
     price_stale_after_seconds: float = 3 * 3600
 
+    interruption_traces: dict[str, Path] = Field(
+        default_factory=dict,
+        description="spot availability traces (JSON) as interruption priors, by pool-key prefix, e.g. "
+        '{"aws/us-east-1/us-east-1a/p3.2xlarge": "trace.json"}',
+    )
     price_refresh_seconds: float = Field(default=300.0, description="how often live cloud price feeds are asked")
     aws_regions: list[str] = Field(default_factory=list, description="enables the AWS price feed for these regions")
     aws_instance_types: list[str] = Field(

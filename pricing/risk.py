@@ -3,7 +3,8 @@
 Three sources, blended:
 - a prior from the feed (AWS Spot Advisor bands, a documented default elsewhere), already on the Offering;
 - availability traces (the "Can't Be Late" spot traces): `rate_from_trace` counts how often capacity that was up
-  went away per hour it was up;
+  went away per hour it was up; configured per pool-key prefix, a trace replaces the feed's prior
+  (`apply_trace_priors`);
 - the broker's own experience: every spot hour it ran in a pool and every reclaim it saw there, decayed with a
   half-life so old behaviour fades.
 
@@ -78,6 +79,22 @@ def apply_experience(
             continue
         est = blend(off.interruption_rate_per_hour, off.interruption_basis, seen, prior_hours)
         out.append(replace(off, interruption_rate_per_hour=est.rate_per_hour, interruption_basis=est.basis))
+    return out
+
+
+def apply_trace_priors(offerings: Sequence[Offering], priors: dict[str, RiskEstimate]) -> list[Offering]:
+    """Spot offerings whose key starts with a configured prefix (e.g. `aws/us-east-1/us-east-1a/p3.2xlarge`)
+    take the trace's rate as their prior (the longest matching prefix wins); others are unchanged."""
+    if not priors:
+        return list(offerings)
+    ordered = sorted(priors.items(), key=lambda kv: len(kv[0]), reverse=True)
+    out = []
+    for off in offerings:
+        match = next((est for prefix, est in ordered if off.key.startswith(prefix)), None)
+        if off.capacity_type is not CapacityType.SPOT or match is None or math.isinf(match.rate_per_hour):
+            out.append(off)
+            continue
+        out.append(replace(off, interruption_rate_per_hour=match.rate_per_hour, interruption_basis=match.basis))
     return out
 
 

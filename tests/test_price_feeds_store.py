@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -113,3 +114,22 @@ def test_observed_reclaims_raise_a_pools_interruption_rate(frt: Runtime, feed: F
     after = frt.catalog.book(clock()).get("flaky/r1/z1/gpu.1/spot")
     assert after is not None and after.interruption_rate_per_hour > 0
     assert "observed" in after.interruption_basis
+
+
+def test_configured_trace_sets_a_pools_interruption_prior(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, tmp_path: Path
+) -> None:
+    import json as _json
+
+    trace = tmp_path / "z1.json"
+    trace.write_text(_json.dumps({"metadata": {"gap_seconds": 600}, "data": [1] * 6 + [0] + [1] * 6 + [0]}))
+    rt = make_runtime(db_url, simulated=False, interruption_traces={"flaky/r1/z1": str(trace)})
+    feed = FlakyFeed(clock)
+    rt.providers[feed.name] = feed
+    rt.offering_sources.append(feed)
+    tick(rt, clock())
+    z1 = rt.catalog.book(clock()).get("flaky/r1/z1/gpu.1/spot")
+    z2 = rt.catalog.book(clock()).get("flaky/r1/z2/gpu.1/spot")
+    assert z1 is not None and z2 is not None
+    assert z1.interruption_rate_per_hour == pytest.approx(1.0) and z1.interruption_basis.startswith("trace:")
+    assert z2.interruption_rate_per_hour == 0.0

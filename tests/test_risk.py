@@ -70,3 +70,19 @@ def test_bad_trace_file_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-u
     bad.write_text('{"data": [1, 0]}')
     with pytest.raises(ValueError, match="not a spot availability trace"):
         load_trace(bad)
+
+
+def test_trace_priors_replace_the_feed_prior_for_matching_spot_pools() -> None:
+    from pricing.risk import RiskEstimate, apply_trace_priors
+
+    spot = offering(rate=0.01)
+    other_zone = offering(zone="us-east-1b", rate=0.01)
+    od = offering(capacity="on_demand")
+    priors = {
+        "aws/us-east-1": RiskEstimate(0.2, "trace: region"),
+        "aws/us-east-1/us-east-1a": RiskEstimate(0.5, "trace: zone a"),
+    }
+    out = apply_trace_priors([spot, other_zone, od], priors)
+    assert (out[0].interruption_rate_per_hour, out[0].interruption_basis) == (0.5, "trace: zone a")  # longest wins
+    assert (out[1].interruption_rate_per_hour, out[1].interruption_basis) == (0.2, "trace: region")
+    assert out[2] == od

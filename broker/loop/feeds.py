@@ -17,7 +17,7 @@ from broker.catalog import row_from_offering
 from broker.loop.common import upsert
 from broker.runtime import Runtime
 from broker.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
-from pricing.risk import PoolExperience, apply_experience, experience_from_runs
+from pricing.risk import PoolExperience, apply_experience, apply_trace_priors, experience_from_runs
 from providers.model import CapacityType, Offering, PlacementState
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def refresh_prices(rt: Runtime, now: datetime, *, force: bool = False) -> int:
             if not force and not _due(session, feed, now, float(getattr(source, "refresh_seconds", 0.0))):
                 continue
         try:
-            offerings = apply_experience(source.offerings(now), experience)
+            offerings = apply_experience(apply_trace_priors(source.offerings(now), rt.trace_priors), experience)
         except Exception as exc:  # one feed's failure must not stop the others; last good data is kept
             log.warning("price feed %s failed: %s", feed, exc)
             with Session(rt.engine) as session:
