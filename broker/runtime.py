@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from broker import migrate
 from broker.auth import KeyVerifier, ensure_bootstrap_key
 from broker.catalog import CatalogCache
+from broker.checkpoint_stores import CheckpointStores
 from broker.db import make_engine, utcnow
 from broker.feeds_config import build_price_feeds
 from broker.providers_config import build_providers
@@ -43,6 +44,7 @@ class Runtime:
     params: PlacementParams = field(default_factory=PlacementParams)
     marks: dict[str, datetime] = field(default_factory=dict)  # when periodic steps last ran in this process
     trace_priors: dict[str, RiskEstimate] = field(default_factory=dict)  # interruption priors from traces
+    checkpoint_stores: CheckpointStores = field(default_factory=lambda: CheckpointStores(Settings()))
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)
@@ -102,4 +104,5 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         verifier=KeyVerifier(engine),
         params=params,
         trace_priors={prefix: load_trace(path) for prefix, path in settings.interruption_traces.items()},
+        checkpoint_stores=CheckpointStores.from_settings(settings),
     )

@@ -233,3 +233,16 @@ class PriceChange(SQLModel, table=True):
     price_source: str = Field(max_length=64)
     estimated: bool = False
     observed_at: datetime = _at(nullable=False)
+
+
+class CheckpointCopyRow(SQLModel, table=True):
+    """Resume state of checkpoint copies (`providers.storage.CopyState` as JSON, keyed by copy id) and the lease
+    that keeps two replicas from staging one placement's checkpoint at once (`lease_owner`, `lease_until_at`)."""
+
+    __tablename__ = "checkpoint_copy"
+
+    copy_id: str = Field(primary_key=True, max_length=80)
+    state: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    lease_owner: str | None = Field(default=None, max_length=80)
+    lease_until_at: datetime | None = _at()
+    updated_at: datetime = _at(nullable=False)

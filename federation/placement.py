@@ -82,7 +82,8 @@ class PlacementContext:
     spent_usd: Decimal = Decimal("0")
     blocklist: frozenset[str] = frozenset()
     checkpoint_at: tuple[str, str] | None = None
-    checkpoint_egress_usd_per_gb: Decimal = Decimal("0")
+    checkpoint_egress_usd_per_gb: Decimal = Decimal("0")  # leaving the checkpoint's provider
+    checkpoint_interregion_usd_per_gb: Decimal = Decimal("0")  # to another region of the same provider
     params: PlacementParams = field(default_factory=PlacementParams)
 
 
@@ -181,9 +182,11 @@ def _run_hours(off: Offering, ctx: PlacementContext) -> float:
 
 
 def _transfer(job: JobSpec, off: Offering, ctx: PlacementContext) -> Decimal:
-    if ctx.checkpoint_at is not None and (off.provider, off.region) != ctx.checkpoint_at:
-        return ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
-    return Decimal("0")
+    if ctx.checkpoint_at is None or (off.provider, off.region) == ctx.checkpoint_at:
+        return Decimal("0")
+    if off.provider == ctx.checkpoint_at[0]:
+        return ctx.checkpoint_interregion_usd_per_gb * job.checkpoint_size_gb
+    return ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
 
 
 def _cost(off: Offering, run_hours: float, transfer: Decimal) -> Decimal:

@@ -46,18 +46,12 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 from pricing.feeds import FeedError
+from pricing.transfer import internet_egress_usd_per_gb
 from providers.accelerators import canonical, memory_gib
 from providers.model import CapacityType, Offering, Price
 
 MAX_WARNINGS = 20
 PLACEHOLDER_PRICES = frozenset({Decimal("700")})
-DEFAULT_EGRESS_USD_PER_GB = Decimal("0.09")
-EGRESS_USD_PER_GB: dict[str, Decimal] = {
-    "aws": Decimal("0.09"),
-    "gcp": Decimal("0.12"),
-    "azure": Decimal("0.087"),
-    "lambda": Decimal("0"),
-}
 # fmt: off
 KNOWN_PROVIDERS = frozenset({
     "aws", "gcp", "azure", "lambda", "oci", "ibm", "runpod", "fluidstack", "paperspace", "cudo", "vast", "nebius",
@@ -193,7 +187,7 @@ class _Importer:
         self.provider = provider
         self.observed_at = observed_at
         self.max_malformed = max_malformed
-        self.egress = EGRESS_USD_PER_GB.get(provider, DEFAULT_EGRESS_USD_PER_GB)
+        self.egress = internet_egress_usd_per_gb(provider)
         self.gcp = provider == "gcp"
         self.line = 0  # the first physical line of the row being read
         self.rows = 0

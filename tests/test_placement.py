@@ -32,13 +32,31 @@ def test_expected_cost_includes_preemption_overhead_and_transfer() -> None:
     c = evaluate(
         spec(checkpoint_size_gb=Decimal("100")),
         off,
-        ctx(params=params, checkpoint_at=("aws", "us-east-1"), checkpoint_egress_usd_per_gb=Decimal("0.02")),
+        ctx(
+            params=params,
+            checkpoint_at=("aws", "us-east-1"),
+            checkpoint_egress_usd_per_gb=Decimal("0.09"),
+            checkpoint_interregion_usd_per_gb=Decimal("0.02"),
+        ),
     )
     assert isinstance(c, Candidate)
-    # 10 h x (1 + 0.2 x (0.25 + 0.1)) = 10.7 h at $10 = $107, plus 100 GB x $0.02 = $2
+    # 10 h x (1 + 0.2 x (0.25 + 0.1)) = 10.7 h at $10 = $107, plus 100 GB x $0.02 (AWS inter-region) = $2
     assert abs(c.expected_run_hours - 10.7) < 1e-9
     assert c.transfer_usd == Decimal("2.00")
     assert c.expected_cost_usd == Decimal("109.00")
+
+
+def test_transfer_to_another_provider_is_priced_at_internet_egress() -> None:
+    c = evaluate(
+        spec(checkpoint_size_gb=Decimal("100")),
+        offering(provider="gcp", region="us-central1", zone="us-central1-a"),
+        ctx(
+            checkpoint_at=("aws", "us-east-1"),
+            checkpoint_egress_usd_per_gb=Decimal("0.09"),
+            checkpoint_interregion_usd_per_gb=Decimal("0.02"),
+        ),
+    )
+    assert isinstance(c, Candidate) and c.transfer_usd == Decimal("9.00")
 
 
 def test_no_transfer_when_checkpoint_is_local() -> None:

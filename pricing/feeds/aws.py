@@ -44,6 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from pricing.advisor import Band, SpotAdvisor
 from pricing.feeds import FeedError
+from pricing.transfer import internet_egress_usd_per_gb
 from providers.accelerators import ACCELERATORS, canonical, memory_gib
 from providers.model import CapacityType, Offering, Price
 
@@ -53,7 +54,7 @@ FEED = "aws"
 SPOT_SOURCE = "aws:spot-price-history"
 ON_DEMAND_SOURCE = "aws:pricing-api"
 FALLBACK_SOURCE = "catalog"
-EGRESS_USD_PER_GB = Decimal("0.09")
+EGRESS_USD_PER_GB = internet_egress_usd_per_gb("aws")
 PRODUCT_DESCRIPTIONS: tuple[str, ...] = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
 DEFAULT_BAND_INDEX = 2
 PRICING_REGION = "us-east-1"

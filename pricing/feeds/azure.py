@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pricing.feeds import FeedError
+from pricing.transfer import internet_egress_usd_per_gb
 from providers.accelerators import canonical, memory_gib
 from providers.model import CapacityType, Offering, Price
 
@@ -50,7 +51,7 @@ PROVIDER = "azure"
 SOURCE = "azure:retail-prices"
 DEFAULT_BASE_URL = "https://prices.azure.com/api/retail/prices"
 API_VERSION = "2023-01-01-preview"
-EGRESS_USD_PER_GB = Decimal("0.087")
+EGRESS_USD_PER_GB = internet_egress_usd_per_gb("azure")
 DEFAULT_SPOT_INTERRUPTION_RATE = 0.05
 DEFAULT_SPOT_BASIS = "azure default prior (eviction rates from Resource Graph SpotResources not queried)"
 DEFAULT_MAX_PAGES = 1000

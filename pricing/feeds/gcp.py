@@ -54,6 +54,7 @@ from google.cloud import billing_v1, compute_v1
 from google.protobuf.json_format import ParseError
 
 from pricing.feeds import FeedError
+from pricing.transfer import internet_egress_usd_per_gb
 from providers.accelerators import canonical, memory_gib
 from providers.model import CapacityType, Offering, Price
 
@@ -68,7 +69,7 @@ DEFAULT_SPOT_INTERRUPTION_RATE = 0.05
 INTERRUPTION_BASIS = "gcp default (no public rate)"
 # Internet egress, first tier, flat for every region (e.g. SKU 02EE-77CE-ACCD "Network Vpn Internet Egress from
 # Americas to Africa" starts at 0.12/GiB); the catalogue's per-destination egress SKUs are not read.
-EGRESS_USD_PER_GB = Decimal("0.12")
+EGRESS_USD_PER_GB = internet_egress_usd_per_gb("gcp")
 # Transient errors worth a short retry inside one refresh; anything longer waits for the next refresh.
 DEFAULT_RETRY = Retry(
     initial=0.5,
