@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     )
     burst_after_wait_hours: float = Field(default=1.0, description="burst an opted-in Slurm job waiting longer")
     burst_give_up_minutes: float = Field(default=30.0, description="release it on-prem if no cloud pool takes it")
+    return_onprem: bool = Field(default=True, description="move cloud jobs back on-prem when its queue drains")
+    return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
+    return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""
@@ -80,6 +83,20 @@ class Settings(BaseSettings):
     libcloud_options: dict[str, str] = Field(default_factory=dict, description="driver keyword arguments")
 
     checkpoint_interval_hours: float = 0.5
+    checkpoint_stores: dict[str, str] = Field(
+        default_factory=dict,
+        description="where checkpoints are pre-staged before a launch, by location, e.g. "
+        '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}',
+    )
+    s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for checkpoint stores")
+    gcs_endpoint: str | None = Field(default=None, description="GCS endpoint override (e.g. an emulator)")
+    azure_storage_connection_string: str = Field(default="", description="for az:// checkpoint stores")
+    onprem_egress_usd_per_gb: Decimal = Field(
+        default=Decimal("0"), ge=0, description="what sending a GiB out of the on-prem site costs you"
+    )
+    checkpoint_stage_lease_seconds: float = Field(
+        default=1800.0, gt=0, description="how long one replica may hold a checkpoint copy before another takes over"
+    )
     restart_hours: float = 0.1
     wait_value_usd_per_gpu_hour: float = 0.5
     max_placements_per_tick: int = 500

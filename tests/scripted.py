@@ -30,8 +30,20 @@ class _Vm:
 
 
 class ScriptedCloud:
-    def __init__(self, name: str, clock: Callable[[], datetime], zones: tuple[str, ...] = ("z1", "z2")) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: Callable[[], datetime],
+        zones: tuple[str, ...] = ("z1", "z2"),
+        region: str = "r1",
+        capacity: CapacityType = CapacityType.SPOT,
+    ) -> None:
         self.name = name
+        self.region = region
+        self.capacity = capacity  # SPOT: a cloud; ON_PREM: an on-prem cluster whose queue wait the test sets
+        self.wait_hours = 0.0  # the expected queue wait its offerings report
+        self.slow_start: set[str] = set()  # zones whose instances stay pending until the test starts them
+        self.requests: list[LaunchRequest] = []  # every launch asked of this cloud, in order
         self.clock = clock
         self.zones = zones
         self.prices: dict[str, Decimal] = {z: Decimal("10") for z in zones}
@@ -45,7 +57,7 @@ class ScriptedCloud:
         return [
             Offering(
                 provider=self.name,
-                region="r1",
+                region=self.region,
                 zone=z,
                 instance_type="gpu.1",
                 accelerator="A100",
@@ -53,15 +65,16 @@ class ScriptedCloud:
                 gpu_memory_gib=40,
                 vcpus=8,
                 memory_gib=Decimal("64"),
-                capacity_type=CapacityType.SPOT,
+                capacity_type=self.capacity,
                 price=Price(self.prices[z], "scripted", now),
                 interruption_rate_per_hour=0.0,
+                expected_wait_hours=self.wait_hours,
             )
             for z in self.zones
         ] + [
             Offering(
                 provider=self.name,
-                region="r1",
+                region=self.region,
                 zone=z,
                 instance_type="gpu.1",
                 accelerator="A100",
@@ -77,27 +90,30 @@ class ScriptedCloud:
 
     def launch(self, request: LaunchRequest) -> Instance:
         self.launch_calls += 1
+        self.requests.append(request)
         for vm in self.vms.values():
             if vm.instance.launch_token == request.launch_token:
                 return vm.instance
         if request.offering.zone in self.no_capacity:
             raise InsufficientCapacity(f"no capacity in {request.offering.zone}", provider=self.name)
         now = self.clock()
+        pending = request.offering.zone in self.slow_start
         inst = Instance(
             id=f"vm-{len(self.vms) + 1}",
             provider=self.name,
             offering_key=request.offering.key,
             launch_token=request.launch_token,
-            state=InstanceState.RUNNING,
+            state=InstanceState.PENDING if pending else InstanceState.RUNNING,
             tags=request.tags.as_dict(),
             launched_at=now,
-            started_at=now,
+            started_at=None if pending else now,
         )
         self.vms[inst.id] = _Vm(inst, request.remaining_work_hours, request.checkpoint_interval_hours)
         return inst
 
     def _progress(self, vm: _Vm, end: datetime) -> Decimal:
-        assert vm.instance.started_at is not None
+        if vm.instance.started_at is None:
+            return Decimal("0")  # never started: nothing done
         run = hours_between(vm.instance.started_at, end)
         return min(vm.work_hours, (run // vm.interval) * vm.interval)
 

@@ -25,9 +25,10 @@ from broker.loop.common import (
     block,
     locked,
 )
+from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, transfer_rate
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.tables import Job, Placement
+from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, evaluate, place, quote
 from federation.strategies import Move, Preemption, RunState, decide, make_strategy
 from pricing.book import PriceBook
@@ -43,17 +44,23 @@ from providers.model import CapacityType, JobSpec, JobState, Offering, Placement
 
 log = logging.getLogger(__name__)
 
+MAX_STAGE_FAILURES = 3  # storage errors before a launch gives up pre-staging and resumes from the remote copy
 
-def _context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
-    checkpoint_at = (
-        (job.checkpoint_provider, job.checkpoint_region) if job.checkpoint_provider and job.checkpoint_region else None
-    )
+
+def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
+    checkpoint_at = checkpoint_location(rt.checkpoint_stores, job)
+    # the sender pays: price moving the checkpoint out of its provider, and between two of its regions
+    elsewhere = ("", "")
     return PlacementContext(
         now=now,
         remaining_work_hours=job.remaining_work_hours,
         spent_usd=job.spent_usd,
         blocklist=blocklist,
         checkpoint_at=checkpoint_at,
+        checkpoint_egress_usd_per_gb=transfer_rate(rt, checkpoint_at, elsewhere) if checkpoint_at else Decimal(0),
+        checkpoint_interregion_usd_per_gb=(
+            transfer_rate(rt, checkpoint_at, (checkpoint_at[0], "")) if checkpoint_at else Decimal(0)
+        ),
         params=rt.params,
     )
 
@@ -86,7 +93,7 @@ def _place_one(
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
         spec = spec_of(job)
-        ctx = _context(rt, job, now, blocklist)
+        ctx = placement_context(rt, job, now, blocklist)
         if spec.deadline_at is not None:
             best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
         else:
@@ -219,7 +226,20 @@ def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime
 
 
 def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
-    """Launch a LAUNCHING placement (idempotent on its token); on a typed failure, blocklist and re-queue."""
+    """Launch a LAUNCHING placement (idempotent on its token); on a typed failure, blocklist and re-queue.
+
+    The job's checkpoint is first pre-staged next to the target (`broker.loop.stage`). While another replica
+    copies it, or after a storage error, the placement stays LAUNCHING for the next tick to retry; after
+    `MAX_STAGE_FAILURES` errors the job resumes from where its checkpoint is. A transfer the ceiling cannot pay
+    pauses the job instead."""
+    staging = stage_checkpoint(rt, placement_id, now)
+    if staging is Staging.BUSY:
+        return
+    if staging is Staging.FAILED and _stage_failures(rt, placement_id) < MAX_STAGE_FAILURES:
+        return
+    if staging is Staging.OVER_CEILING:
+        _abandon_for_ceiling(rt, placement_id, now)
+        return
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
@@ -238,7 +258,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
                     tags=Tags(rt.settings.broker_id, job.id, p.id),
                     spec=spec_of(job),
                     remaining_work_hours=p.work_hours_at_start,
-                    resume_from=job.checkpoint_uri if job.attempts > 1 else None,
+                    resume_from=_resume_from(job),
                     checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
                     callback_url=rt.settings.public_url or None,
                     callback_token=callback_token(rt.settings, p.id) if rt.settings.public_url else None,
@@ -252,6 +272,47 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
         p.detail = instance.detail
         session.add(p)
         add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
+        session.commit()
+
+
+def _resume_from(job: Job) -> str | None:
+    """The checkpoint to resume from: the job's own after a first attempt, or a staged copy of the one it came
+    with."""
+    if job.checkpoint_uri and (job.attempts > 1 or job.checkpoint_uri != spec_of(job).checkpoint_uri):
+        return job.checkpoint_uri
+    return None
+
+
+def _stage_failures(rt: Runtime, placement_id: str) -> int:
+    with Session(rt.engine) as session:
+        job_id = session.exec(select(Placement.job_id).where(Placement.id == placement_id)).first()
+        events = session.exec(
+            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "checkpoint_stage_failed")
+        ).all()
+    return sum(1 for data in events if data.get("placement_id") == placement_id)
+
+
+def _abandon_for_ceiling(rt: Runtime, placement_id: str, now: datetime) -> None:
+    """The checkpoint transfer alone would break the ceiling: give the placement up and pause the job."""
+    with Session(rt.engine) as session:
+        p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
+        if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
+            return
+        job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+        p.state = PlacementState.FAILED.value
+        p.ended_at = now
+        p.detail = "checkpoint transfer would exceed the job's ceiling"
+        session.add(p)
+        if job.current_placement_id == p.id:
+            job.state = JobState.PAUSED.value
+            job.current_placement_id = None
+            job.wait_reason = (
+                f"paused: moving the checkpoint to {p.provider}/{p.region} would exceed the "
+                f"${job.max_total_usd} ceiling (see the checkpoint_stage_refused event)"
+            )
+            job.updated_at = now
+            session.add(job)
+            add_event(session, job, now, "paused", job.wait_reason, placement_id=p.id)
         session.commit()
 
 

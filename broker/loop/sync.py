@@ -64,7 +64,7 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
 def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Placement, job: Job, now: datetime) -> None:
     assert p.instance_id is not None
     if job.state == JobState.CANCELLED.value:
-        _stop(session, provider, p, job, now, "job cancelled")
+        stop_placement(session, provider, p, job, now, "job cancelled")
         return
     try:
         inst = provider.get(p.instance_id)
@@ -170,7 +170,7 @@ def _ended(
     session.add(job)
 
 
-def _stop(
+def stop_placement(
     session: Session, provider: ComputeProvider, p: Placement, job: Job, now: datetime, why: str
 ) -> Instance | None:
     assert p.instance_id is not None
@@ -203,7 +203,7 @@ def _guard_ceiling(
     projected = job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard)))
     if projected <= job.max_total_usd:
         return
-    stopped = _stop(session, provider, p, job, now, "stopped to honour max_total_usd")
+    stopped = stop_placement(session, provider, p, job, now, "stopped to honour max_total_usd")
     job.state = JobState.PAUSED.value
     job.remaining_work_hours = _remaining_after(p, stopped)
     job.wait_reason = (

@@ -1,8 +1,8 @@
 """The control loop: one `tick(rt, now)` runs every step once, in order, each guarded and timed.
 
 Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
--> sync instances (cancellations, ceilings, finishes, preemptions) -> place pending jobs -> accrue cost
--> sweep orphans.
+-> sync instances (cancellations, ceilings, finishes, preemptions) -> return cloud work on-prem when its queue
+drained -> place pending jobs -> accrue cost -> sweep orphans.
 Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
 can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
 failing is logged and reported; the next still runs.
@@ -21,6 +21,7 @@ from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
 from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
+from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import sync_instances
 from broker.runtime import Runtime
 
@@ -32,6 +33,7 @@ STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("burst_onprem_queue", burst_onprem_queue),
     ("handle_interruptions", handle_interruptions),
     ("sync_instances", sync_instances),
+    ("return_onprem", return_onprem),
     ("place_pending", place_pending),
     ("accrue_costs", accrue_costs),
     ("sweep_orphans", sweep_orphans),

@@ -1,0 +1,137 @@
+"""Pressure drops and cloud work returns on-prem, driven through `tick()` with a scripted cloud and a scripted
+on-prem cluster whose queue wait the test sets.
+
+Numbers used throughout: a 1-GPU job of 4 GPU-hours; the cloud pool costs $10/h, the on-prem pool $2/h at its
+internal rate; waiting is worth $5 per GPU-hour. With 10 h of on-prem queue the on-prem pool scores
+4 x $2 + 10 h x $5 = $58 against the cloud's 4.05 h x $10 = $40.50, so the job bursts to the cloud. When the
+queue drains (wait 0) the on-prem pool scores $8 for the whole job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from broker.app import create_app
+from broker.loop.tick import tick
+from broker.runtime import Runtime
+from broker.settings import DEV_API_KEY
+from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from providers.model import CapacityType
+from tests.builders import job_body
+from tests.conftest import MovableClock
+from tests.scripted import ScriptedCloud
+
+
+@pytest.fixture
+def cloud(clock: MovableClock) -> ScriptedCloud:
+    c = ScriptedCloud("aws", clock, zones=("us-east-1a",), region="us-east-1")
+    c.prices = {"us-east-1a": Decimal("10")}
+    return c
+
+
+@pytest.fixture
+def onprem(clock: MovableClock) -> ScriptedCloud:
+    c = ScriptedCloud("dc", clock, zones=("dc1",), region="dc1", capacity=CapacityType.ON_PREM)
+    c.prices = {"dc1": Decimal("2")}
+    c.wait_hours = 10.0
+    return c
+
+
+@pytest.fixture
+def rt(
+    db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> Runtime:
+    rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=5.0)  # ticks are 600 s
+    for source in (cloud, onprem):
+        rt.providers[source.name] = source
+        rt.offering_sources.append(source)
+    tick(rt, clock())
+    return rt
+
+
+@pytest.fixture
+def api(rt: Runtime) -> TestClient:
+    c = TestClient(create_app(runtime=rt))
+    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
+    return c
+
+
+def _run(rt: Runtime, clock: MovableClock, ticks: int) -> None:
+    for _ in range(ticks):
+        clock.advance(minutes=10)
+        tick(rt, clock())
+
+
+def _placements(rt: Runtime, job_id: str) -> list[Placement]:
+    with Session(rt.engine) as s:
+        return list(s.exec(select(Placement).where(Placement.job_id == job_id).order_by(Placement.created_at)).all())
+
+
+def _events(rt: Runtime, job_id: str) -> list[str]:
+    with Session(rt.engine) as s:
+        return [e.kind for e in s.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))]
+
+
+def _submit(api: TestClient, rt: Runtime, clock: MovableClock) -> str:
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(rt, clock())
+    [first] = _placements(rt, job_id)
+    assert first.provider == "aws", "with 10 h of on-prem queue the job bursts to the cloud"
+    return job_id
+
+
+def test_running_job_returns_on_prem_at_its_next_checkpoint(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    job_id = _submit(api, rt, clock)
+    _run(rt, clock, 4)  # 40 minutes in the cloud: one checkpoint, at 30
+    onprem.wait_hours = 0.0  # the on-prem queue drains
+    _run(rt, clock, 1)  # at 50 minutes: 20 minutes since the checkpoint, more than a tick's worth: wait
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
+    assert _events(rt, job_id).count("return_planned") == 1
+    _run(rt, clock, 1)  # at 60 minutes the job checkpoints: stop it now and place it on-prem
+    cloud_p, onprem_p = _placements(rt, job_id)
+    assert cloud_p.state == "stopped" and onprem_p.provider == "dc"
+    assert onprem_p.work_hours_at_start == Decimal("3")  # 4 h less the hour its checkpoint saved
+    events = _events(rt, job_id)
+    assert events.count("return_planned") == 1 and "returning_onprem" in events
+    assert [vm.instance.state.value for vm in cloud.vms.values()] == ["terminated"]
+
+    _run(rt, clock, 20)
+    with Session(rt.engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.state == "succeeded"
+        ledger = s.exec(select(CostEntryRow).where(CostEntryRow.job_id == job_id)).all()
+    # 1 h in the cloud at $10, then 3 h on-prem at $2
+    assert sum((e.usd for e in ledger), Decimal(0)) == job.spent_usd == Decimal("16.00")
+
+
+def test_job_not_started_in_the_cloud_returns_at_once_with_all_its_work(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.slow_start = {"us-east-1a"}  # the cloud instance stays pending
+    job_id = _submit(api, rt, clock)
+    onprem.wait_hours = 0.0
+    _run(rt, clock, 1)
+    cloud_p, onprem_p = _placements(rt, job_id)
+    assert cloud_p.state == "stopped" and cloud_p.started_at is None and cloud_p.cost_usd == 0
+    assert onprem_p.provider == "dc" and onprem_p.work_hours_at_start == Decimal("4")
+    assert "return_planned" not in _events(rt, job_id)
+
+
+def test_cloud_work_stays_while_on_prem_is_busy_or_moving_saves_too_little(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    job_id = _submit(api, rt, clock)
+    onprem.wait_hours = 2.0  # drained a little, not enough: 2 h x $5 + $6 > $30 of cloud left at 60 min
+    _run(rt, clock, 21)  # to 3.5 h: the checkpoint at 3.5 h leaves 0.5 h of work
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
+    onprem.wait_hours = 0.0  # now free, but finishing 0.5 h costs $5.50 in the cloud vs $1.20 after a restart
+    _run(rt, clock, 3)
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
+    assert "returning_onprem" not in _events(rt, job_id)
