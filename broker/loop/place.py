@@ -94,10 +94,7 @@ def _place_one(
             return None, book  # another replica has it, or it changed state
         spec = spec_of(job)
         ctx = placement_context(rt, job, now, blocklist)
-        if spec.deadline_at is not None:
-            best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
-        else:
-            best, reason, pause = place(spec, book, ctx), "", False
+        best, reason, pause = choose_pool(rt, session, job, book, ctx, now)
         if best is None:
             reason = reason or quote(spec, book, ctx).wait_reason()
             if pause:
@@ -158,6 +155,18 @@ def _place_one(
     return placement.id, book
 
 
+def choose_pool(
+    rt: Runtime, session: Session, job: Job, book: PriceBook, ctx: PlacementContext, now: datetime
+) -> tuple[Candidate | None, str, bool]:
+    """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
+    for a job with a deadline, the cheapest expected cost otherwise. Returns (candidate, reason when none,
+    pause?). Also asked by the return-on-prem step, so both steps agree on where a job belongs."""
+    spec = spec_of(job)
+    if spec.deadline_at is not None:
+        return _deadline_decision(rt, session, job, spec, book, ctx, now)
+    return place(spec, book, ctx), "", False
+
+
 def _deadline_decision(
     rt: Runtime,
     session: Session,
@@ -178,8 +187,8 @@ def _deadline_decision(
         job=spec,
         now=now,
         started_at=job.created_at,
-        remaining_work_hours=job.remaining_work_hours,
-        spent_usd=job.spent_usd,
+        remaining_work_hours=ctx.remaining_work_hours,
+        spent_usd=ctx.spent_usd,
         checkpoint_at=ctx.checkpoint_at,
         preemptions=tuple(Preemption(p.ended_at or now, p.provider, p.region, p.zone) for p in history),
         tick_hours=rt.settings.tick_interval_seconds / 3600,

@@ -1,10 +1,11 @@
 """Tick step: bring cloud work back on-prem when on-prem pressure drops.
 
 For every job running (or still starting) on a cloud pool, the step asks two questions of the pure policy code:
-would the placement model put the job's remaining work on an on-prem pool now (`federation.placement.place`),
-and does moving it pay (`federation.burst.decide_return`: on-prem starts it at once, the deadline still holds
-after a restart, and it saves at least `return_min_saving_usd` against finishing in the cloud)? When both say
-yes:
+would the job's remaining work be placed on an on-prem pool now (`broker.loop.place.choose_pool`, the very
+choice `place_pending` makes next: the deadline-aware strategy for deadline jobs, cheapest expected cost
+otherwise), and does moving it pay (`federation.burst.decide_return`: on-prem starts it at once, the deadline
+still holds after a restart, and it saves at least `return_min_saving_usd` against finishing in the cloud)? When
+both say yes:
 - a job whose instance has not started yet is stopped now and re-queued with all of its work;
 - a running job is stopped at its next checkpoint: when the work done since its last checkpoint is at most one
   tick's worth (so at most that much is redone), it is stopped and re-queued with what the checkpoint saved;
@@ -23,14 +24,13 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
-from broker.loop.common import locked
-from broker.loop.place import placement_context
+from broker.loop.common import active_blocklist, locked
+from broker.loop.place import choose_pool, placement_context
 from broker.loop.sync import stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
-from federation.placement import place
 from providers.base import ComputeProvider, Instance, NotFound, ProviderError
 from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
 
@@ -89,8 +89,10 @@ def _consider(
         done = inst.checkpointed_work_hours
     remaining = max(Decimal("0"), p.work_hours_at_start - done)
     spec = spec_of(job)
-    ctx = replace(placement_context(rt, job, now, frozenset()), remaining_work_hours=remaining)
-    best = place(spec, rt.catalog.book(now), ctx)
+    with Session(rt.engine) as session_read:
+        blocklist = active_blocklist(session_read, now)
+    ctx = replace(placement_context(rt, job, now, blocklist), remaining_work_hours=remaining)
+    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return 0
     onprem = best.offering
