@@ -122,12 +122,21 @@ data "aws_iam_policy_document" "platform" {
     resources = ["${aws_cloudwatch_log_group.lambda.arn}:*"]
   }
 
-  # Lambda in a VPC creates and deletes its network interfaces with the function's role; these actions take no
-  # resource-level permissions.
+  # Lambda in a VPC creates and deletes its network interfaces with the function's role: in this account and
+  # region, in the function's subnets and security group.
   statement {
-    sid       = "VpcNetworkInterfaces"
-    actions   = ["ec2:AssignPrivateIpAddresses", "ec2:CreateNetworkInterface", "ec2:DeleteNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:UnassignPrivateIpAddresses"]
-    resources = ["*"]
+    sid     = "VpcNetworkInterfaces"
+    actions = ["ec2:AssignPrivateIpAddresses", "ec2:CreateNetworkInterface", "ec2:DeleteNetworkInterface", "ec2:UnassignPrivateIpAddresses"]
+    resources = concat(
+      ["arn:${local.partition}:ec2:${local.region}:${local.account}:network-interface/*", aws_security_group.lambda.arn],
+      [for s in var.subnet_ids : "arn:${local.partition}:ec2:${local.region}:${local.account}:subnet/${s}"],
+    )
+  }
+
+  statement {
+    sid       = "VpcNetworkInterfacesRead"
+    actions   = ["ec2:DescribeNetworkInterfaces"]
+    resources = ["*"] # Describe* takes no resource-level permissions
   }
 
   statement {
