@@ -27,7 +27,7 @@ locals {
   # The broker's environment: Settings fields (OVERSPILL_<FIELD>) and the database variables broker/serverless.py
   # reads. The Lambda gets no OVERSPILL_AWS_INTERRUPTION_QUEUE_URL: the SQS event source mapping delivers the
   # queue's messages, so the tick does not poll it.
-  environment = merge(var.extra_environment, {
+  broker_environment = {
     OVERSPILL_ENV                 = "production"
     OVERSPILL_DATA_DIR            = "/tmp/overspill"
     OVERSPILL_BROKER_ID           = var.broker_id
@@ -44,5 +44,6 @@ locals {
     OVERSPILL_DATABASE_PORT       = tostring(aws_rds_cluster.this.port)
     OVERSPILL_DATABASE_NAME       = var.db_name
     OVERSPILL_DATABASE_SSLMODE    = "require"
-  })
+  }
+  environment = merge(var.extra_environment, local.broker_environment)
 }
