@@ -50,6 +50,8 @@ Contract (providers/base.py):
   Notices for instances of other brokers are returned too: the broker matches ids. Deleting before the broker acts
   means a crash in between loses the early warning only; the reclaim itself still shows in `get` as PREEMPTED.
   EventBridge rules are regional: events from other regions reach the queue only through a cross-region bus rule.
+  Bodies are parsed by `notice_from_message_body`, which the Lambda entry point (`broker.serverless`) shares for the
+  messages its SQS event source mapping delivers.
 - Errors (ClientError codes): capacity (InsufficientInstanceCapacity, InsufficientCapacity, SpotMaxPriceTooLow...)
   → `InsufficientCapacity` (zone); InstanceLimitExceeded, VcpuLimitExceeded, MaxSpotInstanceCountExceeded →
   `QuotaExceeded` (region); RequestLimitExceeded, Throttling and 5xx-type codes → `Throttled`; UnauthorizedOperation,
@@ -390,6 +392,16 @@ def notice_from_event(event: Mapping[str, Any], *, provider: str) -> Interruptio
     )
 
 
+def notice_from_message_body(body: str, *, provider: str) -> InterruptionNotice | None:
+    """The notice one SQS message body carries: an EventBridge event, raw or wrapped in an SNS envelope.
+
+    Shared by `AwsProvider.poll_interruptions` (the broker polls the queue) and the Lambda entry point
+    (`broker.serverless`, where the SQS event source mapping delivers the same bodies). None for other event
+    types; ValueError (json.JSONDecodeError included), KeyError or TypeError when the body is malformed.
+    """
+    return notice_from_event(_event_of(body), provider=provider)
+
+
 def ensure_interruption_queue(
     events_client: EventsClient,
     sqs_client: SQSClient,
@@ -725,7 +737,7 @@ class AwsProvider:
 
     def _parse_message(self, message: Mapping[str, Any]) -> InterruptionNotice | None:
         try:
-            return notice_from_event(_event_of(str(message.get("Body", ""))), provider=self.name)
+            return notice_from_message_body(str(message.get("Body", "")), provider=self.name)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("dropping malformed interruption message %s: %s", message.get("MessageId"), exc)
             return None

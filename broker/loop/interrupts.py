@@ -4,6 +4,7 @@
   GCP preemption operations) are polled; a notice for a live placement marks it preempted as of the reclaim time
   and sends the job back to be re-placed at once, from the work its last checkpoint saved, instead of waiting to
   discover the loss by polling. The zone is avoided for a while. Notices are at-least-once: a repeat is a no-op.
+  `apply_notice` is the same action for one notice delivered another way (the Lambda's SQS event source).
 - `sweep_orphans`: any instance carrying this broker's tags without a live placement (a crash between a launch and
   its record, a reclaim the broker never heard of, a placement stopped while its terminate failed) is terminated
   once older than the grace period, and logged; nothing keeps billing unseen.
@@ -21,7 +22,7 @@ from broker.loop.common import PREEMPTION_BLOCK, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
-from providers.base import InstanceState, InterruptionSource, NotFound, ProviderError
+from providers.base import InstanceState, InterruptionNotice, InterruptionSource, NotFound, ProviderError
 from providers.model import JobState, PlacementState
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,14 @@ def handle_interruptions(rt: Runtime, now: datetime) -> int:
         for notice in notices:
             handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
     return handled
+
+
+def apply_notice(rt: Runtime, notice: InterruptionNotice, now: datetime) -> int:
+    """Act on one notice delivered outside the step above (the Lambda's SQS records), exactly as the step does.
+
+    Returns 1 when a live placement was marked preempted, 0 otherwise (not ours, a repeat, or a rebalance
+    recommendation). Database errors propagate, so a caller that can redeliver (SQS) retries the notice."""
+    return _apply(rt, notice.provider, notice.instance_id, notice.kind, notice.action_at or now, now)
 
 
 def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: datetime, now: datetime) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -61,9 +61,14 @@ class TickReport:
         return next((s.count for s in self.steps if s.name == name), 0)
 
 
-def tick(rt: Runtime, now: datetime) -> TickReport:
+Step = tuple[str, Callable[[Runtime, datetime], int]]
+
+
+def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickReport:
+    """Run `steps` (default: all of STEPS, in order) once. The serverless deployment passes STEPS without
+    refresh_prices, which has its own schedule there."""
     report = TickReport(at=now)
-    for name, step in STEPS:
+    for name, step in steps:
         started = time.perf_counter()
         try:
             count = step(rt, now)

@@ -1,0 +1,230 @@
+"""AWS Lambda entry point: `handler(event, context)` for every way the serverless deployment (terraform/) calls in.
+
+Dispatch is by the event's shape, before Mangum (which only understands HTTP events):
+- API Gateway (HTTP API payload 2.0; any event with a `requestContext`, which Mangum also reads for REST API v1 and
+  ALB): Mangum → the FastAPI app, with lifespan off (the runtime is built here, once per container).
+- EventBridge Scheduler: the schedule's Input `{"overspill_task": NAME}` → `TASKS[NAME](runtime, now)`, which returns
+  a JSON-able summary. "tick" runs every tick step except refresh_prices; "refresh_prices" asks every configured
+  feed now (it has its own, slower schedule, so a long price refresh never delays a tick). A name in
+  `PENDING_TASKS` is scheduled by the module but its code lands with its own feature: it raises `TaskUnavailable`
+  (the invocation fails visibly) until it is added to `TASKS`. Any other name raises `ValueError`.
+- SQS (`Records` from `aws:sqs`): each body, an EventBridge "EC2 Spot Instance Interruption Warning" or "EC2 Instance
+  Rebalance Recommendation" (raw or in an SNS envelope), is parsed by `providers.aws.notice_from_message_body` and
+  acted on by `broker.loop.interrupts.apply_notice`: the same code the tick's interruption step runs on the messages
+  it polls. Returns `{"batchItemFailures": [{"itemIdentifier": messageId}, ...]}` (the event source mapping has
+  ReportBatchItemFailures) for records whose handling raised, so only those are redelivered (then dead-lettered).
+  Malformed bodies and other event types are logged and acknowledged, as the polling path drops them: no retry can
+  fix them. Notices are at-least-once; a repeat is a no-op.
+- Anything else raises `ValueError`.
+
+Cold start: `Settings()` from the environment; when `OVERSPILL_DATABASE_SECRET_ARN` is set (and
+`OVERSPILL_DATABASE_URL` is not) the database URL is built from that Secrets Manager secret (`username`,
+`password`, and `host`/`port`/`dbname` when the secret has them, else `OVERSPILL_DATABASE_HOST`/`_PORT`/`_NAME`).
+`build_runtime` then migrates under PostgreSQL's advisory lock, so concurrent cold starts are safe: one upgrades,
+the others wait and find nothing to do. The runtime and the Mangum app are built once per container (module-level
+cache guarded by a lock) and reused by every warm invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from broker.loop.feeds import refresh_prices
+from broker.loop.interrupts import apply_notice
+from broker.loop.tick import STEPS, tick
+from broker.runtime import Runtime, build_runtime
+from broker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TASK_KEY = "overspill_task"
+SECRET_ARN_ENV = "OVERSPILL_DATABASE_SECRET_ARN"
+DB_HOST_ENV = "OVERSPILL_DATABASE_HOST"
+DB_PORT_ENV = "OVERSPILL_DATABASE_PORT"
+DB_NAME_ENV = "OVERSPILL_DATABASE_NAME"
+DB_SSLMODE_ENV = "OVERSPILL_DATABASE_SSLMODE"
+# Environment variables this module reads itself (the rest are Settings fields, OVERSPILL_<FIELD>).
+OWN_ENV = frozenset({SECRET_ARN_ENV, DB_HOST_ENV, DB_PORT_ENV, DB_NAME_ENV, DB_SSLMODE_ENV})
+AWS_PROVIDER = "aws"  # the name providers_config gives the EC2 provider; SQS notices are for its instances
+
+Task = Callable[[Runtime, datetime], dict[str, Any]]
+TICK_STEPS = tuple(step for step in STEPS if step[0] != "refresh_prices")
+
+
+class TaskUnavailable(RuntimeError):
+    """A scheduled task whose code is not part of this build."""
+
+
+def _run_tick(rt: Runtime, now: datetime) -> dict[str, Any]:
+    report = tick(rt, now, TICK_STEPS)
+    return {
+        "ok": report.ok,
+        "counts": {s.name: s.count for s in report.steps},
+        "errors": {s.name: s.error for s in report.steps if s.error},
+    }
+
+
+def _run_refresh_prices(rt: Runtime, now: datetime) -> dict[str, Any]:
+    return {"pools": refresh_prices(rt, now, force=True)}
+
+
+TASKS: dict[str, Task] = {"tick": _run_tick, "refresh_prices": _run_refresh_prices}
+# Scheduled by terraform/ (aws_scheduler_schedule.task["reports"]); the scheduled-reports feature adds its runner
+# to TASKS and removes it from here.
+PENDING_TASKS: frozenset[str] = frozenset({"reports"})
+
+
+# -- database credentials ----------------------------------------------------------------------------------------
+
+
+def database_url_from_secret(secret: Mapping[str, Any], env: Mapping[str, str]) -> str:
+    """A SQLAlchemy URL from a Secrets Manager database secret (the RDS-managed one holds only `username` and
+    `password`; RDS rotation-style secrets also hold `host`, `port`, `dbname`) plus the environment for what the
+    secret lacks. ValueError naming the missing field."""
+
+    def pick(key: str, env_name: str) -> str:
+        value = secret.get(key) or env.get(env_name)
+        if value in (None, ""):
+            raise ValueError(f"database secret: no {key!r} in the secret and {env_name} is not set")
+        return str(value)
+
+    for key in ("username", "password"):
+        if not secret.get(key):
+            raise ValueError(f"database secret: no {key!r} in the secret")
+    port = pick("port", DB_PORT_ENV)
+    if not port.isdigit():
+        raise ValueError(f"database secret: port {port!r} is not a number")
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(secret["username"]),
+        password=str(secret["password"]),
+        host=pick("host", DB_HOST_ENV),
+        port=int(port),
+        database=pick("dbname", DB_NAME_ENV),
+        query={"sslmode": env.get(DB_SSLMODE_ENV) or "require"},
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def read_secret(client: Any, arn: str) -> dict[str, Any]:
+    """The JSON object in a Secrets Manager secret (boto3 `secretsmanager` client)."""
+    raw = client.get_secret_value(SecretId=arn)["SecretString"]
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"secret {arn} does not hold a JSON object")
+    return value
+
+
+def _secrets_client(arn: str, endpoint_url: str | None) -> Any:
+    import boto3
+
+    region = arn.split(":")[3] if arn.count(":") >= 6 else None  # arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME
+    return boto3.client("secretsmanager", region_name=region or None, endpoint_url=endpoint_url)
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings for this container: the environment, with the database URL from the secret when configured."""
+    env = os.environ if env is None else env
+    settings = Settings()
+    arn = env.get(SECRET_ARN_ENV, "")
+    if arn and not settings.database_url:
+        secret = read_secret(_secrets_client(arn, settings.aws_endpoint_url), arn)
+        settings = settings.model_copy(update={"database_url": database_url_from_secret(secret, env)})
+    return settings
+
+
+# -- per-container state -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Container:
+    runtime: Runtime
+    asgi: Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+_lock = threading.Lock()
+_container: _Container | None = None
+
+
+def container() -> _Container:
+    """The runtime and the Mangum app of this Lambda container, built (and the database migrated) on first use."""
+    global _container
+    with _lock:
+        if _container is None:
+            from mangum import Mangum
+
+            from broker.app import create_app
+
+            rt = build_runtime(settings_from_env())
+            _container = _Container(runtime=rt, asgi=Mangum(create_app(runtime=rt), lifespan="off"))
+        return _container
+
+
+def reset() -> None:
+    """Forget the cached runtime (tests; a new container does the same)."""
+    global _container
+    with _lock:
+        if _container is not None:
+            _container.runtime.engine.dispose()
+        _container = None
+
+
+# -- dispatch ----------------------------------------------------------------------------------------------------
+
+
+def handler(event: Mapping[str, Any], context: Any) -> dict[str, Any]:
+    """The Lambda handler (see the module docstring)."""
+    if not isinstance(event, Mapping):
+        raise ValueError(f"unsupported Lambda event: {type(event).__name__}")
+    if "requestContext" in event:
+        return container().asgi(dict(event), context)
+    if TASK_KEY in event:
+        return run_task(str(event[TASK_KEY]))
+    records = event.get("Records")
+    if isinstance(records, list) and records and all(r.get("eventSource") == "aws:sqs" for r in records):
+        return handle_sqs(records)
+    raise ValueError(f"unsupported Lambda event with keys {sorted(event)[:10]}")
+
+
+def run_task(name: str) -> dict[str, Any]:
+    task = TASKS.get(name)
+    if task is None:
+        if name in PENDING_TASKS:
+            raise TaskUnavailable(f"{TASK_KEY} {name!r} is scheduled but not part of this build")
+        raise ValueError(f"{TASK_KEY}: unknown task {name!r} (known: {', '.join(sorted(TASKS))})")
+    rt = container().runtime
+    result = task(rt, rt.clock())
+    log.info("task %s done: %s", name, result)
+    return {"task": name, **result}
+
+
+def handle_sqs(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Act on each record's interruption notice; report the records whose handling failed."""
+    from providers.aws import notice_from_message_body
+
+    rt = container().runtime
+    failures: list[dict[str, str]] = []
+    for record in records:
+        message_id = str(record.get("messageId", ""))
+        try:
+            notice = notice_from_message_body(str(record.get("body", "")), provider=AWS_PROVIDER)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("dropping malformed interruption message %s: %s", message_id, exc)
+            continue
+        if notice is None:
+            continue
+        try:
+            apply_notice(rt, notice, rt.clock())
+        except Exception:  # redeliver this record only; the others are done
+            log.exception("handling interruption notice %s (%s) failed", message_id, notice.instance_id)
+            failures.append({"itemIdentifier": message_id})
+    return {"batchItemFailures": failures}
