@@ -13,7 +13,7 @@ clouds), `storage` (checkpoint storage) and `correction`.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from decimal import Decimal
 
 from sqlmodel import Session, col, select
@@ -121,10 +121,23 @@ def wasted_hours(p: Placement) -> Decimal:
     return min(ran, max(Decimal("0"), ran - p.saved_work_hours))
 
 
+def day_cuts(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """`[start, end)` split at every UTC midnight inside it (entries never straddle a day)."""
+    cuts: list[tuple[datetime, datetime]] = []
+    while True:
+        midnight = datetime.combine(start.date() + timedelta(days=1), time(0), tzinfo=start.tzinfo)
+        if midnight >= end:
+            cuts.append((start, end))
+            return cuts
+        cuts.append((start, midnight))
+        start = midnight
+
+
 def record_wasted(session: Session, job: Job, p: Placement, now: datetime) -> Decimal:
     """Reclassify the compute of a preempted placement's lost work (its last `wasted_hours`) as `wasted`, priced
-    at what those hours cost (the compute entries covering them, pro rata). Call once, after its compute is
-    fully accrued (accrued_until == ended_at). Returns the amount moved; the job's total does not change."""
+    at what those hours cost (the compute entries covering them, pro rata), one pair per UTC day. Call once,
+    after its compute is fully accrued (accrued_until == ended_at). Returns the amount moved; the job's total
+    does not change."""
     hours = wasted_hours(p)
     if hours <= 0 or p.ended_at is None:
         return Decimal("0")
@@ -136,21 +149,46 @@ def record_wasted(session: Session, job: Job, p: Placement, now: datetime) -> De
             col(CostEntryRow.period_end_at) > window_start,
         )
     ).all()
-    usd = od = Decimal("0")
-    for r in rows:
-        if r.usd < 0:
+    moved = Decimal("0")
+    for a, b in day_cuts(window_start, p.ended_at):
+        usd = od = Decimal("0")
+        for r in rows:
+            span = hours_between(r.period_start_at, r.period_end_at)
+            overlap = hours_between(max(r.period_start_at, a), min(r.period_end_at, b))
+            if r.usd < 0 or span <= 0 or overlap <= 0:
+                continue
+            usd += r.usd * overlap / span
+            od += r.on_demand_usd * overlap / span
+        usd, od = usd.quantize(LEDGER_QUANTUM), od.quantize(LEDGER_QUANTUM)
+        if usd == 0:
             continue
-        span = hours_between(r.period_start_at, r.period_end_at)
-        overlap = hours_between(max(r.period_start_at, window_start), min(r.period_end_at, p.ended_at))
-        if span <= 0 or overlap <= 0:
-            continue
-        usd += r.usd * overlap / span
-        od += r.on_demand_usd * overlap / span
-    usd, od = usd.quantize(LEDGER_QUANTUM), od.quantize(LEDGER_QUANTUM)
-    if usd == 0:
-        return Decimal("0")
-    note = f"{hours.quantize(Decimal('0.0001'))} h since the last checkpoint lost to a preemption"
-    common = {"start": window_start, "end": p.ended_at, "now": now, "placement": p, "quantity": hours, "note": note}
-    record_entry(session, job, kind=CostKind.COMPUTE, usd=-usd, on_demand_usd=-od, **common)  # type: ignore[arg-type]
-    record_entry(session, job, kind=CostKind.WASTED, usd=usd, on_demand_usd=od, **common)  # type: ignore[arg-type]
-    return usd
+        part = hours_between(a, b)
+        note = f"{part.quantize(Decimal('0.0001'))} h since the last checkpoint lost to a preemption"
+        record_entry(
+            session,
+            job,
+            kind=CostKind.COMPUTE,
+            usd=-usd,
+            on_demand_usd=-od,
+            start=a,
+            end=b,
+            now=now,
+            placement=p,
+            quantity=-part,
+            note=note,
+        )
+        record_entry(
+            session,
+            job,
+            kind=CostKind.WASTED,
+            usd=usd,
+            on_demand_usd=od,
+            start=a,
+            end=b,
+            now=now,
+            placement=p,
+            quantity=part,
+            note=note,
+        )
+        moved += usd
+    return moved

@@ -15,12 +15,12 @@ transaction under row locks, so a crash or a second replica can neither skip nor
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from sqlmodel import Session, col, or_, select
 
-from broker.finance.ledger import LEDGER_QUANTUM, record_entry, record_wasted
+from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, record_entry, record_wasted
 from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -31,18 +31,6 @@ from providers.model import CostKind, PlacementState, hours_between
 def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: datetime) -> Decimal:
     before = (hourly * hours_between(seg_start, start)).quantize(LEDGER_QUANTUM)
     return (hourly * hours_between(seg_start, end)).quantize(LEDGER_QUANTUM) - before
-
-
-def _day_cuts(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
-    """`[start, end)` split at every UTC midnight inside it."""
-    cuts: list[tuple[datetime, datetime]] = []
-    while True:
-        midnight = datetime.combine(start.date() + timedelta(days=1), time(0), tzinfo=start.tzinfo)
-        if midnight >= end:
-            cuts.append((start, end))
-            return cuts
-        cuts.append((start, midnight))
-        start = midnight
 
 
 def accrue_costs(rt: Runtime, now: datetime) -> int:
@@ -79,7 +67,7 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                 p.price_segment_hourly_usd = hourly
             hours = hours_between(start, end)
             usd = Decimal("0")
-            for a, b in _day_cuts(start, end):
+            for a, b in day_cuts(start, end):
                 part = _telescoped(hourly, seg_start, a, b)
                 record_entry(
                     session,
