@@ -27,6 +27,8 @@ from sqlmodel import Session, col, select
 from broker.finance.notify import NotifyError, post_webhook, send_email
 from broker.runtime import Runtime
 from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
+from pricing.book import PriceBook
+from providers.model import CapacityType
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,11 @@ def budget_block_reason(session: Session, job: Job, now: datetime) -> str | None
                 "waiting for on-prem capacity or for the budget to be raised"
             )
     return None
+
+
+def onprem_only(book: PriceBook, now: datetime) -> PriceBook:
+    """The on-prem pools of a price book (what a job behind a spent hard budget may still use)."""
+    return PriceBook.build([o for o in book if o.capacity_type is CapacityType.ON_PREM], now, book.feed_observed_at)
 
 
 def check_budgets(rt: Runtime, now: datetime) -> int:

@@ -60,7 +60,8 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
             current = book.get(p.offering_key)
             hourly = current.price.hourly_usd if current is not None else (p.price_segment_hourly_usd or p.hourly_usd)
             twin = book.on_demand_price(current) if current is not None else None
-            od_hourly = twin.price.hourly_usd if twin is not None else p.on_demand_hourly_usd
+            # no on-demand twin priced (or the pool is its own twin: on-demand, on-prem): claim no saving
+            od_hourly = None if twin is None or twin is current else twin.price.hourly_usd
             seg_start = p.price_segment_started_at
             if seg_start is None or p.price_segment_hourly_usd != hourly:
                 seg_start = p.price_segment_started_at = start
@@ -79,7 +80,7 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                     now=now,
                     placement=p,
                     hourly_usd=hourly,
-                    on_demand_usd=od_hourly * hours_between(a, b),
+                    on_demand_usd=part if od_hourly is None else od_hourly * hours_between(a, b),
                     quantity=hours_between(a, b),
                 )
                 usd += part

@@ -17,6 +17,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.auth import callback_token
+from broker.finance.budgets import budget_block_reason, onprem_only
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -87,12 +88,14 @@ def _place_one(
             return None, book  # another replica has it, or it changed state
         spec = spec_of(job)
         ctx = _context(rt, job, now, blocklist)
+        blocked = budget_block_reason(session, job, now)  # a spent hard budget: on-prem pools only
+        job_book = onprem_only(book, now) if blocked else book
         if spec.deadline_at is not None:
-            best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
+            best, reason, pause = _deadline_decision(rt, session, job, spec, job_book, ctx, now)
         else:
-            best, reason, pause = place(spec, book, ctx), "", False
+            best, reason, pause = place(spec, job_book, ctx), "", False
         if best is None:
-            reason = reason or quote(spec, book, ctx).wait_reason()
+            reason = blocked or reason or quote(spec, job_book, ctx).wait_reason()
             if pause:
                 job.state = JobState.PAUSED.value
             if reason != job.wait_reason or pause:
