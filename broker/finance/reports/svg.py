@@ -27,7 +27,7 @@ def stacked_bars(title: str, labels: list[str], series: dict[str, list[Decimal]]
     n = max(len(labels), 1)
     bar_w = plot_w / n * 0.8
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" id="{chart_id}" class="chart" role="img" width="{W}" '
+        f'<svg id="{chart_id}" class="chart" role="img" width="{W}" '
         f'height="{H + 20 * ((len(series) + 3) // 4)}" viewBox="0 0 {W} {H + 20 * ((len(series) + 3) // 4)}">',
         f"<title>{escape(title)}</title>",
         f'<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{escape(title)}</text>',
