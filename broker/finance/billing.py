@@ -5,7 +5,8 @@ Import keeps, per resource id and UTC charge day, the sums of BilledCost, Effect
 without a ResourceId, such as taxes or support, are counted but not kept). Resource ids are normalised so an
 ARN (`arn:aws:ec2:us-east-1:123:instance/i-0abc`) matches the instance id the broker launched (`i-0abc`).
 
-Reconciliation compares, for the bill's provider and its charge window, the ledger's cost per resource id with
+Reconciliation compares, for the bill's provider and its billing period (BillingPeriodStart/End, or the days
+of its charges when absent), the ledger's cost per resource id with
 the bill's BilledCost: `difference = billed - ledger`, status `match` within `TOLERANCE_USD`, else `differs`,
 or `only_in_bill` / `only_in_ledger`.
 """
@@ -83,7 +84,8 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         missing = [c for c in REQUIRED if c not in table.column_names]
         if missing:
             raise BillError(f"column {missing[0]} is missing (a FOCUS export has {', '.join(REQUIRED)})")
-        wanted = [c for c in (*REQUIRED, "EffectiveCost", "ListCost", "ProviderName") if c in table.column_names]
+        extra = ("EffectiveCost", "ListCost", "ProviderName", "BillingPeriodStart", "BillingPeriodEnd")
+        wanted = [c for c in (*REQUIRED, *extra) if c in table.column_names]
         yield from table.select(wanted).to_pylist()
         return
     raw = path.read_bytes()
@@ -116,6 +118,7 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
     billed = Decimal("0")
     first: datetime | None = None
     last: datetime | None = None
+    period: list[datetime] = []
     for n, row in enumerate(read_rows(path), start=2):
         rows += 1
         cost = _dec(row.get("BilledCost"), "BilledCost", n)
@@ -123,6 +126,9 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
         start = _time(row.get("ChargePeriodStart"), "ChargePeriodStart", n)
         first = start if first is None or start < first else first
         last = start if last is None or start > last else last
+        for column in ("BillingPeriodStart", "BillingPeriodEnd"):
+            if row.get(column):
+                period.append(_time(row[column], column, n))
         if row.get("ProviderName"):
             names.add(str(row["ProviderName"]).strip().lower())
         resource = normalise_resource_id(str(row.get("ResourceId") or ""))
@@ -144,6 +150,8 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
         provider = str(known.pop())
     start_day = datetime(first.year, first.month, first.day, tzinfo=UTC)
     end_day = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+    if period:  # the billing period the export covers: ledger resources in it but not billed show up
+        start_day, end_day = min(min(period), start_day), max(max(period), end_day)
     imp = BillImportRow(
         id=new_id("bil"),
         tenant=tenant,
@@ -155,7 +163,7 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
         billed_usd=billed,
         created_at=now,
     )
-    with Session(rt.engine) as session:
+    with Session(rt.engine, expire_on_commit=False) as session:
         session.add(imp)
         session.flush()
         for (resource, day), (b, e, lst) in sorted(lines.items()):
