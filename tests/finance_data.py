@@ -56,10 +56,13 @@ def seed_ledger(engine: Engine, tenant: str, start: datetime, days: int, entries
     rows: list[dict[str, Any]] = []
     total = Decimal("0")
     span = days * 24 * 6  # 10-minute slots
+    starts = [rng.randrange(span) for _ in range(n_jobs)]
     for i in range(entries):
-        job = jobs[i % n_jobs]
-        provider, region, zone, itype, cap, hourly, od = POOLS[(i // n_jobs) % len(POOLS)]
-        slot = rng.randrange(span)
+        j, k = i % n_jobs, i // n_jobs  # job j's k-th 10-minute accrual: jobs run in contiguous stretches
+        job = jobs[j]
+        pool = (j + k // 10) % len(POOLS)  # re-placed on another pool every 10 entries
+        provider, region, zone, itype, cap, hourly, od = POOLS[pool]
+        slot = (starts[j] + k) % span
         begin = start + timedelta(minutes=10 * slot)
         end = begin + timedelta(minutes=10)
         hours = Decimal(1) / Decimal(6)
@@ -77,7 +80,7 @@ def seed_ledger(engine: Engine, tenant: str, start: datetime, days: int, entries
         rows.append(
             {
                 "job_id": job["id"],
-                "placement_id": f"plc_{job['id']}_{(i // n_jobs) % len(POOLS)}",
+                "placement_id": f"plc_{job['id']}_{pool}",
                 "tenant": tenant,
                 "team": job["team"],
                 "project": job["project"],
@@ -85,7 +88,7 @@ def seed_ledger(engine: Engine, tenant: str, start: datetime, days: int, entries
                 "region": region,
                 "zone": zone,
                 "instance_type": itype,
-                "resource_id": f"i-{i % n_jobs:010x}{(i // n_jobs) % len(POOLS):02d}",
+                "resource_id": f"i-{j:010x}{pool:02d}",
                 "capacity_type": cap,
                 "kind": kind,
                 "period_start_at": begin,

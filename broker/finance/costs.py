@@ -8,13 +8,15 @@ cost on the pool's on-demand twin, minus what they cost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import NamedTuple
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import String, select, type_coerce
 from sqlalchemy.engine import Engine
 
 from broker.tables import CostEntryRow
@@ -70,10 +72,27 @@ _COLUMNS = (
 )
 
 
+def _money(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(value)
+
+
+def _utc(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+_RAW = {"period_start_at", "period_end_at", "hourly_usd", "usd", "on_demand_usd", "quantity"}
+
+
 def entries(engine: Engine, tenant: str, start: datetime, end: datetime) -> list[Entry]:
-    """Every entry of `tenant` whose period starts in `[start, end)`, in id order (the order they were written)."""
+    """Every entry of `tenant` whose period starts in `[start, end)`, in id order (the order they were written).
+
+    Money and time columns are read raw and converted here in one pass (the column types' per-value hooks
+    cost more than the query on a month of entries)."""
+    columns = [type_coerce(c, String) if c.key in _RAW else c for c in _COLUMNS]
     query = (
-        select(*_COLUMNS)
+        select(*columns)
         .where(
             CostEntryRow.tenant == tenant,
             CostEntryRow.period_start_at >= start,
@@ -81,21 +100,47 @@ def entries(engine: Engine, tenant: str, start: datetime, end: datetime) -> list
         )
         .order_by(CostEntryRow.id)
     )
+    out: list[Entry] = []
     with engine.connect() as conn:
-        return [Entry(*row) for row in conn.execute(query)]
+        for r in conn.execute(query):
+            out.append(
+                Entry(
+                    r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                    _utc(r[12]), _utc(r[13]), _money(r[14]), _money(r[15]), _money(r[16]), _money(r[17]),
+                    r[18], r[19],
+                )
+            )  # fmt: skip
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _iso(d: date) -> str:
+    return d.isoformat()
+
+
+def day_of(e: Entry) -> str:
+    """The UTC day an entry belongs to, YYYY-MM-DD."""
+    return _iso(e.start.date())
+
+
+_KEYS: dict[str, Callable[[Entry], str]] = {
+    "team": attrgetter("team"),
+    "project": attrgetter("project"),
+    "job": attrgetter("job_id"),
+    "provider": attrgetter("provider"),
+    "region": attrgetter("region"),
+    "capacity_type": attrgetter("capacity_type"),
+    "kind": attrgetter("kind"),
+    "day": day_of,
+    "month": lambda e: day_of(e)[:7],
+}
 
 
 def key_of(e: Entry, name: str) -> str:
-    if name == "job":
-        return e.job_id
-    if name == "day":
-        return e.start.strftime("%Y-%m-%d")
-    if name == "month":
-        return e.start.strftime("%Y-%m")
-    return str(getattr(e, name))
+    return _KEYS[name](e)
 
 
-@dataclass
+@dataclass(slots=True)
 class Sums:
     cost_usd: Decimal = ZERO
     on_demand_usd: Decimal = ZERO
@@ -135,13 +180,20 @@ def group(items: Iterable[Entry], group_by: Sequence[str]) -> Grouped:
     if unknown:
         raise ValueError(f"unknown group_by key(s) {', '.join(unknown)}; use {', '.join(GROUP_KEYS)}")
     out = Grouped(tuple(group_by))
+    keyers = [_KEYS[g] for g in group_by]
+    rows = out.rows
+    total = out.total
     for e in items:
-        key = tuple(key_of(e, g) for g in group_by)
-        sums = out.rows.get(key)
+        key = tuple(k(e) for k in keyers)
+        sums = rows.get(key)
         if sums is None:
-            sums = out.rows[key] = Sums()
-        sums.add(e)
-        out.total.add(e)
+            sums = rows[key] = Sums()
+        sums.cost_usd += e.usd
+        sums.on_demand_usd += e.on_demand_usd
+        sums.entries += 1
+        total.cost_usd += e.usd
+        total.on_demand_usd += e.on_demand_usd
+        total.entries += 1
     return out
 
 

@@ -10,7 +10,7 @@ import csv
 import io
 from decimal import Decimal
 
-from broker.finance.costs import Sums, money
+from broker.finance.costs import Sums, day_of, money
 from broker.finance.reports.data import ReportData
 
 HEADER = (
@@ -39,7 +39,7 @@ def detail_rows(data: ReportData) -> list[tuple[tuple[str, ...], Sums, Decimal]]
     rows: dict[tuple[str, ...], tuple[Sums, list[Decimal]]] = {}
     for e in data.entries:
         key = (
-            e.start.strftime("%Y-%m-%d"),
+            day_of(e),
             e.team,
             e.project,
             e.job_id,

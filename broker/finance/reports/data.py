@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from sqlalchemy.engine import Engine
 
-from broker.finance.costs import Entry, Grouped, Sums, entries, group, iter_days
+from broker.finance.costs import Entry, Grouped, Sums, entries, iter_days
 from broker.finance.reports.period import label
 
 ZERO = Decimal("0")
@@ -61,17 +61,47 @@ class ReportData:
 
 
 def build(items: list[Entry], tenant: str, start: datetime, end: datetime) -> ReportData:
-    def location(e: Entry) -> str:
-        return "on-prem" if e.capacity_type == "on_prem" else "cloud"
-
+    """All the groupings in one pass over the entries."""
+    names = ("team", "project", "provider", "kind", "day_team", "day_provider", "team_kind")
+    groups: dict[str, Grouped] = {
+        "team": Grouped(("team",)),
+        "project": Grouped(("project",)),
+        "provider": Grouped(("provider",)),
+        "kind": Grouped(("kind",)),
+        "day_team": Grouped(("day", "team")),
+        "day_provider": Grouped(("day", "provider")),
+        "team_kind": Grouped(("team", "kind")),
+    }
+    rows = [groups[n].rows for n in names]
+    total = Sums()
     by_location: dict[str, Sums] = {"cloud": Sums(), "on-prem": Sums()}
     jobs: dict[str, tuple[str, str, Sums]] = {}
+    days: dict[object, str] = {}
     for e in items:
-        by_location[location(e)].add(e)
+        d = e.start.date()
+        day = days.get(d)
+        if day is None:
+            day = days[d] = d.isoformat()
+        keys = ((e.team,), (e.project,), (e.provider,), (e.kind,), (day, e.team), (day, e.provider), (e.team, e.kind))
+        for table, key in zip(rows, keys, strict=True):
+            sums = table.get(key)
+            if sums is None:
+                sums = table[key] = Sums()
+            sums.cost_usd += e.usd
+            sums.on_demand_usd += e.on_demand_usd
+            sums.entries += 1
+        for sums in (total, by_location["on-prem" if e.capacity_type == "on_prem" else "cloud"]):
+            sums.cost_usd += e.usd
+            sums.on_demand_usd += e.on_demand_usd
+            sums.entries += 1
         slot = jobs.get(e.job_id)
         if slot is None:
             slot = jobs[e.job_id] = (e.team, e.project, Sums())
-        slot[2].add(e)
+        slot[2].cost_usd += e.usd
+        slot[2].on_demand_usd += e.on_demand_usd
+        slot[2].entries += 1
+    for g in groups.values():
+        g.total = total
     top = sorted(((j, t, p, s) for j, (t, p, s) in jobs.items()), key=lambda r: (-r[3].cost_usd, r[0]))[:20]
     return ReportData(
         tenant=tenant,
@@ -79,14 +109,14 @@ def build(items: list[Entry], tenant: str, start: datetime, end: datetime) -> Re
         end=end,
         entries=items,
         days=list(iter_days(start, end)),
-        total=group(items, ()).total,
-        by_team=group(items, ("team",)),
-        by_project=group(items, ("project",)),
-        by_provider=group(items, ("provider",)),
-        by_kind=group(items, ("kind",)),
-        by_day_team=group(items, ("day", "team")),
-        by_day_provider=group(items, ("day", "provider")),
-        by_team_kind=group(items, ("team", "kind")),
+        total=total,
+        by_team=groups["team"],
+        by_project=groups["project"],
+        by_provider=groups["provider"],
+        by_kind=groups["kind"],
+        by_day_team=groups["day_team"],
+        by_day_provider=groups["day_provider"],
+        by_team_kind=groups["team_kind"],
         by_location=by_location,
         top_jobs=top,
     )

@@ -20,7 +20,7 @@ import json
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from broker.finance.costs import Entry, Sums
+from broker.finance.costs import Entry, Sums, day_of
 from broker.finance.reports.data import ReportData
 
 FOCUS_COLUMNS = (
@@ -120,7 +120,7 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
     groups: dict[tuple[str, ...], tuple[Entry, Sums, list[Decimal]]] = {}
     for e in data.entries:
         key = (
-            e.start.strftime("%Y-%m-%d"),
+            day_of(e),
             e.provider,
             e.region,
             e.zone,
