@@ -5,7 +5,6 @@ Nothing here reads a clock: a report of the same period over the same ledger is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -124,6 +123,3 @@ def build(items: list[Entry], tenant: str, start: datetime, end: datetime) -> Re
 
 def load(engine: Engine, tenant: str, start: datetime, end: datetime) -> ReportData:
     return build(entries(engine, tenant, start, end), tenant, start, end)
-
-
-Progress = Callable[[str], None]

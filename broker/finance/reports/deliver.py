@@ -6,7 +6,7 @@ one is a 422 naming the field, not a failed run later). `deliver` either deliver
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from broker.finance.notify import NotifyError, post_file, send_email
@@ -107,7 +107,3 @@ def _to_s3(settings: Settings, dest: dict[str, Any], filename: str, content: byt
     except (BotoCoreError, ClientError) as exc:
         raise DeliveryError(f"s3://{dest['bucket']}/{key}: {exc}") from exc
     return f"s3://{dest['bucket']}/{key}"
-
-
-def local_path(settings: Settings, sub: str) -> Path:
-    return settings.resolved_reports_dir / sub

@@ -197,14 +197,26 @@ def _claim(rt: Runtime, schedule_id: str, now: datetime) -> tuple[str, dict[str,
 
 
 def _stale_runs(rt: Runtime, now: datetime) -> list[tuple[str, dict[str, Any]]]:
+    """Runs a crash left `running` for longer than STALE_AFTER, each claimed (its clock restarted under a row
+    lock) so that only one replica redoes it."""
     out: list[tuple[str, dict[str, Any]]] = []
     with Session(rt.engine) as session:
-        runs = session.exec(
-            select(ReportRunRow).where(
+        ids = session.exec(
+            select(ReportRunRow.id).where(
                 ReportRunRow.state == "running", col(ReportRunRow.created_at) < now - STALE_AFTER
             )
         ).all()
-        for run in runs:
+    for run_id in ids:
+        with Session(rt.engine) as session:
+            run = session.exec(
+                select(ReportRunRow).where(ReportRunRow.id == run_id).with_for_update(skip_locked=True)
+            ).first()
+            if run is None or run.state != "running" or run.created_at >= now - STALE_AFTER:
+                continue
+            run.created_at = now
+            session.add(run)
             sched = session.get(ReportScheduleRow, run.schedule_id) if run.schedule_id else None
-            out.append((run.id, dict(sched.destination) if sched else {}))
+            dest = dict(sched.destination) if sched else {}
+            session.commit()
+            out.append((run_id, dest))
     return out
