@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.errors import BrokerError
-from broker.routes import catalog, health, jobs, keys, placements
+from broker.routes import budgets, catalog, costs, health, jobs, keys, placements, reports
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -147,7 +147,17 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             status_code=exc.status_code,
         )
 
-    for router in (jobs.router, catalog.router, keys.router, placements.router, health.router):
+    for router in (
+        jobs.router,
+        catalog.router,
+        keys.router,
+        placements.router,
+        health.router,
+        costs.router,
+        budgets.router,
+        reports.schedules,
+        reports.runs,
+    ):
         app.include_router(router)
     return app
 

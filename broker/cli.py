@@ -15,12 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from broker.client import ApiError, BrokerClient
+from broker.finance.cli import costs_app, report_app
 
 app = typer.Typer(help="Overspill: burst GPU training jobs to the cheapest suitable pool within a cost ceiling.")
 keys_app = typer.Typer(help="API keys.")
 app.add_typer(keys_app, name="keys")
 prices_app = typer.Typer(help="Price feeds and catalogs.")
 app.add_typer(prices_app, name="prices")
+app.add_typer(report_app, name="report")
+app.add_typer(costs_app, name="costs")
 console = Console()
 err = Console(stderr=True)
 

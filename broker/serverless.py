@@ -4,8 +4,9 @@ Dispatch is by the event's shape, before Mangum (which only understands HTTP eve
 - API Gateway (HTTP API payload 2.0; any event with a `requestContext`, which Mangum also reads for REST API v1 and
   ALB): Mangum → the FastAPI app, with lifespan off (the runtime is built here, once per container).
 - EventBridge Scheduler: the schedule's Input `{"overspill_task": NAME}` → `TASKS[NAME](runtime, now)`, which returns
-  a JSON-able summary. "tick" runs every tick step except refresh_prices; "refresh_prices" asks every configured
-  feed now (it has its own, slower schedule, so a long price refresh never delays a tick). A name in
+  a JSON-able summary. "tick" runs every tick step except refresh_prices and run_due_reports; "refresh_prices"
+  asks every configured feed now and "reports" runs the report schedules that are due (each has its own schedule,
+  so a long price refresh or report never delays a tick). A name in
   `PENDING_TASKS` is scheduled by the module but its code lands with its own feature: it raises `TaskUnavailable`
   (the invocation fails visibly) until it is added to `TASKS`. Any other name raises `ValueError`.
 - SQS (`Records` from `aws:sqs`): each body, an EventBridge "EC2 Spot Instance Interruption Warning" or "EC2 Instance
@@ -38,6 +39,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from broker.finance.reports.runs import run_due_reports
 from broker.loop.feeds import refresh_prices
 from broker.loop.interrupts import apply_notice
 from broker.loop.tick import STEPS, tick
@@ -57,7 +59,8 @@ OWN_ENV = frozenset({SECRET_ARN_ENV, DB_HOST_ENV, DB_PORT_ENV, DB_NAME_ENV, DB_S
 AWS_PROVIDER = "aws"  # the name providers_config gives the EC2 provider; SQS notices are for its instances
 
 Task = Callable[[Runtime, datetime], dict[str, Any]]
-TICK_STEPS = tuple(step for step in STEPS if step[0] != "refresh_prices")
+# prices and reports have schedules of their own, so a long price refresh or report never delays a tick
+TICK_STEPS = tuple(step for step in STEPS if step[0] not in ("refresh_prices", "run_due_reports"))
 
 
 class TaskUnavailable(RuntimeError):
@@ -77,10 +80,13 @@ def _run_refresh_prices(rt: Runtime, now: datetime) -> dict[str, Any]:
     return {"pools": refresh_prices(rt, now, force=True)}
 
 
-TASKS: dict[str, Task] = {"tick": _run_tick, "refresh_prices": _run_refresh_prices}
-# Scheduled by terraform/ (aws_scheduler_schedule.task["reports"]); the scheduled-reports feature adds its runner
-# to TASKS and removes it from here.
-PENDING_TASKS: frozenset[str] = frozenset({"reports"})
+def _run_reports(rt: Runtime, now: datetime) -> dict[str, Any]:
+    return {"reports": run_due_reports(rt, now)}
+
+
+TASKS: dict[str, Task] = {"tick": _run_tick, "refresh_prices": _run_refresh_prices, "reports": _run_reports}
+# Scheduled by terraform/ but whose code is not in this build (none today).
+PENDING_TASKS: frozenset[str] = frozenset()
 
 
 # -- database credentials ----------------------------------------------------------------------------------------

@@ -103,6 +103,18 @@ class Settings(BaseSettings):
     orphan_grace_seconds: float = Field(default=600.0, description="an untracked instance younger than this is spared")
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
+    smtp_host: str = Field(default="", description="SMTP server for budget alerts and emailed reports")
+    smtp_port: int = 25
+    smtp_username: str = ""
+    smtp_password: str = ""
+    smtp_from: str = "overspill@localhost"
+    smtp_starttls: bool = Field(default=False, description="upgrade the SMTP connection with STARTTLS")
+    reports_dir: Path | None = Field(
+        default=None, description="root of 'directory' report deliveries (data_dir/reports)"
+    )
+    reports_s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for report delivery")
+    finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
+
     max_request_bytes: int = 1_000_000
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
@@ -121,6 +133,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'overspill.db').as_posix()}"
+
+    @property
+    def resolved_reports_dir(self) -> Path:
+        return self.reports_dir or self.data_dir / "reports"
 
     def callback_key(self) -> bytes:
         """The key that signs instances' exit-status callbacks (derived from the bootstrap key if not set)."""

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from broker.db import Money, UTCDateTime
@@ -105,6 +105,7 @@ class Placement(SQLModel, table=True):
     price_segment_hourly_usd: Decimal | None = _money(None, nullable=True)
     cost_usd: Decimal = _money()
     exit_code: int | None = None  # reported by the instance itself through the completion callback
+    saved_work_hours: Decimal | None = _money(None, nullable=True)  # work its last checkpoint kept, once ended
     detail: str = Field(default="", max_length=500)
 
 
@@ -121,7 +122,16 @@ class JobEvent(SQLModel, table=True):
 
 
 class CostEntryRow(SQLModel, table=True):
+    """One append-only ledger line. `kind` is compute, wasted, egress, storage or correction.
+
+    A `wasted` line moves part of a preempted placement's compute (the work since its last checkpoint, redone
+    elsewhere) out of `compute`: it is written as a pair, compute -X and wasted +X, so sums stay exact. A
+    `correction` names the line it corrects in `corrects_id`. `quantity`/`unit` are what was consumed (hours,
+    GB, GB-months); `resource_id` is the provider's instance id, the key for reconciling against a bill.
+    """
+
     __tablename__ = "cost_entry"
+    __table_args__ = (Index("ix_cost_entry_tenant_period", "tenant", "period_start_at"),)
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
@@ -138,6 +148,14 @@ class CostEntryRow(SQLModel, table=True):
     usd: Decimal = _money()
     on_demand_usd: Decimal = _money()
     created_at: datetime = _at(nullable=False)
+    region: str = Field(default="", max_length=64)
+    zone: str = Field(default="", max_length=64)
+    instance_type: str = Field(default="", max_length=64)
+    resource_id: str = Field(default="", max_length=128, index=True)
+    quantity: Decimal = _money()
+    unit: str = Field(default="Hours", max_length=16)
+    corrects_id: int | None = Field(default=None)
+    note: str = Field(default="", max_length=500)
 
 
 class OfferingRow(SQLModel, table=True):
@@ -246,3 +264,123 @@ class CheckpointCopyRow(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=80)
     lease_until_at: datetime | None = _at()
     updated_at: datetime = _at(nullable=False)
+
+
+class BudgetRow(SQLModel, table=True):
+    """A spending limit for one team or project of a tenant, per calendar month (UTC) or a custom period."""
+
+    __tablename__ = "budget"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    scope: str = Field(max_length=16)  # team | project
+    name: str = Field(max_length=64)  # the team or project it limits
+    period: str = Field(max_length=16)  # monthly | custom
+    starts_at: datetime | None = _at()
+    ends_at: datetime | None = _at()
+    amount_usd: Decimal = _money()
+    hard: bool = False
+    thresholds: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    webhook_url: str = Field(default="", max_length=500)
+    email_to: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = _at(nullable=False)
+    updated_at: datetime = _at(nullable=False)
+
+
+class BudgetAlertRow(SQLModel, table=True):
+    """A threshold that fired, once per budget period: the unique key is what stops two replicas double-sending."""
+
+    __tablename__ = "budget_alert"
+    __table_args__ = (UniqueConstraint("budget_id", "period_start_at", "threshold", name="uq_budget_alert_once"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    budget_id: str = Field(foreign_key="budget.id", index=True, max_length=40)
+    tenant: str = Field(max_length=64)
+    period_start_at: datetime = _at(nullable=False)
+    threshold: int
+    spent_usd: Decimal = _money()
+    amount_usd: Decimal = _money()
+    fired_at: datetime = _at(nullable=False)
+    delivered_at: datetime | None = _at()
+    attempts: int = 0
+    last_error: str = Field(default="", max_length=1000)
+
+
+class ReportScheduleRow(SQLModel, table=True):
+    """A cost report that runs on a cron expression in a time zone and is delivered somewhere."""
+
+    __tablename__ = "report_schedule"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    name: str = Field(max_length=128)
+    cron: str = Field(max_length=120)
+    timezone: str = Field(max_length=64)
+    format: str = Field(max_length=16)  # csv | focus | html | pdf
+    period: str = Field(max_length=32)  # previous_month | previous_week | previous_day | month_to_date
+    destination: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    enabled: bool = True
+    next_run_at: datetime = _at(nullable=False, index=True)
+    last_run_at: datetime | None = _at()
+    created_at: datetime = _at(nullable=False)
+    updated_at: datetime = _at(nullable=False)
+
+
+class ReportRunRow(SQLModel, table=True):
+    """One produced report: its bytes (or where they were written), their sha256 and where they were sent."""
+
+    __tablename__ = "report_run"
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "scheduled_for", name="uq_report_run_schedule_slot"),
+        Index("ix_report_run_tenant_created", "tenant", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=64)
+    schedule_id: str | None = Field(default=None, max_length=40)
+    scheduled_for: datetime | None = _at()
+    format: str = Field(max_length=16)
+    period_start_at: datetime = _at(nullable=False)
+    period_end_at: datetime = _at(nullable=False)
+    state: str = Field(max_length=16)  # running | succeeded | failed
+    filename: str = Field(default="", max_length=200)
+    content_type: str = Field(default="", max_length=100)
+    content: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    sha256: str = Field(default="", max_length=64)
+    size_bytes: int = 0
+    entries: int = 0
+    delivered_to: str = Field(default="", max_length=500)
+    error: str = Field(default="", max_length=1000)
+    created_at: datetime = _at(nullable=False)
+    finished_at: datetime | None = _at()
+
+
+class BillImportRow(SQLModel, table=True):
+    """One imported provider billing export (FOCUS columns, CSV or Parquet)."""
+
+    __tablename__ = "bill_import"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    provider: str = Field(max_length=64)  # the broker's provider name the bill is reconciled against
+    filename: str = Field(max_length=200)
+    rows: int = 0
+    period_start_at: datetime = _at(nullable=False)
+    period_end_at: datetime = _at(nullable=False)
+    billed_usd: Decimal = _money()
+    created_at: datetime = _at(nullable=False)
+
+
+class BillLineRow(SQLModel, table=True):
+    """A billing export's lines, summed per resource and charge day (what reconciliation needs)."""
+
+    __tablename__ = "bill_line"
+
+    id: int | None = Field(default=None, primary_key=True)
+    import_id: str = Field(foreign_key="bill_import.id", index=True, max_length=40)
+    resource_id: str = Field(max_length=200)
+    charge_day: datetime = _at(nullable=False)
+    billed_usd: Decimal = _money()
+    effective_usd: Decimal = _money()
+    list_usd: Decimal = _money()
+    rows: int = 0

@@ -206,9 +206,9 @@ variable "price_refresh_schedule" {
 }
 
 variable "reports_schedule" {
-  description = "EventBridge Scheduler expression for the scheduled cost reports."
+  description = "EventBridge Scheduler expression for the report runner: each run renders and delivers the report schedules stored in the database that are due (their own cron + time zone), so this sets their granularity."
   type        = string
-  default     = "cron(0 6 * * ? *)"
+  default     = "rate(15 minutes)"
 
   validation {
     condition     = can(regex("^(rate|cron)\\(.+\\)$", var.reports_schedule))

@@ -112,9 +112,9 @@ def test_scheduled_price_refresh_and_tick_place_a_submitted_job(sqlite_env: Path
     assert placed["state"] in ("running", "queued"), placed
 
 
-def test_a_scheduled_task_without_code_fails_the_invocation(sqlite_env: Path) -> None:
-    with pytest.raises(serverless.TaskUnavailable, match="reports"):
-        call(schedule_event("reports"))
+def test_the_reports_task_runs_due_report_schedules_and_unknown_tasks_fail(sqlite_env: Path) -> None:
+    idle = call(schedule_event("reports"))
+    assert idle == {"task": "reports", "reports": 0}  # no schedule stored yet
     with pytest.raises(ValueError, match="unknown task 'bogus'"):
         call(schedule_event("bogus"))
 

@@ -4,7 +4,12 @@ Each entry covers `[accrued_until, end)` at the pool's price in effect when accr
 and records the on-demand counterfactual for savings. Amounts telescope within a stretch at one price: an
 entry is `Q(price x hours since the stretch began) - Q(price x hours already accrued in it)`, with Q rounding to
 1e-10 USD, so the entries of a stretch sum to exactly `Q(price x its duration)`, however many ticks cut it.
-The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entry are written in one
+Entries are also cut at UTC midnight, so every day and month holds exactly its own cost (reports never
+prorate). On-prem placements accrue the same way at their pool's internal rate (`onprem_rate_usd_per_gpu_hour`
+or a Slurm partition's `rate_usd_per_gpu_hour`).
+When a preempted placement's last second is accrued, the compute since its last checkpoint is reclassified as
+`wasted` (`broker.finance.ledger.record_wasted`).
+The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entries are written in one
 transaction under row locks, so a crash or a second replica can neither skip nor double-count a second.
 """
 
@@ -15,13 +20,12 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, or_, select
 
+from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, record_entry, record_wasted
 from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
-from broker.tables import CostEntryRow, Job, Placement
+from broker.tables import Job, Placement
 from providers.model import CostKind, PlacementState, hours_between
-
-LEDGER_QUANTUM = Decimal("0.0000000001")
 
 
 def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: datetime) -> Decimal:
@@ -56,37 +60,34 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
             current = book.get(p.offering_key)
             hourly = current.price.hourly_usd if current is not None else (p.price_segment_hourly_usd or p.hourly_usd)
             twin = book.on_demand_price(current) if current is not None else None
-            od_hourly = twin.price.hourly_usd if twin is not None else p.on_demand_hourly_usd
+            # no on-demand twin priced (or the pool is its own twin: on-demand, on-prem): claim no saving
+            od_hourly = None if twin is None or twin is current else twin.price.hourly_usd
             seg_start = p.price_segment_started_at
             if seg_start is None or p.price_segment_hourly_usd != hourly:
                 seg_start = p.price_segment_started_at = start
                 p.price_segment_hourly_usd = hourly
             hours = hours_between(start, end)
-            usd = _telescoped(hourly, seg_start, start, end)
-            od_usd = (od_hourly * hours).quantize(LEDGER_QUANTUM)
-            session.add(
-                CostEntryRow(
-                    job_id=job.id,
-                    placement_id=p.id,
-                    tenant=job.tenant,
-                    team=job.team,
-                    project=job.project,
-                    provider=p.provider,
-                    capacity_type=p.capacity_type,
-                    kind=CostKind.COMPUTE.value,
-                    period_start_at=start,
-                    period_end_at=end,
+            usd = Decimal("0")
+            for a, b in day_cuts(start, end):
+                part = _telescoped(hourly, seg_start, a, b)
+                record_entry(
+                    session,
+                    job,
+                    kind=CostKind.COMPUTE,
+                    usd=part,
+                    start=a,
+                    end=b,
+                    now=now,
+                    placement=p,
                     hourly_usd=hourly,
-                    usd=usd,
-                    on_demand_usd=od_usd,
-                    created_at=now,
+                    on_demand_usd=part if od_hourly is None else od_hourly * hours_between(a, b),
+                    quantity=hours_between(a, b),
                 )
-            )
+                usd += part
+                written += 1
             p.accrued_until = end
             p.cost_usd = p.cost_usd + usd
-            job.spent_usd = job.spent_usd + usd
             session.add(p)
-            session.add(job)
             add_event(
                 session,
                 job,
@@ -97,6 +98,8 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                 usd=str(usd),
                 spent_usd=str(job.spent_usd),
             )
+            if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:
+                session.flush()
+                record_wasted(session, job, p, now)
             session.commit()
-            written += 1
     return written

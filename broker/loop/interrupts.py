@@ -73,6 +73,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         p.ended_at = max(action_at, p.started_at or action_at)
         session.add(p)
         remaining = max(Decimal("0"), p.work_hours_at_start - saved) if saved is not None else p.work_hours_at_start
+        p.saved_work_hours = p.work_hours_at_start - remaining  # the ledger prices the rest as wasted work
         add_event(
             session,
             job,

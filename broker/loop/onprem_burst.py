@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
+from broker.finance.budgets import budget_block_reason
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
 from broker.services.jobs import add_event, new_id, spec_of
@@ -79,6 +80,9 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
     if wait < rt.settings.burst_after_wait_hours:
         return 0
     job = _new_job(rt, create, origin, now)
+    with Session(rt.engine) as session:
+        if budget_block_reason(session, job, now):
+            return 0  # its team's or project's hard budget is spent: it stays queued on-prem
     book = rt.catalog.book(now)
     spec = spec_of(job)
     if place(spec, book, PlacementContext(now=now, remaining_work_hours=spec.work_hours, params=rt.params)) is None:

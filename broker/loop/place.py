@@ -17,6 +17,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.auth import callback_token
+from broker.finance.budgets import budget_block_reason, onprem_only
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -92,11 +93,9 @@ def _place_one(
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
-        spec = spec_of(job)
         ctx = placement_context(rt, job, now, blocklist)
         best, reason, pause = choose_pool(rt, session, job, book, ctx, now)
         if best is None:
-            reason = reason or quote(spec, book, ctx).wait_reason()
             if pause:
                 job.state = JobState.PAUSED.value
             if reason != job.wait_reason or pause:
@@ -159,12 +158,20 @@ def choose_pool(
     rt: Runtime, session: Session, job: Job, book: PriceBook, ctx: PlacementContext, now: datetime
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
-    for a job with a deadline, the cheapest expected cost otherwise. Returns (candidate, reason when none,
-    pause?). Also asked by the return-on-prem step, so both steps agree on where a job belongs."""
+    for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
+    its team or project is spent. Returns (candidate, reason when none, pause?). Also asked by the
+    return-on-prem step, so both steps agree on where a job belongs."""
     spec = spec_of(job)
+    blocked = budget_block_reason(session, job, now)
+    if blocked:
+        book = onprem_only(book, now)
     if spec.deadline_at is not None:
-        return _deadline_decision(rt, session, job, spec, book, ctx, now)
-    return place(spec, book, ctx), "", False
+        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
+    else:
+        best, reason, pause = place(spec, book, ctx), "", False
+    if best is None:
+        reason = blocked or reason or quote(spec, book, ctx).wait_reason()
+    return best, reason, pause
 
 
 def _deadline_decision(

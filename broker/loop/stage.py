@@ -31,13 +31,14 @@ from sqlmodel import Session, select
 
 from broker.checkpoint_stores import CheckpointStores
 from broker.copystate import DbCopyStateStore, claim_lease, release_lease
+from broker.finance.ledger import record_entry
 from broker.loop.accrue import LEDGER_QUANTUM
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import CostEntryRow, Job, Placement
+from broker.tables import Job, Placement
 from pricing.transfer import transfer_usd_per_gb
 from providers.model import CostKind, PlacementState
-from providers.storage import ObjectStore, StorageError, copy_checkpoint, resolve
+from providers.storage import ObjectStore, StorageError, copy_checkpoint, parse_uri, resolve
 from providers.storage.copy import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
@@ -162,25 +163,23 @@ def _copy_and_book(rt: Runtime, p: Placement, job: Job, plan: StagePlan, now: da
         locked_job = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
         if locked_job.checkpoint_uri != plan.source_uri:
             return Staging.STAGED  # another replica booked this copy already
-        session.add(
-            CostEntryRow(
-                job_id=job.id,
-                placement_id=p.id,
-                tenant=job.tenant,
-                team=job.team,
-                project=job.project,
-                provider=plan.source[0],
-                capacity_type=p.capacity_type,
-                kind=CostKind.EGRESS.value,
-                period_start_at=now,
-                period_end_at=now,
-                hourly_usd=Decimal("0"),
-                usd=usd,
-                on_demand_usd=usd,
-                created_at=now,
-            )
+        placement = session.get(Placement, p.id)
+        record_entry(
+            session,
+            locked_job,
+            kind=CostKind.EGRESS,
+            usd=usd,
+            start=now,
+            end=now,
+            now=now,
+            placement=placement,
+            provider=plan.source[0],  # the sender pays
+            region=plan.source[1],
+            resource_id=parse_uri(plan.source_uri).container[:128],  # the bucket the bytes left
+            quantity=egress_gb.quantize(LEDGER_QUANTUM),
+            unit="GB",
+            note=f"checkpoint {plan.source_uri} -> {plan.target_uri}",
         )
-        locked_job.spent_usd += usd
         locked_job.checkpoint_uri = plan.target_uri
         locked_job.checkpoint_provider, locked_job.checkpoint_region = plan.target
         locked_job.updated_at = now

@@ -139,6 +139,8 @@ def _ended(
     p.ended_at = (inst.ended_at if inst and inst.ended_at else None) or now
     session.add(p)
     remaining = Decimal("0") if state is PlacementState.SUCCEEDED else _remaining_after(p, inst)
+    if state is PlacementState.PREEMPTED:  # the ledger prices the work lost since the last checkpoint as wasted
+        p.saved_work_hours = p.work_hours_at_start - remaining
     add_event(
         session,
         job,

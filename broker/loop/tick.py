@@ -2,7 +2,8 @@
 
 Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
 -> sync instances (cancellations, ceilings, finishes, preemptions) -> return cloud work on-prem when its queue
-drained -> place pending jobs -> accrue cost -> sweep orphans.
+drained -> place pending jobs -> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due
+reports.
 Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
 can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
 failing is logged and reported; the next still runs.
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from broker.finance.budgets import check_budgets
+from broker.finance.reports.runs import run_due_reports
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
@@ -37,6 +40,8 @@ STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("place_pending", place_pending),
     ("accrue_costs", accrue_costs),
     ("sweep_orphans", sweep_orphans),
+    ("check_budgets", check_budgets),
+    ("run_due_reports", run_due_reports),
 )
 
 

@@ -1,0 +1,230 @@
+"""Budgets: what a team or project has spent in its budget period, the month-end forecast, threshold alerts, and
+the hard-budget gate that keeps new cloud placements on-prem.
+
+- Period: `monthly` is the calendar month in UTC containing `now`; `custom` is `[starts_at, ends_at)`.
+- Spent: the sum of the tenant's ledger entries for that team (or project) whose period starts in the window.
+- Forecast (method): linear on the period-to-date run rate, `spent x period length / time elapsed`; equal to
+  `spent` once the period is over. Simple and explainable; it over-reacts on the first day of a period.
+- Alerts: each threshold (percent of the amount) fires once per budget period. `check_budgets` (a tick step)
+  inserts a `budget_alert` row first; its unique key (budget, period start, threshold) means one replica wins and
+  the others skip. Then the webhook and email are sent; a failed delivery is retried on later ticks (up to
+  `MAX_ATTEMPTS`), so an alert is delivered at least once and never re-fired.
+- Gate: `budget_block_reason(session, job, now)` names the first hard budget of the job's team or project that is
+  spent (>= 100%); the placement step then only considers on-prem pools for that job, and it waits with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from sqlalchemy import or_
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from broker.finance.notify import NotifyError, post_webhook, send_email
+from broker.runtime import Runtime
+from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
+from pricing.book import PriceBook
+from providers.model import CapacityType
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+ZERO = Decimal("0")
+
+
+def month_window(now: datetime) -> tuple[datetime, datetime]:
+    now = now.astimezone(UTC)
+    start = datetime(now.year, now.month, 1, tzinfo=UTC)
+    end = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def window(b: BudgetRow, now: datetime) -> tuple[datetime, datetime]:
+    """The budget period that applies at `now` (a custom budget has one period, before, during or after now)."""
+    if b.period == "custom" and b.starts_at is not None and b.ends_at is not None:
+        return b.starts_at, b.ends_at
+    return month_window(now)
+
+
+def spent(session: Session, b: BudgetRow, start: datetime, end: datetime) -> Decimal:
+    field = CostEntryRow.team if b.scope == "team" else CostEntryRow.project
+    amounts = session.exec(
+        select(CostEntryRow.usd).where(
+            CostEntryRow.tenant == b.tenant,
+            field == b.name,
+            col(CostEntryRow.period_start_at) >= start,
+            col(CostEntryRow.period_start_at) < end,
+        )
+    ).all()
+    return sum(amounts, ZERO)
+
+
+def forecast(spent_usd: Decimal, start: datetime, end: datetime, now: datetime) -> Decimal:
+    if now >= end or now <= start:
+        return spent_usd
+    elapsed = Decimal((now - start).total_seconds())
+    length = Decimal((end - start).total_seconds())
+    return (spent_usd * length / elapsed).quantize(Decimal("0.01"))
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget: BudgetRow
+    start: datetime
+    end: datetime
+    spent_usd: Decimal
+    forecast_usd: Decimal
+    fired: list[int]
+
+    @property
+    def percent(self) -> Decimal:
+        return self.spent_usd * 100 / self.budget.amount_usd if self.budget.amount_usd > 0 else Decimal("100")
+
+
+def status(session: Session, b: BudgetRow, now: datetime) -> BudgetStatus:
+    start, end = window(b, now)
+    total = spent(session, b, start, end)
+    fired = session.exec(
+        select(BudgetAlertRow.threshold)
+        .where(BudgetAlertRow.budget_id == b.id, BudgetAlertRow.period_start_at == start)
+        .order_by(col(BudgetAlertRow.threshold))
+    ).all()
+    return BudgetStatus(b, start, end, total, forecast(total, start, end, now), list(fired))
+
+
+def budget_block_reason(session: Session, job: Job, now: datetime) -> str | None:
+    """Why `job` may not start new cloud spend now (a spent hard budget of its team or project), or None."""
+    budgets = session.exec(
+        select(BudgetRow).where(
+            BudgetRow.tenant == job.tenant,
+            BudgetRow.hard == True,  # noqa: E712
+            or_(
+                (col(BudgetRow.scope) == "team") & (col(BudgetRow.name) == job.team),
+                (col(BudgetRow.scope) == "project") & (col(BudgetRow.name) == job.project),
+            ),
+        )
+    ).all()
+    for b in sorted(budgets, key=lambda b: b.id):
+        start, end = window(b, now)
+        if not start <= now < end:
+            continue
+        total = spent(session, b, start, end)
+        if total >= b.amount_usd:
+            return (
+                f"budget_exhausted: hard {b.period} budget {b.id} of {b.scope} {b.name!r} is spent "
+                f"(${total.quantize(Decimal('0.01'))} of ${b.amount_usd} until {end.isoformat()}); "
+                "waiting for on-prem capacity or for the budget to be raised"
+            )
+    return None
+
+
+def onprem_only(book: PriceBook, now: datetime) -> PriceBook:
+    """The on-prem pools of a price book (what a job behind a spent hard budget may still use)."""
+    return PriceBook.build([o for o in book if o.capacity_type is CapacityType.ON_PREM], now, book.feed_observed_at)
+
+
+def check_budgets(rt: Runtime, now: datetime) -> int:
+    """Tick step: fire every newly crossed threshold once and deliver pending alerts. Returns alerts delivered."""
+    fired = 0
+    with Session(rt.engine) as session:
+        budgets = session.exec(select(BudgetRow).order_by(col(BudgetRow.id))).all()
+    for b in budgets:
+        with Session(rt.engine) as session:
+            st = status(session, b, now)
+        if not st.start <= now < st.end or b.amount_usd <= 0:
+            continue
+        for threshold in sorted(set(b.thresholds)):
+            if threshold in st.fired or st.spent_usd * 100 < b.amount_usd * threshold:
+                continue
+            _claim(rt, b, st, threshold, now)
+    fired += _deliver_pending(rt, now)
+    return fired
+
+
+def _claim(rt: Runtime, b: BudgetRow, st: BudgetStatus, threshold: int, now: datetime) -> None:
+    try:
+        with Session(rt.engine) as session:
+            session.add(
+                BudgetAlertRow(
+                    budget_id=b.id,
+                    tenant=b.tenant,
+                    period_start_at=st.start,
+                    threshold=threshold,
+                    spent_usd=st.spent_usd,
+                    amount_usd=b.amount_usd,
+                    fired_at=now,
+                )
+            )
+            session.commit()
+    except IntegrityError:
+        pass  # another replica fired it first
+
+
+def _deliver_pending(rt: Runtime, now: datetime) -> int:
+    with Session(rt.engine) as session:
+        ids = session.exec(
+            select(BudgetAlertRow.id).where(
+                col(BudgetAlertRow.delivered_at).is_(None), col(BudgetAlertRow.attempts) < MAX_ATTEMPTS
+            )
+        ).all()
+    delivered = 0
+    for alert_id in ids:
+        with Session(rt.engine) as session:
+            alert = session.exec(
+                select(BudgetAlertRow).where(BudgetAlertRow.id == alert_id).with_for_update(skip_locked=True)
+            ).first()
+            if alert is None or alert.delivered_at is not None:
+                continue
+            b = session.get(BudgetRow, alert.budget_id)
+            alert.attempts += 1
+            if b is None:
+                alert.last_error = "budget deleted"
+                alert.attempts = MAX_ATTEMPTS
+            else:
+                try:
+                    _send(rt, b, alert, now)
+                    alert.delivered_at = now
+                    alert.last_error = ""
+                    delivered += 1
+                except NotifyError as exc:
+                    alert.last_error = str(exc)[:1000]
+                    log.warning("budget alert %s for %s not delivered: %s", alert.threshold, b.id, exc)
+            session.add(alert)
+            session.commit()
+    return delivered
+
+
+def alert_payload(b: BudgetRow, alert: BudgetAlertRow) -> dict[str, object]:
+    return {
+        "type": "budget.threshold",
+        "budget_id": b.id,
+        "tenant": b.tenant,
+        "scope": b.scope,
+        "name": b.name,
+        "period": b.period,
+        "period_start": alert.period_start_at.isoformat(),
+        "threshold": alert.threshold,
+        "amount_usd": str(alert.amount_usd),
+        "spent_usd": str(alert.spent_usd.quantize(Decimal("0.01"))),
+        "hard": b.hard,
+        "fired_at": alert.fired_at.isoformat(),
+    }
+
+
+def _send(rt: Runtime, b: BudgetRow, alert: BudgetAlertRow, now: datetime) -> None:
+    payload = alert_payload(b, alert)
+    if b.webhook_url:
+        post_webhook(b.webhook_url, payload)
+    if b.email_to:
+        subject = f"[overspill] {b.scope} {b.name}: {alert.threshold}% of its {b.period} budget reached"
+        body = (
+            f"The {b.scope} {b.name!r} (tenant {b.tenant}) has spent ${payload['spent_usd']} of its "
+            f"${b.amount_usd} {b.period} budget ({alert.threshold}% threshold), period starting "
+            f"{alert.period_start_at:%Y-%m-%d}.\n"
+            + ("This is a hard budget: at 100% new cloud placements wait on-prem.\n" if b.hard else "")
+        )
+        send_email(rt.settings, list(b.email_to), subject, body)

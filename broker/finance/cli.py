@@ -1,0 +1,131 @@
+"""CLI commands for finance: `overspill report run` (local, with a progress display), `overspill costs` (a summary
+from the API) and `overspill costs import-bill FILE` (local: import a FOCUS billing export and reconcile)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+report_app = typer.Typer(help="Cost reports (CSV, FOCUS 1.2, HTML, PDF).")
+costs_app = typer.Typer(help="Costs from the ledger; provider bill import.", invoke_without_command=True)
+console = Console()
+err = Console(stderr=True)
+
+
+@report_app.command("run")
+def report_run(
+    period: Annotated[str, typer.Option(help="a month (2026-10) or a day (2026-10-05), UTC")],
+    fmt: Annotated[str, typer.Option("--format", help="csv, focus, html or pdf")] = "csv",
+    out: Annotated[Path, typer.Option(help="directory to write the report to")] = Path("."),
+    tenant: Annotated[str | None, typer.Option(help="tenant (default OVERSPILL_BOOTSTRAP_TENANT)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from broker.finance.reports.period import PeriodError, parse_period
+    from broker.finance.reports.render import FORMATS
+    from broker.finance.reports.runs import run_report
+    from broker.runtime import build_runtime
+    from broker.settings import Settings
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
+    try:
+        start, end = parse_period(period)
+    except PeriodError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--period") from exc
+    settings = Settings()
+    rt = build_runtime(settings)
+    who = tenant or settings.bootstrap_tenant
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err, disable=as_json
+    ) as progress:
+        task = progress.add_task(f"{fmt} report {period}", total=1.0)
+
+        def step(message: str, fraction: float) -> None:
+            progress.update(task, description=f"{fmt} report {period}: {message}", completed=fraction)
+
+        run = run_report(rt, who, fmt, start, end, rt.clock(), progress=step)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / run.filename
+    target.write_bytes(run.content or b"")
+    result = {"id": run.id, "file": str(target), "sha256": run.sha256, "bytes": run.size_bytes, "entries": run.entries}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        console.print(f"{target} ({run.size_bytes} bytes, {run.entries} ledger entries, sha256 {run.sha256[:16]}…)")
+
+
+@costs_app.callback()
+def costs_summary(
+    ctx: typer.Context,
+    group_by: Annotated[str, typer.Option(help="comma list: team, project, job, provider, region, ...")] = "team",
+    from_: Annotated[str | None, typer.Option("--from", help="ISO 8601 (default: start of this month)")] = None,
+    to: Annotated[str | None, typer.Option(help="ISO 8601 (default: now)")] = None,
+    url: Annotated[str | None, typer.Option("--url", envvar="OVERSPILL_URL", help="broker URL")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Cost, on-demand equivalent and savings grouped as asked (a finance or admin key)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from broker.client import ApiError, BrokerClient
+
+    params = {"group_by": group_by, "from": from_, "to": to}
+    try:
+        data: dict[str, Any] = BrokerClient(url, api_key)._call(
+            "GET", "/v1/costs", params={k: v for k, v in params.items() if v}
+        )
+    except ApiError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(data))
+        return
+    keys = data["group_by"]
+    table = Table(*keys, "cost $", "on-demand $", "saved $", "entries", title=f"{data['from']} to {data['to']}")
+    for r in data["rows"]:
+        table.add_row(*[r[k] for k in keys], r["cost_usd"], r["on_demand_usd"], r["savings_usd"], str(r["entries"]))
+    t = data["total"]
+    table.add_row(*(["total"] + [""] * (len(keys) - 1)), t["cost_usd"], t["on_demand_usd"], t["savings_usd"], "")
+    console.print(table)
+
+
+@costs_app.command("import-bill")
+def import_bill_cmd(
+    file: Annotated[Path, typer.Argument(help="FOCUS export: .csv, .csv.gz or .parquet")],
+    provider: Annotated[str | None, typer.Option(help="aws, gcp, azure... (default: from ProviderName)")] = None,
+    tenant: Annotated[str | None, typer.Option(help="tenant (default OVERSPILL_BOOTSTRAP_TENANT)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Import a provider billing export and show the ledger vs bill difference per resource."""
+    from broker.finance.billing import BillError, import_bill, reconcile
+    from broker.runtime import build_runtime
+    from broker.settings import Settings
+
+    settings = Settings()
+    rt = build_runtime(settings)
+    who = tenant or settings.bootstrap_tenant
+    try:
+        with console.status(f"importing {file.name}..."):
+            summary = import_bill(rt, who, file, rt.clock(), provider=provider)
+    except (BillError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    result = reconcile(rt, who, summary.id) or {}
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(
+        f"{file.name}: {summary.rows} rows, {summary.resources} resources "
+        f"({summary.skipped_without_resource} rows without a resource), billed ${summary.billed_usd}"
+    )
+    table = Table("resource", "ledger $", "billed $", "difference $", "status")
+    for r in result.get("rows", []):
+        table.add_row(r["resource_id"], r["ledger_usd"], r["billed_usd"], r["difference_usd"], r["status"])
+    console.print(table)

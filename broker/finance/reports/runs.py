@@ -1,0 +1,222 @@
+"""Running reports: `run_report` produces one (render, store bytes and sha256, deliver) and `run_due_reports`
+(a tick step, and the entry point of the serverless "reports" schedule) runs every schedule whose time came.
+
+Schedules fire on a cron expression evaluated in their IANA time zone (croniter + zoneinfo). A due schedule is
+claimed under a row lock in the same transaction that advances `next_run_at` and inserts its run row, whose
+unique key (schedule, fire time) stops a second replica from running it again. A run left `running` by a crash
+is picked up again after `STALE_AFTER`. Reports are a pure function of the period's ledger: re-running a
+period gives byte-identical output (the sha256 shows it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from broker.finance.reports import data as report_data
+from broker.finance.reports.deliver import DeliveryError, deliver
+from broker.finance.reports.period import label, relative_period
+from broker.finance.reports.render import render
+from broker.runtime import Runtime
+from broker.services.jobs import new_id
+from broker.tables import ReportRunRow, ReportScheduleRow
+
+log = logging.getLogger(__name__)
+
+STALE_AFTER = timedelta(minutes=15)
+Progress = Callable[[str, float], None]
+
+
+def next_fire(cron: str, tz: str, after: datetime) -> datetime:
+    """The first time strictly after `after` that `cron` matches in zone `tz`, in UTC."""
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"timezone {tz!r} is not an IANA time zone") from exc
+    if not croniter.is_valid(cron):
+        raise ValueError(f"cron {cron!r} is not a valid cron expression")
+    nxt = croniter(cron, after.astimezone(zone)).get_next(datetime)
+    return nxt.astimezone(UTC)
+
+
+def filename_for(tenant: str, start: datetime, end: datetime, ext: str) -> str:
+    return f"overspill-costs-{tenant}-{label(start, end)}.{ext}"
+
+
+def run_report(
+    rt: Runtime,
+    tenant: str,
+    fmt: str,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    *,
+    destination: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    run_id: str | None = None,
+) -> ReportRunRow:
+    """Produce (and deliver) one report; the run row records the outcome. Raises nothing for delivery
+    failures (they are recorded); a rendering error marks the run failed and is re-raised."""
+    step = progress or (lambda _msg, _frac: None)
+    with Session(rt.engine, expire_on_commit=False) as session:
+        run = session.get(ReportRunRow, run_id) if run_id else None
+        if run is None:
+            run = ReportRunRow(
+                id=new_id("rpt"),
+                tenant=tenant,
+                format=fmt,
+                period_start_at=start,
+                period_end_at=end,
+                state="running",
+                created_at=now,
+            )
+            session.add(run)
+            session.commit()
+    try:
+        step("reading the ledger", 0.1)
+        report = report_data.load(rt.engine, tenant, start, end)
+        step(f"rendering {fmt} from {len(report.entries)} entries", 0.4)
+        content, content_type, ext = render(fmt, report)
+    except Exception as exc:
+        _finish(rt, run.id, now, state="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    filename = filename_for(tenant, start, end, ext)
+    delivered, error = "", ""
+    if destination:
+        step(f"delivering to {destination.get('type')}", 0.8)
+        try:
+            delivered = deliver(rt.settings, destination, filename, content, content_type)
+        except DeliveryError as exc:
+            error = f"delivery failed: {exc}"
+            log.warning("report %s not delivered: %s", run.id, exc)
+    step("done", 1.0)
+    return _finish(
+        rt,
+        run.id,
+        now,
+        state="failed" if error else "succeeded",
+        error=error,
+        filename=filename,
+        content_type=content_type,
+        content=content,
+        entries=len(report.entries),
+        delivered_to=delivered,
+    )
+
+
+def _finish(rt: Runtime, run_id: str, now: datetime, **values: Any) -> ReportRunRow:
+    with Session(rt.engine, expire_on_commit=False) as session:
+        run = session.exec(select(ReportRunRow).where(ReportRunRow.id == run_id)).one()
+        content = values.pop("content", None)
+        for key, value in values.items():
+            setattr(run, key, value[:1000] if key == "error" else value)
+        if content is not None:
+            run.content = content
+            run.size_bytes = len(content)
+            run.sha256 = hashlib.sha256(content).hexdigest()
+        run.finished_at = now
+        session.add(run)
+        session.commit()
+        return run
+
+
+def run_due_reports(rt: Runtime, now: datetime) -> int:
+    """Run every enabled schedule whose `next_run_at` has come, and resume runs a crash left behind.
+    Returns the number of reports produced."""
+    with Session(rt.engine) as session:
+        due = session.exec(
+            select(ReportScheduleRow.id).where(
+                ReportScheduleRow.enabled == True,  # noqa: E712
+                col(ReportScheduleRow.next_run_at) <= now,
+            )
+        ).all()
+    done = 0
+    for schedule_id in due:
+        claimed = _claim(rt, schedule_id, now)
+        if claimed is None:
+            continue
+        run_id, dest = claimed
+        done += _execute(rt, run_id, dest, now)
+    for run_id, dest in _stale_runs(rt, now):
+        done += _execute(rt, run_id, dest, now)
+    return done
+
+
+def _execute(rt: Runtime, run_id: str, dest: dict[str, Any], now: datetime) -> int:
+    with Session(rt.engine) as session:
+        run = session.get(ReportRunRow, run_id)
+        if run is None:
+            return 0
+        tenant, fmt, start, end = run.tenant, run.format, run.period_start_at, run.period_end_at
+    try:
+        run_report(rt, tenant, fmt, start, end, now, destination=dest, run_id=run_id)
+    except Exception:  # recorded on the run; the next schedule still runs
+        log.exception("scheduled report %s failed", run_id)
+        return 0
+    return 1
+
+
+def _claim(rt: Runtime, schedule_id: str, now: datetime) -> tuple[str, dict[str, Any]] | None:
+    try:
+        with Session(rt.engine) as session:
+            s = session.exec(
+                select(ReportScheduleRow).where(ReportScheduleRow.id == schedule_id).with_for_update(skip_locked=True)
+            ).first()
+            if s is None or not s.enabled or s.next_run_at > now:
+                return None
+            fire_at = s.next_run_at
+            start, end = relative_period(s.period, fire_at)
+            run = ReportRunRow(
+                id=new_id("rpt"),
+                tenant=s.tenant,
+                schedule_id=s.id,
+                scheduled_for=fire_at,
+                format=s.format,
+                period_start_at=start,
+                period_end_at=end,
+                state="running",
+                created_at=now,
+            )
+            s.next_run_at = next_fire(s.cron, s.timezone, max(now, fire_at))
+            s.last_run_at = now
+            s.updated_at = now
+            session.add(run)
+            session.add(s)
+            session.commit()
+            return run.id, dict(s.destination)
+    except IntegrityError:
+        return None  # another replica ran this slot
+
+
+def _stale_runs(rt: Runtime, now: datetime) -> list[tuple[str, dict[str, Any]]]:
+    """Runs a crash left `running` for longer than STALE_AFTER, each claimed (its clock restarted under a row
+    lock) so that only one replica redoes it."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    with Session(rt.engine) as session:
+        ids = session.exec(
+            select(ReportRunRow.id).where(
+                ReportRunRow.state == "running", col(ReportRunRow.created_at) < now - STALE_AFTER
+            )
+        ).all()
+    for run_id in ids:
+        with Session(rt.engine) as session:
+            run = session.exec(
+                select(ReportRunRow).where(ReportRunRow.id == run_id).with_for_update(skip_locked=True)
+            ).first()
+            if run is None or run.state != "running" or run.created_at >= now - STALE_AFTER:
+                continue
+            run.created_at = now
+            session.add(run)
+            sched = session.get(ReportScheduleRow, run.schedule_id) if run.schedule_id else None
+            dest = dict(sched.destination) if sched else {}
+            session.commit()
+            out.append((run_id, dest))
+    return out

@@ -1,0 +1,198 @@
+"""Wire schemas of the finance API (costs, budgets, report schedules and runs). Unknown fields are refused;
+money travels as decimal strings; times are ISO 8601 with a zone."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from broker.finance.reports.deliver import validate_destination
+from broker.schemas import Label
+
+Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise ValueError("must include a time zone, e.g. 2026-12-01T00:00:00Z")
+    return value
+
+
+Aware = Annotated[datetime, AfterValidator(_aware)]
+
+
+def _thresholds(values: list[int]) -> list[int]:
+    return sorted(set(values))
+
+
+def _emails(values: list[str]) -> list[str]:
+    for v in values:
+        if "@" not in v or len(v) > 254:
+            raise ValueError(f"{v!r} is not an email address")
+    return values
+
+
+def _url(value: str) -> str:
+    if value and not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http(s) URL")
+    return value
+
+
+Thresholds = Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(max_length=20), AfterValidator(_thresholds)]
+Emails = Annotated[list[str], Field(max_length=20), AfterValidator(_emails)]
+Url = Annotated[str, Field(max_length=500), AfterValidator(_url)]
+
+
+class BudgetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["team", "project"]
+    name: Label
+    period: Literal["monthly", "custom"] = "monthly"
+    starts_at: Aware | None = None
+    ends_at: Aware | None = None
+    amount_usd: Usd
+    hard: bool = False
+    thresholds: Thresholds = Field(default_factory=lambda: [50, 80, 100])
+    webhook_url: Url = ""
+    email_to: Emails = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _custom_needs_dates(self) -> BudgetCreate:
+        check_period(self.period, self.starts_at, self.ends_at)
+        return self
+
+
+def check_period(period: str, starts_at: datetime | None, ends_at: datetime | None) -> None:
+    if period == "custom":
+        if starts_at is None or ends_at is None:
+            raise ValueError("starts_at and ends_at are required for a custom period")
+        if ends_at <= starts_at:
+            raise ValueError("ends_at must be after starts_at")
+
+
+class BudgetUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Label | None = None
+    period: Literal["monthly", "custom"] | None = None
+    starts_at: Aware | None = None
+    ends_at: Aware | None = None
+    amount_usd: Usd | None = None
+    hard: bool | None = None
+    thresholds: Thresholds | None = None
+    webhook_url: Url | None = None
+    email_to: Emails | None = None
+
+
+class BudgetPublic(BaseModel):
+    id: str
+    scope: str
+    name: str
+    period: str
+    starts_at: datetime | None
+    ends_at: datetime | None
+    amount_usd: str
+    hard: bool
+    thresholds: list[int]
+    webhook_url: str
+    email_to: list[str]
+    spent_usd: str
+    forecast_usd: str
+    fired: list[int]
+    period_start: datetime
+    period_end: datetime
+
+
+class ScheduleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    cron: str = Field(min_length=9, max_length=120, examples=["0 6 1 * *"])
+    timezone: str = Field(default="UTC", max_length=64, examples=["Europe/Paris"])
+    format: Literal["csv", "focus", "html", "pdf"] = "csv"
+    period: Literal["previous_month", "previous_week", "previous_day", "month_to_date"] = "previous_month"
+    destination: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = True
+
+    @field_validator("destination")
+    @classmethod
+    def _destination(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return validate_destination(value)
+
+
+class ScheduleUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    cron: str | None = Field(default=None, min_length=9, max_length=120)
+    timezone: str | None = Field(default=None, max_length=64)
+    format: Literal["csv", "focus", "html", "pdf"] | None = None
+    period: Literal["previous_month", "previous_week", "previous_day", "month_to_date"] | None = None
+    destination: dict[str, Any] | None = None
+    enabled: bool | None = None
+
+    @field_validator("destination")
+    @classmethod
+    def _destination(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else validate_destination(value)
+
+
+class SchedulePublic(BaseModel):
+    id: str
+    name: str
+    cron: str
+    timezone: str
+    format: str
+    period: str
+    destination: dict[str, Any]
+    enabled: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+
+
+class RunCreate(BaseModel):
+    """Run a report now: a named period (`2026-10`, `2026-10-05`) or `from`/`to`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    period: str | None = Field(default=None, max_length=10, examples=["2026-10"])
+    from_: Aware | None = Field(default=None, alias="from")
+    to: Aware | None = None
+    format: Literal["csv", "focus", "html", "pdf"] = "csv"
+    destination: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("destination")
+    @classmethod
+    def _destination(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return validate_destination(value)
+
+
+class RunPublic(BaseModel):
+    id: str
+    schedule_id: str | None
+    format: str
+    period_start: datetime
+    period_end: datetime
+    state: str
+    filename: str
+    content_type: str
+    sha256: str
+    size_bytes: int
+    entries: int
+    delivered_to: str
+    error: str
+    created_at: datetime
+    finished_at: datetime | None
+    download_url: str
+
+
+class CorrectionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    entry_id: int = Field(ge=1)
+    usd: Annotated[Decimal, Field(max_digits=18, decimal_places=10)]
+    note: str = Field(default="", max_length=500)

@@ -1,0 +1,84 @@
+"""/v1/report-schedules (CRUD) and /v1/report-runs (list, run a period now, read, download)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from broker.deps import RuntimeDep
+from broker.errors import Unprocessable
+from broker.finance import manage
+from broker.finance.reports.period import PeriodError, parse_period
+from broker.finance.reports.runs import run_report
+from broker.finance.schemas import RunCreate, RunPublic, ScheduleCreate, SchedulePublic, ScheduleUpdate
+from broker.routes.costs import Finance
+
+schedules = APIRouter(prefix="/v1/report-schedules", tags=["reports"])
+runs = APIRouter(prefix="/v1/report-runs", tags=["reports"])
+
+
+@schedules.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic)
+def create_schedule(body: ScheduleCreate, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
+    return manage.create_schedule(rt, principal.tenant, body)
+
+
+@schedules.get("", response_model=list[SchedulePublic])
+def list_schedules(rt: RuntimeDep, principal: Finance) -> list[SchedulePublic]:
+    return manage.list_schedules(rt, principal.tenant)
+
+
+@schedules.get("/{schedule_id}", response_model=SchedulePublic)
+def read_schedule(schedule_id: str, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
+    return manage.get_schedule(rt, principal.tenant, schedule_id)
+
+
+@schedules.patch("/{schedule_id}", response_model=SchedulePublic)
+def update_schedule(schedule_id: str, body: ScheduleUpdate, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
+    return manage.update_schedule(rt, principal.tenant, schedule_id, body)
+
+
+@schedules.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_schedule(schedule_id: str, rt: RuntimeDep, principal: Finance) -> Response:
+    manage.delete_schedule(rt, principal.tenant, schedule_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@runs.get("", response_model=list[RunPublic])
+def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[RunPublic]:
+    return manage.list_runs(rt, principal.tenant, limit)
+
+
+@runs.post("", status_code=status.HTTP_201_CREATED, response_model=RunPublic)
+def run_now(body: RunCreate, rt: RuntimeDep, principal: Finance) -> RunPublic:
+    """Produce a report of a period now (and deliver it if a destination is given)."""
+    if body.period:
+        try:
+            start, end = parse_period(body.period)
+        except PeriodError as exc:
+            raise Unprocessable("period", str(exc)) from exc
+    elif body.from_ and body.to:
+        start, end = body.from_, body.to
+        if end <= start:
+            raise Unprocessable("to", "must be after from")
+    else:
+        raise Unprocessable("period", "give a period (2026-10) or both from and to")
+    run = run_report(rt, principal.tenant, body.format, start, end, rt.clock(), destination=body.destination)
+    return manage.run_public(run)
+
+
+@runs.get("/{run_id}", response_model=RunPublic)
+def read_run(run_id: str, rt: RuntimeDep, principal: Finance) -> RunPublic:
+    return manage.run_public(manage.get_run(rt, principal.tenant, run_id))
+
+
+@runs.get("/{run_id}/download")
+def download(run_id: str, rt: RuntimeDep, principal: Finance) -> Response:
+    run = manage.get_run(rt, principal.tenant, run_id)
+    if run.content is None:
+        raise Unprocessable("run", f"report run {run_id} has no content ({run.state}: {run.error or 'not finished'})")
+    return Response(
+        content=run.content,
+        media_type=run.content_type,
+        headers={"Content-Disposition": f'attachment; filename="{run.filename}"', "ETag": f'"{run.sha256}"'},
+    )
