@@ -124,6 +124,7 @@ def run_deadline(
             checkpoint_at=checkpoint,
             preemptions=tuple(history),
             tick_hours=gap_h,
+            outlook=market.outlook(tick),
         )
         plan = decide(strategy, state, book)
         if record:

@@ -138,10 +138,28 @@ def deadline_experiment(
         results = sorted((r for part in parts for r in part), key=lambda r: order[r[1][0].job])
     else:
         results = run_deadline_chunk(trace, jobs, cfg)
-    return summarize_deadline(results, cfg), results
+    return summarize_deadline(results, cfg, halves(jobs, len(trace))), results
 
 
-def summarize_deadline(results: list[tuple[float, list[DeadlineRun]]], cfg: DeadlineConfig) -> list[PolicySummary]:
+def halves(jobs: Sequence[DeadlineJob], trace_ticks: int) -> list[str]:
+    """Per job: "first" when its deadline window ends by the middle of the trace, "second" when it starts at or
+    after it, "" otherwise - two sets of jobs on disjoint stretches of the trace (tune on one, report the other)."""
+    mid = trace_ticks // 2
+    return [
+        "first" if j.start_tick + j.deadline_ticks <= mid else "second" if j.start_tick >= mid else "" for j in jobs
+    ]
+
+
+def _ratio(pairs: Sequence[tuple[float, DeadlineRun]]) -> float:
+    opt = sum(o for o, _ in pairs if math.isfinite(o))
+    return sum(r.cost_usd for _, r in pairs) / opt if opt else 0.0
+
+
+def summarize_deadline(
+    results: list[tuple[float, list[DeadlineRun]]], cfg: DeadlineConfig, split: Sequence[str] | None = None
+) -> list[PolicySummary]:
+    """One row per policy plus the optimum's. With `split` (per job, see `halves`), each row's `extra` also holds
+    its cost over the optimum on the first and the second half's jobs."""
     optimum = sum(o for o, _ in results if math.isfinite(o))
     n = len(results)
     by_policy: dict[str, list[DeadlineRun]] = {p: [] for p in cfg.policies}
@@ -173,6 +191,17 @@ def summarize_deadline(results: list[tuple[float, list[DeadlineRun]]], cfg: Dead
                     "on_demand_hours": round(sum(r.on_demand_hours for r in runs), 1),
                     "paused": sum(r.paused for r in runs),
                     "over_budget": sum(r.over_budget for r in runs),
+                    **(
+                        {
+                            f"{h}_half_vs_optimum": _ratio(
+                                [(o, r) for (o, _), r, s in zip(results, runs, split, strict=True) if s == h]
+                            )
+                            for h in ("first", "second")
+                        }
+                        if split is not None
+                        else {}
+                    ),
+                    "met_cost_usd": sum(r.cost_usd for r in runs if r.met_deadline),
                 },
             )
         )
