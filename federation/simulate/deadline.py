@@ -81,9 +81,12 @@ def run_deadline(
     policy: str | None = None,
     overrun_ticks: int | None = None,
     record: bool = False,
+    outlook: bool = True,
 ) -> DeadlineRun:
     """Run `job` under `strategy`; a job not done by its deadline keeps going for `overrun_ticks` more (default:
-    as long again as its deadline window, within the trace) so late finishes are still costed."""
+    as long again as its deadline window, within the trace) so late finishes are still costed. With `outlook`
+    False the policy is not shown the pools' availability history (`RunState.outlook`), as a broker without an
+    availability feed."""
     trace = market.trace
     gap_h = trace.gap_hours
     gap = Decimal(trace.gap_seconds) / Decimal(3600)
@@ -124,7 +127,7 @@ def run_deadline(
             checkpoint_at=checkpoint,
             preemptions=tuple(history),
             tick_hours=gap_h,
-            outlook=market.outlook(tick),
+            outlook=market.outlook(tick) if outlook else {},
         )
         plan = decide(strategy, state, book)
         if record:

@@ -26,12 +26,14 @@ from federation.simulate.traces import SpotTrace, TraceJob
 from federation.strategies import make_strategy
 from pricing.book import PriceBook
 
-DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill", "overspill_no_history")
+BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
 POLICY_SOURCES = {
     "on_demand": "on-demand only",
     "eager_next_region": "greedy spot, SkyPilot EAGER_NEXT_REGION",
     "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
-    "overspill": "ours: cost model + slack accounting",
+    "overspill": "ours: cost model + slack accounting + availability history",
+    "overspill_no_history": "ours without availability history (a broker with no availability feed)",
     "optimum": "omniscient offline optimum (DP, lower bound)",
 }
 
@@ -93,11 +95,17 @@ def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
 def run_deadline_chunk(
     trace: SpotTrace, jobs: Sequence[DeadlineJob], cfg: DeadlineConfig
 ) -> list[tuple[float, list[DeadlineRun]]]:
-    """For each job: its optimum cost and every policy's run (one process's share of the work)."""
+    """For each job: its optimum cost and every policy's run (one process's share of the work). A policy name
+    ending in `_no_history` is that strategy run without the pools' availability history."""
     market = TraceMarket(trace)
-    strategies = {name: make_strategy(name, **_strategy_kwargs(name, cfg)) for name in cfg.policies}
+    base = {n: n.removesuffix(BLIND) for n in cfg.policies}
+    strategies = {n: make_strategy(b, **_strategy_kwargs(b, cfg)) for n, b in base.items()}
     return [
-        (optimum_cost(trace, job), [run_deadline(market, job, strategies[n], n) for n in cfg.policies]) for job in jobs
+        (
+            optimum_cost(trace, job),
+            [run_deadline(market, job, strategies[n], n, outlook=not n.endswith(BLIND)) for n in cfg.policies],
+        )
+        for job in jobs
     ]
 
 
