@@ -7,7 +7,9 @@ The model is the one of "Can't Be Late" (NSDI'24) and its simulator, so the omni
 - a spot pool whose zone is unavailable at a tick is reclaimed at that tick (recorded as a preemption);
 - every launch (a new pool, or the same zone again after a reclaim) costs `restart_ticks` of changeover paid at
   the new pool's price without progress (launch, restore, and the work lost since the last checkpoint);
-- every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover.
+- every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover;
+- the policy sees the tick's `PriceBook` and each spot pool's availability history up to the tick
+  (`TraceMarket.outlook`), nothing later.
 The executor never bills beyond what a plan allowed: `decide` pauses a job whose budget cannot pay the next tick.
 """
 

@@ -5,6 +5,9 @@ as the trace says at that tick) and an on-demand pool (always available, the reg
 pool's interruption rate is what a broker could have known at that tick: reclaims per hour up over the
 `rate_window_hours` before it, blended with a prior (`pricing.risk.blend`), refreshed hourly - never the future.
 Books are immutable and memoized per tick, so every policy replaying the same trace shares them.
+`TraceMarket(trace).outlook(tick)` is each spot pool's availability history at that tick (`PoolOutlook`: up or
+down, for how long, and the lengths of the up and down runs that ended before it) - again never the future, as a
+broker's availability feed would give it.
 """
 
 from __future__ import annotations
