@@ -129,7 +129,8 @@ class RunState:
     """Everything a strategy may use. `current` is the pool running the job now (None: idle, e.g. just
     preempted); `restart_left_hours` is the changeover still to go on it (launch, restore, lost work);
     `started_at` is when the job's deadline window opened (the origin of the uniform progress line);
-    `tick_hours` is the time until the executor asks again."""
+    `tick_hours` is the time until the executor asks again; `outlook` is each spot pool's availability history
+    by pool key (empty when the executor has none: strategies then go by interruption rates alone)."""
 
     job: JobSpec
     now: datetime
@@ -454,6 +455,8 @@ class Overspill:
         return 1 / rate if rate > 0 else math.inf
 
     def _spot_order(self, state: RunState, spot: list[Candidate]) -> list[Candidate]:
+        """With an outlook: spot pools by price per hour of progress, price x E / (E - d), those with E <= d left
+        out. Without one: the placement ranking unchanged."""
         if not state.outlook:
             return spot
         d = self.restart_hours
