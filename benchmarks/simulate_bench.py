@@ -5,8 +5,12 @@ What it runs (`federation.simulate.run_simulation`, the code behind `overspill s
      2023-02-15 to 03-17, resampled to 5-minute ticks), on-demand $3.06/h from the SkyPilot AWS catalog: 48 h of
      work due in 52, 60 or 70 h, one job starting every 12 h of the trace per deadline, 15 minutes of changeover
      per launch. Policies: on-demand only; greedy cheapest spot with EAGER_NEXT_REGION failover (SkyPilot managed
-     jobs); Uniform Progress (Can't Be Late, NSDI'24); ours (`overspill`); the omniscient optimum (exact DP).
-     Two scenarios: all 9 zones, and us-east-1's 4 zones only (scarcer, pricier spot).
+     jobs); Uniform Progress (Can't Be Late, NSDI'24); ours (`overspill`), and ours without the pools'
+     availability history (`overspill_no_history`, as a broker without an availability feed runs it); the
+     omniscient optimum (exact DP). Two scenarios: all 9 zones, and us-east-1's 4 zones only (scarcer, pricier
+     spot). Each table also gives cost / optimum over the jobs of the first half of the trace (windows ending by
+     its middle: the set Overspill's parameters were tuned on) and of the second half (held out), and a line
+     ranking the policies that met every deadline.
   2. Bursting with the Philly job trace (10,000 jobs from the 300th, ~250 h of arrivals) on a 1,024-GPU on-prem
      cluster (FIFO + EASY backfill), cloud V100 on-demand from the catalog; every 10th job has a deadline of
      arrival + 2 x its runtime + 30 min. Policies: on-prem only; fixed timeout (SkyPilot's Slurm burst, 2 min,

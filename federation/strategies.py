@@ -39,7 +39,8 @@ Strategies:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -86,11 +87,50 @@ class Preemption:
 
 
 @dataclass(frozen=True, slots=True)
+class RunLengths:
+    """Lengths (hours) of a pool's completed up (or down) runs, sorted, with suffix sums so the mean residual
+    life is one bisection."""
+
+    hours: tuple[float, ...] = ()
+    suffix: tuple[float, ...] = (0.0,)
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> RunLengths:
+        hours = tuple(sorted(values))
+        suffix = [0.0] * (len(hours) + 1)
+        for i in range(len(hours) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + hours[i]
+        return cls(hours, tuple(suffix))
+
+    def mean_residual(self, age_hours: float, min_samples: int = 1) -> float | None:
+        """Mean of (length - age) over the runs longer than `age_hours`: how much longer a run that has lasted
+        `age_hours` went on, on average. None with fewer than `min_samples` such runs."""
+        i = bisect_right(self.hours, age_hours + EPS)
+        n = len(self.hours) - i
+        if n < max(1, min_samples):
+            return None
+        return (self.suffix[i]) / n - age_hours
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOutlook:
+    """What a spot pool's availability history says up to now (never the future): whether it is up, how long it
+    has been in that state, and the lengths of its past up and down runs (from the broker's availability feed,
+    or the trace replayed so far)."""
+
+    up: bool
+    age_hours: float
+    up_runs: RunLengths = field(default_factory=RunLengths)
+    down_runs: RunLengths = field(default_factory=RunLengths)
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
     """Everything a strategy may use. `current` is the pool running the job now (None: idle, e.g. just
     preempted); `restart_left_hours` is the changeover still to go on it (launch, restore, lost work);
     `started_at` is when the job's deadline window opened (the origin of the uniform progress line);
-    `tick_hours` is the time until the executor asks again."""
+    `tick_hours` is the time until the executor asks again; `outlook` is each spot pool's availability history
+    by pool key (empty when the executor has none: strategies then go by interruption rates alone)."""
 
     job: JobSpec
     now: datetime
@@ -102,6 +142,7 @@ class RunState:
     checkpoint_at: tuple[str, str] | None = None
     preemptions: tuple[Preemption, ...] = ()
     tick_hours: float = 0.1
+    outlook: Mapping[str, PoolOutlook] = field(default_factory=dict)
 
     @property
     def budget_left_usd(self) -> Decimal:
@@ -346,13 +387,22 @@ def _no_changeover_params(restart_hours: float) -> PlacementParams:
 
 @dataclass(frozen=True, slots=True)
 class Overspill:
-    """Ours: the placement cost model decides where, slack accounting decides when.
+    """Ours: the placement cost model decides where, slack accounting decides when, availability history
+    decides which spot pool and whether leaving a safe pool for it pays.
 
     Where: available pools ranked by expected cost (price x remaining work x (1 + rate x d) + checkpoint egress,
     the placement model with the pool's interruption rate); zones reclaimed in the last `block_hours` are
-    blocklisted for spot (not for on-demand); on-prem pools compete like any other. A running job moves only when
-    the move saves `min_saving` of the remaining cost after paying its changeover (cheaper spot, spot back while
-    on on-demand, a cheaper on-prem pool): executors move it at its next checkpoint.
+    blocklisted for spot (not for on-demand; 0 by default: a reclaimed zone that shows capacity again is judged by
+    its history like any other); on-prem pools compete like any other. A running job moves only when the move
+    saves `min_saving` of the remaining cost after paying its changeover (cheaper spot, spot back while on
+    on-demand, a cheaper on-prem pool): executors move it at its next checkpoint.
+
+    Spot pools by expected up time (when `RunState.outlook` has the pool's availability history, from the past
+    only): E = mean residual life of the pool's past up runs at the age of its current one (spot up runs are
+    mostly short but the ones that last, last: E grows with age), or 1 / interruption rate with fewer than
+    `min_samples` runs. A spot pool is ranked by its price per hour of progress, price x E / (E - d), and skipped
+    when E <= d. Leaving a safe pool (price P) for spot (price p) also needs E x (P - p) >= `return_factor` x 2d x
+    P: the expected saving must outweigh, by that factor, the changeover there and the one back.
 
     When (with a deadline): slack = hours to the deadline - remaining work - changeover in progress. Each launch
     burns d = `restart_hours` of it, idling burns it tick by tick, running burns none. Rules, after the paper's
@@ -361,22 +411,64 @@ class Overspill:
     Idle with no spot, it waits only while the slack left after the tick covers margin + d + reserve, where
     reserve = `pace` x initial slack x remaining work / total work keeps slack in proportion to the work left
     (like Uniform Progress' line, but spent only on waiting); otherwise it takes the cheapest safe pool. On a
-    safe pool it returns to spot once slack >= margin + `hysteresis` x d + reserve. Slack below margin means
-    on-demand to the end, which still meets the deadline.
+    safe pool it returns to spot once slack >= margin + `hysteresis` x d + reserve and the spot pool passes the
+    test above. Slack below margin means on-demand to the end, which still meets the deadline.
 
     Example (d = 0.25 h, 15-minute ticks so margin = 0.75 h, pace 0.75, no spot anywhere): 2 h of work due in
     10 h -> slack 8 h, reserve 0.75 x 8 x 2/2 = 6 h, 7.75 >= 0.75 + 0.25 + 6: wait. Due in 3 h instead -> slack
-    1 h, reserve 0.75 h, 0.75 < 1.75: on-demand now. 4 h of work due in 10 h, on on-demand after 1 h with
-    3.5 h left when spot comes back -> slack 5.5 h >= 0.75 + 0.25 + 3.94: back to spot (a migration).
+    1 h, reserve 0.75 h, 0.75 < 1.75: on-demand now. 4 h of work due in 10 h, on on-demand ($3/h) after 1 h with
+    3.5 h left when a $1/h spot pool comes back -> slack 5.5 h >= 0.75 + 3.94; it returns if E x (3 - 1) >= 2.5 x
+    2 x 0.25 x 3, i.e. E >= 1.875 h (a pool whose past up runs lasted 4 h: yes; 1 h: stay on on-demand).
+
+    Parameters were tuned on the deadline jobs of the first half of the AWS V100 trace only (benchmarks/README.md).
     """
 
     name: ClassVar[str] = "overspill"
     restart_hours: float = 0.25
-    block_hours: float = 1.0
+    block_hours: float = 0.0
     pace: float = 0.75
     min_saving: float = 0.25
-    hysteresis: float = 1.0
+    hysteresis: float = 0.0
     kinds: frozenset[CapacityType] = ANY_POOL
+    min_samples: int = 5
+    return_factor: float = 2.5
+
+    def _lasts_long_enough(self, state: RunState, spot: Offering) -> bool:
+        """Leaving a safe pool for `spot` pays when the hours it is expected to stay up, saving (P - p) each,
+        outweigh the two changeovers (there and back to the safe pool) at the safe price P, by `return_factor`."""
+        if not self.return_factor or state.current is None:
+            return True
+        big, small = float(state.current.price.hourly_usd), float(spot.price.hourly_usd)
+        if big <= small:
+            return False
+        return self.expected_up_hours(state, spot) * (big - small) >= self.return_factor * 2 * self.restart_hours * big
+
+    def expected_up_hours(self, state: RunState, off: Offering) -> float:
+        """How much longer spot pool `off` is expected to stay up: the mean residual of its past up runs at the
+        current run's age when the outlook has enough of them, else 1 / its interruption rate."""
+        look = state.outlook.get(off.key)
+        if look is not None and look.up:
+            res = look.up_runs.mean_residual(look.age_hours, self.min_samples)
+            if res is not None:
+                return res
+        rate = off.interruption_rate_per_hour
+        return 1 / rate if rate > 0 else math.inf
+
+    def _spot_order(self, state: RunState, spot: list[Candidate]) -> list[Candidate]:
+        """With an outlook: spot pools by price per hour of progress, price x E / (E - d), those with E <= d left
+        out. Without one: the placement ranking unchanged."""
+        if not state.outlook:
+            return spot
+        d = self.restart_hours
+        scored = []
+        for c in spot:
+            e = self.expected_up_hours(state, c.offering)
+            if e <= d:  # not expected to outlast its own changeover
+                continue
+            eff = float(c.offering.price.hourly_usd) * (e / (e - d) if math.isfinite(e) else 1.0)
+            scored.append((eff, c.offering.key, c))
+        scored.sort(key=lambda x: (x[0], x[1]))
+        return [c for _, _, c in scored]
 
     def decide(self, state: RunState, book: PriceBook) -> Plan:
         alive = current_alive(state)
@@ -437,7 +529,7 @@ class Overspill:
         left = state.hours_to_deadline() or 0.0
         slack = left - state.work - state.restart_left_hours
         margin = state.ticks(2 * d) + g
-        spot = [c for c in ranked if c.offering.capacity_type is CapacityType.SPOT]
+        spot = self._spot_order(state, [c for c in ranked if c.offering.capacity_type is CapacityType.SPOT])
         safe = [c for c in ranked if c.offering.capacity_type is not CapacityType.SPOT]
         safe = [c for c in safe if state.ticks(c.expected_wait_hours + d + state.work) <= left + EPS] or safe[:0]
         w0 = float(state.job.work_hours)
@@ -450,7 +542,12 @@ class Overspill:
                 return self._go(state, spot[0], "cheaper spot pool up with slack to spare: migrate", block)
             return keep(state, self.name, "exploitation: stay on the running spot pool until reclaimed")
         if alive:  # on on-demand or on-prem
-            if spot and slack >= margin + self.hysteresis * d + reserve and self._worth_moving(state, spot[0]):
+            if (
+                spot
+                and slack >= margin + self.hysteresis * d + reserve
+                and self._worth_moving(state, spot[0])
+                and self._lasts_long_enough(state, spot[0].offering)
+            ):
                 return self._go(state, spot[0], f"spot is back and slack {slack:.2f} h allows it: return", block)
             if safe and safe[0].offering.key != state.current.key and self._worth_moving(state, safe[0]):  # type: ignore[union-attr]
                 return self._go(state, safe[0], "a cheaper safe pool (on-prem or on-demand) fits the deadline", block)

@@ -21,6 +21,8 @@ from federation.simulate.experiments import (
     BurstConfig,
     DeadlineConfig,
     deadline_experiment,
+    deadline_jobs,
+    halves,
     matched_spend,
     percentile,
     summarize_cluster,
@@ -118,6 +120,54 @@ def test_every_policy_costs_at_least_the_optimum_and_on_demand_is_exact() -> Non
         assert od.cost_usd == pytest.approx((10 + 1) * 3.0)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_no_policy_beats_the_optimum_on_random_traces_with_price_changes(seed: int) -> None:
+    # The simulator's rules (tick billing, a changeover per launch, reclaims, migrations) never let a policy that
+    # met its deadline pay less than the DP optimum, whatever the trace, the prices or the changeover length.
+    rng = random.Random(100 + seed)
+    n = 90
+    bits = {z: "".join(rng.choice("1111100") for _ in range(n)) for z in ("us-east-1a", "us-east-1c", "us-west-2a")}
+    prices = {z: [rng.choice([0.9, 1.0, 1.2, 1.6]) for _ in range(n)] for z in bits}
+    t = SpotTrace.from_bits(bits, prices, on_demand_usd=3.06, gap_seconds=900)  # type: ignore[arg-type]
+    m = TraceMarket(t)
+    for restart in (1, 3):
+        for deadline in (28, 40):
+            job = DeadlineJob("r", 2, 24, deadline, restart)
+            opt = optimum_cost(t, job)
+            for name in POLICIES:
+                kw = {"restart_hours": restart / 4} if name in ("uniform_progress", "overspill") else {}
+                run = run_deadline(m, job, make_strategy(name, **kw))
+                if run.met_deadline:
+                    assert run.cost_usd >= opt - 1e-9, (name, restart, deadline)
+
+
+def test_outlook_is_built_from_the_past_only() -> None:
+    key = "aws/us-east-1/us-east-1a/p3.2xlarge/spot"
+    a = TraceMarket(trace({"us-east-1a": "110011100"}, {"us-east-1a": 1.0}))
+    b = TraceMarket(trace({"us-east-1a": "110011011"}, {"us-east-1a": 1.0}))  # differs only after tick 5
+    look = a.outlook(5)[key]
+    assert look == b.outlook(5)[key]
+    assert look.up and look.age_hours == 1.0  # up since tick 4
+    assert look.up_runs.hours == (2.0,) and look.down_runs.hours == (2.0,)  # ticks 0-1 up, 2-3 down
+    down = a.outlook(8)[key]
+    assert not down.up and down.age_hours == 1.0 and down.up_runs.hours == (2.0, 3.0)
+
+
+def test_the_simulator_hands_the_outlook_to_the_policy() -> None:
+    seen: list[int] = []
+
+    class Spy:
+        name = "spy"
+
+        def decide(self, state: Any, book: PriceBook) -> Any:
+            seen.append(len(state.outlook))
+            return make_strategy("on_demand").decide(state, book)
+
+    t = trace({"us-east-1a": "1010", "us-west-2a": "1111"}, {"us-east-1a": 1.0, "us-west-2a": 1.0})
+    run_deadline(TraceMarket(t), DeadlineJob("j", 0, 2, 4, 0), Spy())
+    assert seen == [2, 2]
+
+
 def test_deadline_experiment_summaries() -> None:
     rng = random.Random(3)
     bits = {z: "".join(rng.choice("1110") for _ in range(120)) for z in ("us-east-1a", "us-west-2a")}
@@ -125,13 +175,28 @@ def test_deadline_experiment_summaries() -> None:
     cfg = DeadlineConfig(work_hours=8, deadlines_hours=(10, 14), restart_hours=0.5, start_every_hours=10)
     rows, results = deadline_experiment(t, cfg)
     names = [r.policy for r in rows]
-    assert names == [*POLICIES, "optimum"]
+    assert names == [*POLICIES, "overspill_no_history", "optimum"]
     by = {r.policy: r for r in rows}
     assert by["optimum"].cost_vs_optimum == 1.0
     assert by["on_demand"].cost_vs_on_demand == 1.0
     assert all((r.cost_vs_optimum or 0) >= 1 - 1e-9 for r in rows if r.deadline_attainment == 1.0)
     assert by["overspill"].deadline_attainment == 1.0 and by["uniform_progress"].deadline_attainment == 1.0
     assert by["on_demand"].jobs == len(results) == 2 * 4
+    # halves: jobs whose window ends by tick 60 (of 120) vs jobs starting at or after it. Starts 0, 20, 40, 60;
+    # 10 h = 20 ticks: windows end at 20, 40, 60 (first) and start 60 (second); 14 h = 28 ticks: the job at
+    # 40 ends at 68, in neither half.
+    assert halves(deadline_jobs(t, cfg), len(t)) == [
+        "first",
+        "first",
+        "first",
+        "second",
+        "first",
+        "first",
+        "",
+        "second",
+    ]
+    assert isinstance(by["overspill"].extra["second_half_vs_optimum"], float)
+    assert by["on_demand"].extra["met_cost_usd"] == pytest.approx(by["on_demand"].cost_usd)
 
 
 # --- the cluster simulator --------------------------------------------------------------------------------
@@ -254,6 +319,7 @@ def test_report_tables_json_and_png(tmp_path: Path) -> None:
     report = SimulationReport(deadline={"synthetic": rows}, burst=burst, burst_setup={"title": "two jobs"})
     text = report.tables()
     assert "Deadline jobs - synthetic" in text and "x optimum" in text and "onprem_only" in text
+    assert "Meeting every deadline: " in text
     doc = json.loads(json.dumps(report.to_json(), default=str))
     assert doc["deadline"]["scenarios"]["synthetic"][-1]["policy"] == "optimum"
     pytest.importorskip("matplotlib")

@@ -17,6 +17,7 @@ from federation.strategies import (
     NextCheapest,
     Overspill,
     Preemption,
+    RunLengths,
     RunState,
     UniformProgress,
     decide,
@@ -176,6 +177,59 @@ def test_overspill_returns_to_spot_when_it_is_back() -> None:
     plan = decide(Overspill(restart_hours=0.25), s, m.book(4))
     assert plan.move is Move.LAUNCH and plan.migrates
     assert plan.offering is not None and plan.offering.capacity_type.value == "spot"
+
+
+def test_run_lengths_mean_residual_by_hand() -> None:
+    runs = RunLengths.of([6.0, 1.0, 2.0])
+    assert runs.hours == (1.0, 2.0, 6.0)
+    assert runs.mean_residual(0.0) == pytest.approx(3.0)  # (1 + 2 + 6) / 3
+    assert runs.mean_residual(1.5) == pytest.approx(2.5)  # runs past 1.5 h: 2 and 6 -> mean 4, minus 1.5
+    assert runs.mean_residual(3.0) == pytest.approx(3.0)  # only the 6 h run
+    assert runs.mean_residual(3.0, min_samples=2) is None  # too few runs that long
+    assert runs.mean_residual(6.0) is None and RunLengths().mean_residual(0.0) is None
+
+
+SPOT_A = "aws/us-east-1/us-east-1a/p3.2xlarge/spot"
+SPOT_B = "aws/us-east-1/us-east-1b/p3.2xlarge/spot"
+
+
+def test_overspill_picks_the_spot_pool_whose_up_runs_last_over_a_cheaper_flaky_one() -> None:
+    # 15-minute ticks, d = 0.25 h. Zone a ($1.0) has come up for one tick at a time (five past up runs of
+    # 0.25 h): expected to stay up 0.25 h more when fresh, not more than its own changeover -> skipped. Zone b
+    # ($1.2) has been up throughout: no past runs, so E = 1 / its rate -> ranked by 1.2 x E / (E - 0.25).
+    m = market({"us-east-1a": "10" * 6, "us-east-1b": "1" * 12}, {"us-east-1a": 1.0, "us-east-1b": 1.2}, gap=H // 4)
+    job = DeadlineJob("j", 10, work_ticks=8, deadline_ticks=40, restart_ticks=1)
+    look = m.outlook(10)
+    assert look[SPOT_A].up and look[SPOT_A].age_hours == 0 and look[SPOT_A].up_runs.hours == (0.25,) * 5
+    assert look[SPOT_B].up and look[SPOT_B].age_hours == 2.5 and look[SPOT_B].up_runs.hours == ()
+    ours = Overspill(restart_hours=0.25)
+    assert ours.expected_up_hours(state_at(m, job, 10, outlook=look), m.book(10).get(SPOT_A)) == 0.25  # type: ignore[arg-type]
+    plan = decide(ours, state_at(m, job, 10, outlook=look), m.book(10))
+    assert plan.move is Move.LAUNCH and plan.offering is not None and plan.offering.key == SPOT_B
+    # Without the availability history it goes by price and interruption rate alone: the cheaper zone a.
+    plan = decide(ours, state_at(m, job, 10), m.book(10))
+    assert plan.offering is not None and plan.offering.key == SPOT_A
+
+
+@pytest.mark.parametrize(("up_ticks", "returns"), [(16, True), (4, False)])
+def test_overspill_leaves_on_demand_only_for_a_spot_pool_expected_to_last(up_ticks: int, returns: bool) -> None:
+    # On on-demand at $3/h, a $1/h spot pool comes up fresh. Returning needs E x (3 - 1) >= 2.5 x 2 x 0.25 x 3,
+    # i.e. E >= 1.875 h. Past up runs of 4 h (16 ticks) -> E = 4 h: return; of 1 h (4 ticks) -> E = 1 h: stay.
+    cycle = "1" * up_ticks + "0" * 4
+    bits = cycle * 5 + "1" * 8
+    m = market({"us-east-1a": bits}, {"us-east-1a": 1.0}, od=3.0, gap=H // 4)
+    now = len(cycle) * 5
+    job = DeadlineJob("j", now - 4, work_ticks=8, deadline_ticks=200, restart_ticks=1)  # 2 h due in 50 h
+    od = m.book(now).get("aws/us-east-1/us-east-1a/p3.2xlarge/on_demand")
+    look = m.outlook(now)
+    assert look[SPOT_A].age_hours == 0 and look[SPOT_A].up_runs.hours == (up_ticks / 4,) * 5
+    s = state_at(m, job, now, current=od, outlook=look, remaining_work_hours=Decimal("1.75"))
+    plan = decide(Overspill(restart_hours=0.25), s, m.book(now))
+    if returns:
+        assert plan.move is Move.LAUNCH and plan.migrates and plan.offering is not None
+        assert plan.offering.key == SPOT_A
+    else:
+        assert plan.move is Move.KEEP and plan.offering is od
 
 
 def test_overspill_meets_every_deadline_on_a_flaky_trace() -> None:

@@ -7,7 +7,9 @@ The model is the one of "Can't Be Late" (NSDI'24) and its simulator, so the omni
 - a spot pool whose zone is unavailable at a tick is reclaimed at that tick (recorded as a preemption);
 - every launch (a new pool, or the same zone again after a reclaim) costs `restart_ticks` of changeover paid at
   the new pool's price without progress (launch, restore, and the work lost since the last checkpoint);
-- every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover.
+- every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover;
+- the policy sees the tick's `PriceBook` and each spot pool's availability history up to the tick
+  (`TraceMarket.outlook`), nothing later.
 The executor never bills beyond what a plan allowed: `decide` pauses a job whose budget cannot pay the next tick.
 """
 
@@ -81,9 +83,12 @@ def run_deadline(
     policy: str | None = None,
     overrun_ticks: int | None = None,
     record: bool = False,
+    outlook: bool = True,
 ) -> DeadlineRun:
     """Run `job` under `strategy`; a job not done by its deadline keeps going for `overrun_ticks` more (default:
-    as long again as its deadline window, within the trace) so late finishes are still costed."""
+    as long again as its deadline window, within the trace) so late finishes are still costed. With `outlook`
+    False the policy is not shown the pools' availability history (`RunState.outlook`), as a broker without an
+    availability feed."""
     trace = market.trace
     gap_h = trace.gap_hours
     gap = Decimal(trace.gap_seconds) / Decimal(3600)
@@ -124,6 +129,7 @@ def run_deadline(
             checkpoint_at=checkpoint,
             preemptions=tuple(history),
             tick_hours=gap_h,
+            outlook=market.outlook(tick) if outlook else {},
         )
         plan = decide(strategy, state, book)
         if record:

@@ -26,12 +26,14 @@ from federation.simulate.traces import SpotTrace, TraceJob
 from federation.strategies import make_strategy
 from pricing.book import PriceBook
 
-DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill", "overspill_no_history")
+BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
 POLICY_SOURCES = {
     "on_demand": "on-demand only",
     "eager_next_region": "greedy spot, SkyPilot EAGER_NEXT_REGION",
     "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
-    "overspill": "ours: cost model + slack accounting",
+    "overspill": "ours: cost model + slack accounting + availability history",
+    "overspill_no_history": "ours without availability history (a broker with no availability feed)",
     "optimum": "omniscient offline optimum (DP, lower bound)",
 }
 
@@ -93,11 +95,17 @@ def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
 def run_deadline_chunk(
     trace: SpotTrace, jobs: Sequence[DeadlineJob], cfg: DeadlineConfig
 ) -> list[tuple[float, list[DeadlineRun]]]:
-    """For each job: its optimum cost and every policy's run (one process's share of the work)."""
+    """For each job: its optimum cost and every policy's run (one process's share of the work). A policy name
+    ending in `_no_history` is that strategy run without the pools' availability history."""
     market = TraceMarket(trace)
-    strategies = {name: make_strategy(name, **_strategy_kwargs(name, cfg)) for name in cfg.policies}
+    base = {n: n.removesuffix(BLIND) for n in cfg.policies}
+    strategies = {n: make_strategy(b, **_strategy_kwargs(b, cfg)) for n, b in base.items()}
     return [
-        (optimum_cost(trace, job), [run_deadline(market, job, strategies[n], n) for n in cfg.policies]) for job in jobs
+        (
+            optimum_cost(trace, job),
+            [run_deadline(market, job, strategies[n], n, outlook=not n.endswith(BLIND)) for n in cfg.policies],
+        )
+        for job in jobs
     ]
 
 
@@ -138,10 +146,28 @@ def deadline_experiment(
         results = sorted((r for part in parts for r in part), key=lambda r: order[r[1][0].job])
     else:
         results = run_deadline_chunk(trace, jobs, cfg)
-    return summarize_deadline(results, cfg), results
+    return summarize_deadline(results, cfg, halves(jobs, len(trace))), results
 
 
-def summarize_deadline(results: list[tuple[float, list[DeadlineRun]]], cfg: DeadlineConfig) -> list[PolicySummary]:
+def halves(jobs: Sequence[DeadlineJob], trace_ticks: int) -> list[str]:
+    """Per job: "first" when its deadline window ends by the middle of the trace, "second" when it starts at or
+    after it, "" otherwise - two sets of jobs on disjoint stretches of the trace (tune on one, report the other)."""
+    mid = trace_ticks // 2
+    return [
+        "first" if j.start_tick + j.deadline_ticks <= mid else "second" if j.start_tick >= mid else "" for j in jobs
+    ]
+
+
+def _ratio(pairs: Sequence[tuple[float, DeadlineRun]]) -> float:
+    opt = sum(o for o, _ in pairs if math.isfinite(o))
+    return sum(r.cost_usd for _, r in pairs) / opt if opt else 0.0
+
+
+def summarize_deadline(
+    results: list[tuple[float, list[DeadlineRun]]], cfg: DeadlineConfig, split: Sequence[str] | None = None
+) -> list[PolicySummary]:
+    """One row per policy plus the optimum's. With `split` (per job, see `halves`), each row's `extra` also holds
+    its cost over the optimum on the first and the second half's jobs."""
     optimum = sum(o for o, _ in results if math.isfinite(o))
     n = len(results)
     by_policy: dict[str, list[DeadlineRun]] = {p: [] for p in cfg.policies}
@@ -173,6 +199,17 @@ def summarize_deadline(results: list[tuple[float, list[DeadlineRun]]], cfg: Dead
                     "on_demand_hours": round(sum(r.on_demand_hours for r in runs), 1),
                     "paused": sum(r.paused for r in runs),
                     "over_budget": sum(r.over_budget for r in runs),
+                    **(
+                        {
+                            f"{h}_half_vs_optimum": _ratio(
+                                [(o, r) for (o, _), r, s in zip(results, runs, split, strict=True) if s == h]
+                            )
+                            for h in ("first", "second")
+                        }
+                        if split is not None
+                        else {}
+                    ),
+                    "met_cost_usd": sum(r.cost_usd for r in runs if r.met_deadline),
                 },
             )
         )

@@ -5,19 +5,24 @@ as the trace says at that tick) and an on-demand pool (always available, the reg
 pool's interruption rate is what a broker could have known at that tick: reclaims per hour up over the
 `rate_window_hours` before it, blended with a prior (`pricing.risk.blend`), refreshed hourly - never the future.
 Books are immutable and memoized per tick, so every policy replaying the same trace shares them.
+`TraceMarket(trace).outlook(tick)` is each spot pool's availability history at that tick (`PoolOutlook`: up or
+down, for how long, and the lengths of the up and down runs that ended before it) - again never the future, as a
+broker's availability feed would give it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from federation.simulate.traces import SpotTrace, ZoneSeries
+from federation.strategies import PoolOutlook, RunLengths
 from pricing.book import PriceBook
 from pricing.risk import PoolExperience, blend
 from providers.accelerators import memory_gib
-from providers.model import CapacityType, Offering, Price
+from providers.model import CapacityType, Offering, Price, offering_key
 
 _FOUR = Decimal("0.0001")
 
@@ -35,6 +40,43 @@ class TraceMarket:
     prior_hours: float = 12.0
     _books: dict[int, PriceBook] = field(default_factory=dict, repr=False)
     _rates: dict[tuple[str, int], tuple[float, str]] = field(default_factory=dict, repr=False)
+    _runs: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict, repr=False)
+    _lengths: dict[tuple[str, int], tuple[RunLengths, RunLengths]] = field(default_factory=dict, repr=False)
+    _outlooks: dict[int, dict[str, PoolOutlook]] = field(default_factory=dict, repr=False)
+
+    def outlook(self, tick: int) -> dict[str, PoolOutlook]:
+        """Per spot pool key: up or down at `tick`, for how long, and the up/down runs that ended before it."""
+        found = self._outlooks.get(tick)
+        if found is None:
+            t = self.trace
+            found = {}
+            for z in t.zones:
+                runs = self._zone_runs(z)
+                i = bisect_right(runs, (tick, len(t) + 1, True)) - 1
+                start, _, up = runs[i]
+                lengths = self._lengths.get((z.zone, i))
+                if lengths is None:
+                    ups = [(b - a) * t.gap_hours for a, b, u in runs[:i] if u]
+                    downs = [(b - a) * t.gap_hours for a, b, u in runs[:i] if not u]
+                    lengths = (RunLengths.of(ups), RunLengths.of(downs))
+                    self._lengths[(z.zone, i)] = lengths
+                key = offering_key(t.provider, z.region, z.zone, t.instance_type, CapacityType.SPOT)
+                found[key] = PoolOutlook(up, (tick - start) * t.gap_hours, lengths[0], lengths[1])
+            self._outlooks[tick] = found
+        return found
+
+    def _zone_runs(self, zone: ZoneSeries) -> list[tuple[int, int, bool]]:
+        runs = self._runs.get(zone.zone)
+        if runs is None:
+            runs = []
+            start = 0
+            bits = zone.available
+            for i in range(1, len(bits) + 1):
+                if i == len(bits) or bits[i] != bits[start]:
+                    runs.append((start, i, bits[start]))
+                    start = i
+            self._runs[zone.zone] = runs
+        return runs
 
     def book(self, tick: int) -> PriceBook:
         found = self._books.get(tick)

@@ -27,7 +27,7 @@ class SimulationReport:
     def tables(self) -> str:
         parts = []
         for scenario, rows in self.deadline.items():
-            parts.append(f"Deadline jobs - {scenario}\n{deadline_table(rows)}")
+            parts.append(f"Deadline jobs - {scenario}\n{deadline_table(rows)}\n{deadline_note(rows)}")
         if self.burst:
             parts.append(f"Bursting - {self.burst_setup.get('title', 'cluster trace')}\n{burst_table(self.burst)}")
         if self.matched:
@@ -121,6 +121,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
         "cost $",
         "x on-demand",
         "x optimum",
+        "1st/2nd half",
         "worst job",
         "deadlines",
         "preempt",
@@ -133,6 +134,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
             f"{r.cost_usd:,.0f}",
             _fmt(r.cost_vs_on_demand, ".3f"),
             _fmt(r.cost_vs_optimum, ".3f"),
+            _halves(r),
             _fmt(float(r.extra["worst_job_vs_optimum"]), ".2f") if "worst_job_vs_optimum" in r.extra else "-",
             _pct(r.deadline_attainment),
             str(r.preemptions),
@@ -142,6 +144,31 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
         for r in rows
     ]
     return render(header, body)
+
+
+def _halves(r: PolicySummary) -> str:
+    first, second = r.extra.get("first_half_vs_optimum"), r.extra.get("second_half_vs_optimum")
+    if not isinstance(first, float) or not isinstance(second, float):
+        return "-"
+    return f"{first:.3f}/{second:.3f}"
+
+
+def deadline_note(rows: Sequence[PolicySummary]) -> str:
+    """Which policies met every deadline, cheapest first, and what the others saved by missing some."""
+    policies = [r for r in rows if r.policy != "optimum" and r.deadline_attainment is not None]
+    met = sorted((r for r in policies if r.deadline_attainment == 1.0), key=lambda r: r.cost_usd)
+    missed = [r for r in policies if r.deadline_attainment != 1.0]
+    text = "Meeting every deadline: " + (
+        ", ".join(f"{r.policy} {_fmt(r.cost_vs_optimum, '.3f')}x" for r in met) if met else "none"
+    )
+    if missed:
+        text += "; missing some: " + ", ".join(
+            f"{r.policy} ({_pct(r.deadline_attainment)} met, cheaper only by missing)"
+            if met and r.cost_usd < met[0].cost_usd
+            else f"{r.policy} ({_pct(r.deadline_attainment)} met)"
+            for r in missed
+        )
+    return text
 
 
 def burst_table(rows: Sequence[PolicySummary]) -> str:
