@@ -23,6 +23,7 @@ from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
+from pricing.availability import Runs, load_trace_runs
 from pricing.risk import RiskEstimate, load_trace
 from providers.base import ComputeProvider, OfferingSource, QueuePressureSource
 
@@ -44,6 +45,7 @@ class Runtime:
     params: PlacementParams = field(default_factory=PlacementParams)
     marks: dict[str, datetime] = field(default_factory=dict)  # when periodic steps last ran in this process
     trace_priors: dict[str, RiskEstimate] = field(default_factory=dict)  # interruption priors from traces
+    trace_runs: dict[str, Runs] = field(default_factory=dict)  # the same traces' up/down runs, as prior history
     checkpoint_stores: CheckpointStores = field(default_factory=lambda: CheckpointStores(Settings()))
 
     def provider(self, name: str) -> ComputeProvider | None:
@@ -104,5 +106,6 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         verifier=KeyVerifier(engine),
         params=params,
         trace_priors={prefix: load_trace(path) for prefix, path in settings.interruption_traces.items()},
+        trace_runs={prefix: load_trace_runs(path) for prefix, path in settings.interruption_traces.items()},
         checkpoint_stores=CheckpointStores.from_settings(settings),
     )

@@ -384,3 +384,16 @@ class BillLineRow(SQLModel, table=True):
     effective_usd: Decimal = _money()
     list_usd: Decimal = _money()
     rows: int = 0
+
+
+class AvailabilityChange(SQLModel, table=True):
+    """Availability history of spot pools: one row when a feed first lists a pool and whenever it starts or stops
+    offering it (not per sample). With the broker's own reclaims it gives each pool's up and down runs."""
+
+    __tablename__ = "availability_change"
+    __table_args__ = (Index("ix_availability_change_key_at", "offering_key", "observed_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    offering_key: str = Field(max_length=200)
+    up: bool
+    observed_at: datetime = _at(nullable=False)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import insert
 from sqlmodel import Session, col, delete, select
 
+from broker.availability import record_availability
 from broker.catalog import row_from_offering
 from broker.loop.common import upsert
 from broker.runtime import Runtime
@@ -43,6 +44,7 @@ def store_offerings(session: Session, feed: str, offerings: list[Offering], now:
             select(OfferingRow.key, OfferingRow.hourly_usd, OfferingRow.estimated).where(OfferingRow.feed == feed)
         ).all()
     }
+    record_availability(session, offerings, set(previous) - {o.key for o in offerings}, now)
     rows = [row_from_offering(o, now, feed).model_dump() for o in offerings]
     for start in range(0, len(rows), 1000):
         upsert(session, OfferingRow, rows[start : start + 1000], ["key"])

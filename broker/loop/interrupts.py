@@ -18,6 +18,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
+from broker.availability import record_reclaim
 from broker.loop.common import PREEMPTION_BLOCK, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -72,6 +73,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         p.state = PlacementState.PREEMPTED.value
         p.ended_at = max(action_at, p.started_at or action_at)
         session.add(p)
+        record_reclaim(session, p.offering_key, p.ended_at)
         remaining = max(Decimal("0"), p.work_hours_at_start - saved) if saved is not None else p.work_hours_at_start
         p.saved_work_hours = p.work_hours_at_start - remaining  # the ledger prices the rest as wasted work
         add_event(

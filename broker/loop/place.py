@@ -17,6 +17,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.auth import callback_token
+from broker.availability import pool_outlooks
 from broker.finance.budgets import budget_block_reason, onprem_only
 from broker.loop.common import (
     AUTH_BLOCK,
@@ -199,6 +200,7 @@ def _deadline_decision(
         checkpoint_at=ctx.checkpoint_at,
         preemptions=tuple(Preemption(p.ended_at or now, p.provider, p.region, p.zone) for p in history),
         tick_hours=rt.settings.tick_interval_seconds / 3600,
+        outlook=pool_outlooks(session, _spot_keys(book, spec), now, rt.trace_runs),
     )
     strategy = make_strategy("overspill", restart_hours=rt.settings.restart_hours)
     plan = decide(strategy, state, _without_blocked(book, spec, ctx.blocklist, now))
@@ -211,6 +213,15 @@ def _deadline_decision(
     if isinstance(verdict, Candidate):
         return verdict, "", False
     return None, f"{verdict.reason.value}: {verdict.message} ({plan.offering.key})", False
+
+
+def _spot_keys(book: PriceBook, spec: JobSpec) -> list[str]:
+    return [
+        item.offering.key
+        for group in book.for_accelerators(spec.accelerators)
+        for item in group
+        if item.offering.capacity_type is CapacityType.SPOT
+    ]
 
 
 def _without_blocked(book: PriceBook, spec: JobSpec, blocklist: frozenset[str], now: datetime) -> PriceBook:

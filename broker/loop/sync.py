@@ -17,6 +17,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
+from broker.availability import record_reclaim
 from broker.loop.common import PREEMPTION_BLOCK, block, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
@@ -95,6 +96,7 @@ def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Place
         _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished")
     elif inst.state is InstanceState.PREEMPTED:
         _ended(session, p, job, now, PlacementState.PREEMPTED, inst, "preempted by the provider")
+        record_reclaim(session, p.offering_key, p.ended_at or now)
         block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
     elif inst.state is InstanceState.FAILED:
         _ended(session, p, job, now, PlacementState.FAILED, inst, inst.detail or "the job's command failed")
