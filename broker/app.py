@@ -18,8 +18,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker.console import router as console_router
 from broker.errors import BrokerError
-from broker.routes import catalog, health, jobs, keys, placements
+from broker.request_id import RequestIdMiddleware
+from broker.routes import catalog, health, jobs, keys, metrics, placements, whoami
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -123,6 +125,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 included, carries X-Request-ID
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -147,7 +150,16 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             status_code=exc.status_code,
         )
 
-    for router in (jobs.router, catalog.router, keys.router, placements.router, health.router):
+    for router in (
+        jobs.router,
+        catalog.router,
+        keys.router,
+        placements.router,
+        health.router,
+        whoami.router,
+        metrics.router,
+        console_router.router,
+    ):
         app.include_router(router)
     return app
 

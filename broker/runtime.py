@@ -18,6 +18,7 @@ from broker.auth import KeyVerifier, ensure_bootstrap_key
 from broker.catalog import CatalogCache
 from broker.db import make_engine, utcnow
 from broker.feeds_config import build_price_feeds
+from broker.metrics import LoopMetrics
 from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
@@ -43,6 +44,7 @@ class Runtime:
     params: PlacementParams = field(default_factory=PlacementParams)
     marks: dict[str, datetime] = field(default_factory=dict)  # when periodic steps last ran in this process
     trace_priors: dict[str, RiskEstimate] = field(default_factory=dict)  # interruption priors from traces
+    metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)

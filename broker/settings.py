@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     max_request_bytes: int = 1_000_000
+    log_format: Literal["json", "text"] = Field(default="json", description="json lines, or text for a terminal")
+    log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = "info"
+    metrics_token: str = Field(
+        default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
+    )
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
 

@@ -27,6 +27,8 @@ from typing import Any
 from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
+from broker.loop.common import bound
+from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
 from broker.services.jobs import add_event, new_id, spec_of
@@ -74,14 +76,17 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         return 0
     create = _spec_from_comment(q, [name for name in rt.providers if name != provider.name])
     if create is None:
+        rt.metrics.burst_decision("stay", BurstReason.UNUSABLE_SPEC)
         return 0
     wait = provider.model().expected_wait_hours(q.accelerator.upper(), q.gpus, now, work_hours=None)
     if wait < rt.settings.burst_after_wait_hours:
+        rt.metrics.burst_decision("stay", BurstReason.SHORT_WAIT)
         return 0
     job = _new_job(rt, create, origin, now)
     book = rt.catalog.book(now)
     spec = spec_of(job)
     if place(spec, book, PlacementContext(now=now, remaining_work_hours=spec.work_hours, params=rt.params)) is None:
+        rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(job)
@@ -96,6 +101,9 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         )
         session.commit()
     _hold(provider, q.job.job_id, job.id)
+    rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
+    with bound(job):
+        log.info("bursting Slurm job %s to the cloud", q.job.job_id, extra={"expected_onprem_wait_hours": wait})
     return 1
 
 
@@ -159,10 +167,13 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         slurm_id = int(str(job.origin).split(":", 1)[1])
         if job.state == JobState.SUCCEEDED.value:
             action, message = "cancel", f"ran in the cloud as {job.id}; the held Slurm job is cancelled"
+            reason = BurstReason.CLOUD_SUCCEEDED
         elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value):
             action, message = "release", f"cloud job {job.state}; Slurm job {slurm_id} released on-prem"
+            reason = BurstReason.CLOUD_ENDED + job.state
         elif job.state == JobState.PENDING.value and now - job.created_at >= give_up:
             action, message = "release", f"no cloud placement within {give_up}; Slurm job {slurm_id} released on-prem"
+            reason = BurstReason.GAVE_UP
         else:
             continue
         try:
@@ -184,3 +195,6 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             session.add(row)
             add_event(session, row, now, "onprem_" + ("cancelled" if action == "cancel" else "released"), message)
             session.commit()
+        rt.metrics.burst_decision("cancel_onprem" if action == "cancel" else "release", reason)
+        with bound(job):
+            log.info(message)

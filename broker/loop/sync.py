@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
-from broker.loop.common import PREEMPTION_BLOCK, block, locked
+from broker.loop.common import PREEMPTION_BLOCK, block, bound, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -50,13 +50,16 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
             if provider is None:
                 continue  # provider disabled in this process's configuration; leave it to one that has it
             before = p.state
-            try:
-                _sync_one(rt, session, provider, p, job, now)
-            except ProviderError as exc:
-                log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
-                session.rollback()
-                continue
-            session.commit()
+            with bound(job, p):
+                try:
+                    _sync_one(rt, session, provider, p, job, now)
+                except ProviderError as exc:
+                    log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
+                    session.rollback()
+                    continue
+                session.commit()
+                if p.state != before:
+                    log.info("placement %s", p.state, extra={"previous_state": before, "job_state": job.state})
             changed += p.state != before
     return changed
 
