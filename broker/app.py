@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.console import router as console_router
 from broker.errors import BrokerError
+from broker.logging_setup import configure_logging
 from broker.request_id import RequestIdMiddleware
 from broker.routes import catalog, health, jobs, keys, metrics, placements, whoami
 from broker.runtime import Runtime, build_runtime
@@ -169,4 +170,6 @@ def app_from_env() -> FastAPI:
 
     Run the control loop separately (`overspill tick --loop`) when serving this way.
     """
-    return create_app(Settings())
+    settings = Settings()
+    configure_logging(settings)
+    return create_app(settings)

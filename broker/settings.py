@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     max_request_bytes: int = 1_000_000
     log_format: Literal["json", "text"] = Field(default="json", description="json lines, or text for a terminal")
     log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = "info"
+    tick_metrics_port: int = Field(
+        default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"
+    )
     metrics_token: str = Field(
         default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
     )
