@@ -249,6 +249,12 @@ async function route() {
     location.hash = homeFor(state.who.role);
     return;
   }
+  const link = document.querySelector(`#nav a[data-nav="${page}"]`);
+  if (link && !link.dataset.roles.split(" ").includes(state.who.role)) {
+    mount(notice(`The ${state.who.role} role cannot see ${page} (the API would answer 403).`, "warn", "forbidden"));
+    ready("forbidden");
+    return;
+  }
   try {
     await render();
   } catch (exc) {
@@ -501,12 +507,16 @@ async function renderJob(id) {
       ),
     );
     ready("job");
-    return !TERMINAL.has(job.state);
+    // An ended job's last accrual may land a moment after its state changes: poll until the spend settles too.
+    const settled = TERMINAL.has(job.state) && job.spent_usd === lastSpent;
+    lastSpent = job.spent_usd;
+    return !settled;
   }
-  if (await load()) {
+  let lastSpent = null;
+  let live = await load();
+  if (live) {
     every(1500, async () => {
-      if (job && TERMINAL.has(job.state)) return;
-      await load().catch(() => {});
+      if (live) live = await load().catch(() => true);
     });
   }
 }
@@ -535,6 +545,7 @@ async function renderPools() {
       "tr",
       { "data-text": `${p.key} ${p.capacity_type} ${p.accelerator}`.toLowerCase() },
       h("td", {}, p.key),
+      h("td", {}, `${p.accelerator_count}× ${p.accelerator}`),
       h("td", {}, badge(p.capacity_type.replace("_", "-"), p.capacity_type)),
       h("td", { class: "num" }, usd(p.hourly_usd)),
       h("td", { class: "num" }, usd(p.usd_per_gpu_hour)),
@@ -595,7 +606,7 @@ async function renderPools() {
       "cheapest",
     ),
     h("div", { class: "title" }, h("h2", {}, `All pools (${pools.length})`), filter),
-    table(["Pool", "Capacity", "USD/h", "USD/GPU-h", "Price age", "Interruption risk", "Wait", "Available"], poolRows, "pools"),
+    table(["Pool", "GPUs", "Capacity", "USD/h", "USD/GPU-h", "Price age", "Interruption risk", "Wait", "Available"], poolRows, "pools"),
   );
   ready("pools");
 }
