@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 
 from broker.db import make_engine
 from broker.loop.tick import tick
@@ -184,6 +184,9 @@ def fill(settings: Settings, n_jobs: int, long_events: int, seed: int) -> str:
         for table, rows in ((Job, jobs), (Placement, placements), (JobEvent, events), (CostEntryRow, entries)):
             for i in range(0, len(rows), 2000):
                 conn.execute(insert(table), rows[i : i + 2000])
+    if rt.engine.dialect.name == "postgresql":  # fresh statistics, as autovacuum would gather after a bulk load
+        with rt.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE"))
     rt.engine.dispose()
     print(
         f"filled: {len(jobs)} jobs, {len(placements)} placements, {len(events)} events, {len(entries)} ledger entries"

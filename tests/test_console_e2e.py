@@ -230,8 +230,11 @@ def test_watch_a_job_from_pending_to_done_with_its_spend_growing(browser: Any, b
     timeline = tab.text("[data-testid=timeline]")
     for kind in ("submitted", "placed", "started", "cost accrued", "finished"):
         assert kind in timeline, timeline
-    with broker.api() as api:
-        final = api.get(f"/v1/jobs/{job['id']}").json()
+    with broker.api() as api:  # the last accrual commits just after the state changes: wait for it to settle
+        final, previous = api.get(f"/v1/jobs/{job['id']}").json(), None
+        while previous is None or final["spent_usd"] != previous["spent_usd"]:
+            time.sleep(1.0)  # two ticks
+            previous, final = final, api.get(f"/v1/jobs/{job['id']}").json()
     expect(spent).to_have_text(f"${Decimal(final['spent_usd']).quantize(Decimal('0.01'))}", timeout=10_000)
     assert Decimal(final["spent_usd"]) >= second
     tab.shot("job-succeeded")
@@ -349,3 +352,12 @@ def test_console_is_served_with_a_strict_content_security_policy(broker: Broker)
         assert httpx.get(f"{broker.url}/console/static/{asset}").status_code == 200
     assert httpx.get(f"{broker.url}/console/static/..%2Fsettings.py").status_code == 404
     assert httpx.get(f"{broker.url}/console", follow_redirects=False).status_code == 308
+
+
+def test_whoami_names_the_key_and_needs_one(client: Any, key_for: Any) -> None:
+    """The console adapts to the role GET /v1/whoami reports (in-process: no browser needed)."""
+    assert client.get("/v1/whoami").json() == {"key_id": "devadmin", "tenant": "demo", "role": "admin"}
+    finance = client.get("/v1/whoami", headers=key_for("acme", Role.FINANCE)).json()
+    assert finance["tenant"] == "acme" and finance["role"] == "finance" and finance["key_id"] != "devadmin"
+    anonymous = client.get("/v1/whoami", headers={"Authorization": ""})
+    assert anonymous.status_code == 401

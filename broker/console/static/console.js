@@ -614,16 +614,12 @@ async function renderPools() {
 
 // ---------- costs ----------
 
-function monthStart(d) {
-  return new Date(Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1));
-}
-
 async function renderCosts() {
   const params = new URLSearchParams(location.hash.split("?")[1] || "");
   const range = params.get("range") || "month";
-  const now = new Date();
-  const from = range === "30d" ? new Date(now.getTime() - 30 * 86400e3) : monthStart(now);
-  const span = `from=${encodeURIComponent(from.toISOString())}&to=${encodeURIComponent(now.toISOString())}`;
+  // "to" is left to the broker (its clock, not this browser's); this month: `from` too (the API's default window)
+  const span =
+    range === "30d" ? `from=${encodeURIComponent(new Date(Date.now() - 30 * 86400e3).toISOString())}` : "";
   const picker = h(
     "div",
     { class: "tabs" },
@@ -672,13 +668,12 @@ async function renderCosts() {
       ? notice("The budgets API is not available on this broker.", "warn", "budgets-unavailable")
       : budgets.length
         ? table(
-            ["Budget", "Scope", "Period", "Spent / amount", "Forecast", "Thresholds", "Fired"],
+            ["Budget", "Period", "Spent / amount", "Forecast", "Thresholds", "Fired"],
             budgets.map((b) =>
               h(
                 "tr",
                 {},
-                h("td", {}, b.name, b.hard ? " " : "", b.hard ? badge("hard", "failed") : ""),
-                h("td", {}, typeof b.scope === "string" ? b.scope : JSON.stringify(b.scope)),
+                h("td", {}, `${typeof b.scope === "string" ? b.scope : JSON.stringify(b.scope)} ${b.name}`, b.hard ? " " : "", b.hard ? badge("hard", "failed") : ""),
                 h("td", { class: "small" }, `${b.period} · ${when(b.period_start || b.starts_at)} → ${when(b.period_end || b.ends_at)}`),
                 h("td", {}, bar(ratio(b.spent_usd, b.amount_usd), "spent against budget", { marks: b.thresholds || [] }), `${usd(b.spent_usd)} of ${usd(b.amount_usd)}`),
                 h("td", { class: "num" }, usd(b.forecast_usd)),
@@ -700,7 +695,7 @@ function dayChart(rows) {
   if (!days.length) return notice("No spend in this period.", "info");
   const totals = days.map((d) => rows.filter((r) => r.day === d).reduce((s, r) => s + Number(r.cost_usd), 0));
   const max = Math.max(...totals) || 1;
-  const W = 720, H = 180, gap = 2, bw = Math.max(2, W / days.length - gap);
+  const W = 720, H = 180, gap = 2, bw = Math.min(48, Math.max(2, W / days.length - gap));
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H + 20}`);
@@ -724,6 +719,14 @@ function dayChart(rows) {
       rect.append(title);
       svg.append(rect);
     });
+    if (days.length <= 31 && (days.length <= 16 || i % 2 === 0)) {
+      const label = document.createElementNS(ns, "text");
+      label.setAttribute("x", String(i * (bw + gap) + bw / 2));
+      label.setAttribute("y", String(H + 14));
+      label.setAttribute("class", "axis");
+      label.textContent = String(d).slice(5);
+      svg.append(label);
+    }
   });
   const legend = h("p", { class: "legend small" }, providers.map((p, j) => h("span", { class: `key s${j % 6}` }, p)));
   return h("div", { class: "card" }, svg, legend, h("p", { class: "muted small" }, `${days[0]} → ${days[days.length - 1]}`));
