@@ -109,6 +109,7 @@ def tick(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the control loop once (for cron or a serverless schedule)."""
+    import logging
     import threading
 
     from broker.logging_setup import configure_logging
@@ -118,16 +119,22 @@ def tick(
     from broker.settings import Settings
 
     settings = Settings()
-    configure_logging(settings)
-    rt = build_runtime(settings)
     if loop:
+        configure_logging(settings)
+        rt = build_runtime(settings)
         if settings.tick_metrics_port:
             from prometheus_client import start_http_server
 
             start_http_server(settings.tick_metrics_port, addr=settings.host, registry=rt.metrics.registry)
         run_forever(rt, threading.Event())
         return
-    report = run_tick(rt, rt.clock())
+    # one round: log (warnings only with --json, whose stdout is the report), and leave logging as it was after
+    handler = configure_logging(settings, level="warning" if as_json else None)
+    try:
+        rt = build_runtime(settings)
+        report = run_tick(rt, rt.clock())
+    finally:
+        logging.getLogger().removeHandler(handler)
     rows = [{"step": s.name, "count": s.count, "seconds": round(s.seconds, 4), "error": s.error} for s in report.steps]
     if as_json:
         print(json.dumps(rows))

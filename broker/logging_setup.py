@@ -4,6 +4,8 @@ Contract:
 - `log_context(**fields)` binds context fields (`request_id`, `tick_id`, `job_id`, `placement_id`, `provider`,
   `offering`) for the code inside it, in the current thread or task only (contextvars), and restores the previous
   values on exit. Every record logged inside carries the fields that are set; unset fields are left out.
+  `bind(**fields)` sets fields without a block, for loops over jobs; an enclosing `log_scope()` (the tick puts
+  one around every step) restores the previous values on exit.
 - `JsonFormatter` writes one JSON object per line: `ts` (UTC, ISO 8601), `level`, `logger`, `message`, the bound
   context, any `extra={...}` fields, and `exc` for exceptions.
 - Every formatter here redacts before writing: API keys (`ovs_<id>_<secret>` keeps only `ovs_<id>_***`),
@@ -54,6 +56,25 @@ def log_context(**fields: str | None) -> Iterator[None]:
     finally:
         for var, token in reversed(tokens):
             var.reset(token)
+
+
+@contextmanager
+def log_scope() -> Iterator[None]:
+    """Undo on exit whatever `bind` set inside: wrap a loop step, and bind per item inside it."""
+    saved = {name: var.get() for name, var in _context.items()}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            _context[name].set(value)
+
+
+def bind(**fields: str | None) -> None:
+    """Set context fields (`None` clears one) until the enclosing `log_scope` ends."""
+    for name, value in fields.items():
+        if name not in _context:
+            raise ValueError(f"unknown log context field {name!r} (one of {', '.join(CONTEXT_FIELDS)})")
+        _context[name].set(None if value is None else str(value))
 
 
 def current_context() -> dict[str, str]:
@@ -134,19 +155,32 @@ def configured_secrets(settings: Settings) -> list[str]:
     ]
 
 
-def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler:
-    """Send every record to stderr (or `stream`) in the configured format; returns the installed handler."""
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is at each record (it may be swapped, e.g. by a test runner)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+
+def configure_logging(settings: Settings, stream: Any = None, *, level: str | None = None) -> logging.Handler:
+    """Send every record to stderr (or `stream`) in the configured format, at the configured level (or `level`);
+    returns the installed handler. Alembic's start-up chatter is kept at WARNING."""
     formatter: logging.Formatter
     if settings.log_format == "json":
         formatter = JsonFormatter(configured_secrets(settings))
     else:
         formatter = TextFormatter(configured_secrets(settings))
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(formatter)
     handler.set_name("overspill")
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == "overspill"]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(settings.log_level.upper())
+    root.setLevel((level or settings.log_level).upper())
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     return handler

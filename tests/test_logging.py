@@ -14,7 +14,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
-from broker.logging_setup import JsonFormatter, TextFormatter, configure_logging, current_context, log_context
+from broker.logging_setup import (
+    JsonFormatter,
+    TextFormatter,
+    bind,
+    configure_logging,
+    current_context,
+    log_context,
+    log_scope,
+)
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.settings import DEV_API_KEY, Settings
@@ -153,6 +161,12 @@ def test_formatters_redact_and_carry_context() -> None:
     assert "topsecret-value" not in JsonFormatter(["topsecret-value"]).format(literal)
     with pytest.raises(ValueError, match="unknown log context field"), log_context(secret="x"):
         pass
+    with log_context(request_id="outer"), log_scope():
+        bind(job_id="job_2", request_id="inner")
+        assert current_context() == {"job_id": "job_2", "request_id": "inner"}
+        bind(job_id=None)
+        assert current_context() == {"request_id": "inner"}
+    assert current_context() == {}  # the scope undid the binds, the context block its own field
 
 
 def test_text_format_is_selectable(captured: Callable[[Settings], io.StringIO], tmp_path: Any) -> None:

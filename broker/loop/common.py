@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -11,7 +10,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
-from broker.logging_setup import log_context
+from broker.logging_setup import bind
 from broker.tables import BlockEntry, Job, Placement
 
 T = TypeVar("T", bound=SQLModel)
@@ -36,9 +35,10 @@ def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], 
     session.execute(stmt.on_conflict_do_update(index_elements=keys, set_=updates))
 
 
-def bound(job: Job | None, placement: Placement | None = None) -> AbstractContextManager[None]:
-    """Log context for work on one job (and placement): ids, provider, offering, and the submitting request."""
-    return log_context(
+def bind_job(job: Job | None, placement: Placement | None = None) -> None:
+    """Log context for work on one job (and placement) until the step ends: ids, provider, offering, and the
+    request that submitted the job. `bind_job(None)` clears it (at the top of each loop iteration)."""
+    bind(
         job_id=job.id if job else (placement.job_id if placement else None),
         request_id=job.request_id if job else None,
         placement_id=placement.id if placement else None,

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
-from broker.loop.common import PREEMPTION_BLOCK, block, bound, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
@@ -35,12 +35,14 @@ def handle_interruptions(rt: Runtime, now: datetime) -> int:
     for provider in rt.providers.values():
         if not isinstance(provider, InterruptionSource):
             continue
+        bind_job(None)
         try:
             notices = provider.poll_interruptions()
         except ProviderError as exc:
             log.warning("polling interruptions from %s failed: %s", provider.name, exc)
             continue
         for notice in notices:
+            bind_job(None)
             handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
     return handled
 
@@ -53,56 +55,42 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         if p is None or p.state not in _LIVE:
             return 0  # not ours, or already handled (notices repeat)
         job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-        with bound(job, p):
-            return _apply_locked(rt, session, provider, instance_id, kind, action_at, now, p, job)
-
-
-def _apply_locked(
-    rt: Runtime,
-    session: Session,
-    provider: str,
-    instance_id: str,
-    kind: str,
-    action_at: datetime,
-    now: datetime,
-    p: Placement,
-    job: Job,
-) -> int:
-    if kind != "interruption":
+        bind_job(job, p)
+        if kind != "interruption":
+            add_event(
+                session, job, now, "rebalance_notice", f"{provider} warns of elevated reclaim risk", placement_id=p.id
+            )
+            session.commit()
+            return 0
+        saved = _checkpointed(rt, provider, instance_id)
+        p.state = PlacementState.PREEMPTED.value
+        p.ended_at = max(action_at, p.started_at or action_at)
+        session.add(p)
+        remaining = max(Decimal("0"), p.work_hours_at_start - saved) if saved is not None else p.work_hours_at_start
         add_event(
-            session, job, now, "rebalance_notice", f"{provider} warns of elevated reclaim risk", placement_id=p.id
+            session,
+            job,
+            now,
+            "interruption_notice",
+            f"{provider} will reclaim {instance_id} at {action_at.isoformat(timespec='seconds')}; re-placing now",
+            placement_id=p.id,
+            remaining_work_hours=str(remaining),
         )
+        block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
+        if action_at <= now:  # already reclaimed (GCP reports after the fact): delete what it left behind now;
+            _release(rt, provider, instance_id)  # a warning ahead of time leaves the VM its final checkpoint
+        if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
+            job.state = JobState.PENDING.value
+            job.current_placement_id = None
+            job.remaining_work_hours = remaining
+            job.wait_reason = f"spot reclaim notice on {p.offering_key}; re-placing with {remaining} h of work left"
+            job.updated_at = now
+            if job.checkpoint_uri:
+                job.checkpoint_provider, job.checkpoint_region = p.provider, p.region
+            session.add(job)
         session.commit()
-        return 0
-    saved = _checkpointed(rt, provider, instance_id)
-    p.state = PlacementState.PREEMPTED.value
-    p.ended_at = max(action_at, p.started_at or action_at)
-    session.add(p)
-    remaining = max(Decimal("0"), p.work_hours_at_start - saved) if saved is not None else p.work_hours_at_start
-    add_event(
-        session,
-        job,
-        now,
-        "interruption_notice",
-        f"{provider} will reclaim {instance_id} at {action_at.isoformat(timespec='seconds')}; re-placing now",
-        placement_id=p.id,
-        remaining_work_hours=str(remaining),
-    )
-    block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
-    if action_at <= now:  # already reclaimed (GCP reports after the fact): delete what it left behind now;
-        _release(rt, provider, instance_id)  # a warning ahead of time leaves the VM its final checkpoint
-    if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
-        job.state = JobState.PENDING.value
-        job.current_placement_id = None
-        job.remaining_work_hours = remaining
-        job.wait_reason = f"spot reclaim notice on {p.offering_key}; re-placing with {remaining} h of work left"
-        job.updated_at = now
-        if job.checkpoint_uri:
-            job.checkpoint_provider, job.checkpoint_region = p.provider, p.region
-        session.add(job)
-    session.commit()
-    log.info("spot reclaim notice applied", extra={"action_at": action_at.isoformat(), "job_state": job.state})
-    return 1
+        log.info("spot reclaim notice applied", extra={"action_at": action_at.isoformat(), "job_state": job.state})
+        return 1
 
 
 def _release(rt: Runtime, provider: str, instance_id: str) -> None:

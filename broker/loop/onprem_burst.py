@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
-from broker.loop.common import bound
+from broker.loop.common import bind_job
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
@@ -56,6 +56,7 @@ def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
             log.warning("reading the %s queue failed: %s", provider.name, exc)
             continue
         for q in queued:
+            bind_job(None)
             if q.burstable and OPT_IN in (q.job.comment or "") and q.held_by is None:
                 burst += _maybe_burst(rt, provider, q, now)
         _settle(rt, provider, now)
@@ -102,8 +103,8 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         session.commit()
     _hold(provider, q.job.job_id, job.id)
     rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
-    with bound(job):
-        log.info("bursting Slurm job %s to the cloud", q.job.job_id, extra={"expected_onprem_wait_hours": wait})
+    bind_job(job)
+    log.info("bursting Slurm job %s to the cloud", q.job.job_id, extra={"expected_onprem_wait_hours": wait})
     return 1
 
 
@@ -164,6 +165,7 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             select(Job).where(col(Job.origin).startswith(f"{provider.name}:"), Job.origin_settled == False)  # noqa: E712
         ).all()
     for job in jobs:
+        bind_job(job)
         slurm_id = int(str(job.origin).split(":", 1)[1])
         if job.state == JobState.SUCCEEDED.value:
             action, message = "cancel", f"ran in the cloud as {job.id}; the held Slurm job is cancelled"
@@ -196,5 +198,4 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             add_event(session, row, now, "onprem_" + ("cancelled" if action == "cancel" else "released"), message)
             session.commit()
         rt.metrics.burst_decision("cancel_onprem" if action == "cancel" else "release", reason)
-        with bound(job):
-            log.info(message)
+        log.info(message)

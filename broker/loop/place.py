@@ -22,8 +22,8 @@ from broker.loop.common import (
     CAPACITY_BLOCK,
     QUOTA_BLOCK,
     active_blocklist,
+    bind_job,
     block,
-    bound,
     locked,
 )
 from broker.runtime import Runtime
@@ -72,6 +72,7 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         ).all()
     placed: list[str] = []
     for job_id in ids:
+        bind_job(None)
         placement_id, book = _place_one(rt, job_id, book, blocklist, now)
         if placement_id:
             placed.append(placement_id)
@@ -86,83 +87,70 @@ def _place_one(
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
-        with bound(job):
-            return _place_locked(rt, session, job, book, blocklist, now)
-
-
-def _place_locked(
-    rt: Runtime, session: Session, job: Job, book: PriceBook, blocklist: frozenset[str], now: datetime
-) -> tuple[str | None, PriceBook]:
-    spec = spec_of(job)
-    ctx = _context(rt, job, now, blocklist)
-    if spec.deadline_at is not None:
-        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
-    else:
-        best, reason, pause = place(spec, book, ctx), "", False
-    if best is None:
-        reason = reason or quote(spec, book, ctx).wait_reason()
-        if pause:
-            job.state = JobState.PAUSED.value
-        if reason != job.wait_reason or pause:
-            job.wait_reason = reason
-            job.updated_at = now
-            session.add(job)
-            add_event(session, job, now, "paused" if pause else "waiting", reason)
+        bind_job(job)
+        spec = spec_of(job)
+        ctx = _context(rt, job, now, blocklist)
+        if spec.deadline_at is not None:
+            best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
+        else:
+            best, reason, pause = place(spec, book, ctx), "", False
+        if best is None:
+            reason = reason or quote(spec, book, ctx).wait_reason()
+            if pause:
+                job.state = JobState.PAUSED.value
+            if reason != job.wait_reason or pause:
+                job.wait_reason = reason
+                job.updated_at = now
+                session.add(job)
+                add_event(session, job, now, "paused" if pause else "waiting", reason)
+            session.commit()
+            return None, book
+        off = best.offering
+        twin = book.on_demand_price(off)
+        placement = Placement(
+            id=new_id("plc"),
+            job_id=job.id,
+            tenant=job.tenant,
+            offering_key=off.key,
+            provider=off.provider,
+            region=off.region,
+            zone=off.zone,
+            instance_type=off.instance_type,
+            capacity_type=off.capacity_type.value,
+            accelerator=off.accelerator,
+            accelerator_count=off.accelerator_count,
+            hourly_usd=off.price.hourly_usd,
+            on_demand_hourly_usd=twin.price.hourly_usd if twin else off.price.hourly_usd,
+            expected_cost_usd=best.expected_cost_usd,
+            launch_token=uuid.uuid4().hex,
+            state=PlacementState.LAUNCHING.value,
+            simulated=off.simulated,
+            work_hours_at_start=job.remaining_work_hours,
+            created_at=now,
+        )
+        session.add(placement)
+        job.state = JobState.RUNNING.value
+        job.current_placement_id = placement.id
+        job.attempts += 1
+        job.wait_reason = ""
+        job.updated_at = now
+        session.add(job)
+        add_event(
+            session,
+            job,
+            now,
+            "placed",
+            f"placed on {off.key} at ${off.price.hourly_usd}/h, expected ${best.expected_cost_usd}",
+            placement_id=placement.id,
+            offering_key=off.key,
+            hourly_usd=str(off.price.hourly_usd),
+            expected_cost_usd=str(best.expected_cost_usd),
+            expected_finish_at=best.expected_finish_at.isoformat(),
+            simulated=off.simulated,
+        )
         session.commit()
-        return None, book
-    off = best.offering
-    twin = book.on_demand_price(off)
-    placement = Placement(
-        id=new_id("plc"),
-        job_id=job.id,
-        tenant=job.tenant,
-        offering_key=off.key,
-        provider=off.provider,
-        region=off.region,
-        zone=off.zone,
-        instance_type=off.instance_type,
-        capacity_type=off.capacity_type.value,
-        accelerator=off.accelerator,
-        accelerator_count=off.accelerator_count,
-        hourly_usd=off.price.hourly_usd,
-        on_demand_hourly_usd=twin.price.hourly_usd if twin else off.price.hourly_usd,
-        expected_cost_usd=best.expected_cost_usd,
-        launch_token=uuid.uuid4().hex,
-        state=PlacementState.LAUNCHING.value,
-        simulated=off.simulated,
-        work_hours_at_start=job.remaining_work_hours,
-        created_at=now,
-    )
-    session.add(placement)
-    job.state = JobState.RUNNING.value
-    job.current_placement_id = placement.id
-    job.attempts += 1
-    job.wait_reason = ""
-    job.updated_at = now
-    session.add(job)
-    add_event(
-        session,
-        job,
-        now,
-        "placed",
-        f"placed on {off.key} at ${off.price.hourly_usd}/h, expected ${best.expected_cost_usd}",
-        placement_id=placement.id,
-        offering_key=off.key,
-        hourly_usd=str(off.price.hourly_usd),
-        expected_cost_usd=str(best.expected_cost_usd),
-        expected_finish_at=best.expected_finish_at.isoformat(),
-        simulated=off.simulated,
-    )
-    session.commit()
-    log.info(
-        "job placed",
-        extra={
-            "placement_id": placement.id,
-            "provider": off.provider,
-            "offering": off.key,
-            "capacity_type": off.capacity_type.value,
-        },
-    )
+    bind_job(job, placement)
+    log.info("job placed", extra={"capacity_type": off.capacity_type.value, "hourly_usd": str(off.price.hourly_usd)})
     if off.capacity_type is CapacityType.ON_PREM:
         book = _refresh_provider(rt, book, off.provider, now)
     return placement.id, book
@@ -242,39 +230,35 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
             return
         job = session.get(Job, p.job_id)
+        bind_job(job, p)
+        provider = rt.provider(p.provider)
+        offering = rt.catalog.book(now).get(p.offering_key)
         assert job is not None
-        with bound(job, p):
-            _launch_locked(rt, session, p, job, now)
-
-
-def _launch_locked(rt: Runtime, session: Session, p: Placement, job: Job, now: datetime) -> None:
-    provider = rt.provider(p.provider)
-    offering = rt.catalog.book(now).get(p.offering_key)
-    try:
-        if provider is None or offering is None:
-            raise ProviderError(f"pool {p.offering_key} is no longer offered", provider=p.provider)
-        instance = provider.launch(
-            LaunchRequest(
-                offering=offering,
-                launch_token=p.launch_token,
-                tags=Tags(rt.settings.broker_id, job.id, p.id),
-                spec=spec_of(job),
-                remaining_work_hours=p.work_hours_at_start,
-                resume_from=job.checkpoint_uri if job.attempts > 1 else None,
-                checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
-                callback_url=rt.settings.public_url or None,
-                callback_token=callback_token(rt.settings, p.id) if rt.settings.public_url else None,
+        try:
+            if provider is None or offering is None:
+                raise ProviderError(f"pool {p.offering_key} is no longer offered", provider=p.provider)
+            instance = provider.launch(
+                LaunchRequest(
+                    offering=offering,
+                    launch_token=p.launch_token,
+                    tags=Tags(rt.settings.broker_id, job.id, p.id),
+                    spec=spec_of(job),
+                    remaining_work_hours=p.work_hours_at_start,
+                    resume_from=job.checkpoint_uri if job.attempts > 1 else None,
+                    checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
+                    callback_url=rt.settings.public_url or None,
+                    callback_token=callback_token(rt.settings, p.id) if rt.settings.public_url else None,
+                )
             )
-        )
-    except ProviderError as exc:
-        _launch_failed(session, p, job, exc, now)
+        except ProviderError as exc:
+            _launch_failed(session, p, job, exc, now)
+            session.commit()
+            return
+        p.instance_id = instance.id
+        p.detail = instance.detail
+        session.add(p)
+        add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
         session.commit()
-        return
-    p.instance_id = instance.id
-    p.detail = instance.detail
-    session.add(p)
-    add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
-    session.commit()
     log.info("instance launched", extra={"instance_id": instance.id})
 
 

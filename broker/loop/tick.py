@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from broker.logging_setup import log_context
+from broker.logging_setup import log_context, log_scope
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
@@ -70,7 +70,8 @@ def tick(rt: Runtime, now: datetime) -> TickReport:
         for name, step in STEPS:
             started = time.perf_counter()
             try:
-                count = step(rt, now)
+                with log_scope():  # job context a step binds ends with the step
+                    count = step(rt, now)
                 error = ""
             except Exception as exc:  # the reconciler's per-step guard: report, keep going
                 log.exception("tick step %s failed", name, extra={"step": name})
