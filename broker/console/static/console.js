@@ -617,6 +617,7 @@ async function renderPools() {
 async function renderCosts() {
   const params = new URLSearchParams(location.hash.split("?")[1] || "");
   const range = params.get("range") || "month";
+  const by = params.get("by") === "team" ? "team" : "provider";
   // "to" is left to the broker (its clock, not this browser's); this month: `from` too (the API's default window)
   const span =
     range === "30d" ? `from=${encodeURIComponent(new Date(Date.now() - 30 * 86400e3).toISOString())}` : "";
@@ -624,14 +625,21 @@ async function renderCosts() {
     "div",
     { class: "tabs" },
     [["month", "This month"], ["30d", "Last 30 days"]].map(([value, label]) =>
-      h("a", { href: `#/costs?range=${value}`, class: value === range ? "active" : "" }, label),
+      h("a", { href: `#/costs?range=${value}&by=${by}`, class: value === range ? "active" : "" }, label),
+    ),
+  );
+  const byPicker = h(
+    "div",
+    { class: "tabs", "data-testid": "chart-by" },
+    [["provider", "by provider"], ["team", "by team"]].map(([value, label]) =>
+      h("a", { href: `#/costs?range=${range}&by=${value}`, class: value === by ? "active" : "" }, label),
     ),
   );
   let byTeam, byDay, budgets;
   try {
     [byTeam, byDay, budgets] = await Promise.all([
       api(`/v1/costs?group_by=team,provider&${span}`),
-      api(`/v1/costs?group_by=day,provider&${span}`),
+      api(`/v1/costs?group_by=day,${by}&${span}`),
       api("/v1/budgets").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
     ]);
   } catch (exc) {
@@ -653,8 +661,8 @@ async function renderCosts() {
       h("section", { class: "card" }, h("h2", {}, "On-demand equivalent"), h("p", { class: "big" }, usd(total.on_demand_usd))),
       h("section", { class: "card" }, h("h2", {}, "Spot savings"), h("p", { class: "big good", "data-testid": "cost-savings" }, usd(total.savings_usd)), h("p", { class: "muted small" }, `${savingsPct.toFixed(1)}% below on-demand`)),
     ),
-    h("h2", {}, "Spend over time by provider"),
-    dayChart(byDay.rows || []),
+    h("div", { class: "title" }, h("h2", {}, `Spend per day by ${by}`), byPicker),
+    dayChart(byDay.rows || [], by),
     h("h2", {}, "By team and provider"),
     table(
       ["Team", "Provider", "Spend", "On-demand equivalent", "Savings", "Entries"],
@@ -688,10 +696,10 @@ async function renderCosts() {
   ready("costs");
 }
 
-function dayChart(rows) {
-  // Stacked bars per day (SVG), one colour per provider.
+function dayChart(rows, by) {
+  // Stacked bars per day (SVG), one colour per provider (or team).
   const days = [...new Set(rows.map((r) => r.day))].sort();
-  const providers = [...new Set(rows.map((r) => r.provider))].sort();
+  const providers = [...new Set(rows.map((r) => r[by]))].sort();
   if (!days.length) return notice("No spend in this period.", "info");
   const totals = days.map((d) => rows.filter((r) => r.day === d).reduce((s, r) => s + Number(r.cost_usd), 0));
   const max = Math.max(...totals) || 1;
@@ -704,7 +712,7 @@ function dayChart(rows) {
   days.forEach((d, i) => {
     let y = H;
     providers.forEach((p, j) => {
-      const row = rows.find((r) => r.day === d && r.provider === p);
+      const row = rows.find((r) => r.day === d && r[by] === p);
       if (!row) return;
       const hgt = (Number(row.cost_usd) / max) * H;
       y -= hgt;
