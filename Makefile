@@ -36,6 +36,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/placement_bench.py
 	$(BIN)/python benchmarks/submit_load_bench.py
+	$(BIN)/python benchmarks/console_bench.py
 
 clean:
 	rm -rf $(VENV) .overspill .pytest_cache

@@ -18,8 +18,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker.console import router as console_router
 from broker.errors import BrokerError
-from broker.routes import budgets, catalog, costs, health, jobs, keys, placements, reports
+from broker.logging_setup import configure_logging
+from broker.request_id import RequestIdMiddleware
+from broker.routes import budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -123,6 +126,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 included, carries X-Request-ID
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -157,6 +161,9 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         budgets.router,
         reports.schedules,
         reports.runs,
+        whoami.router,
+        metrics.router,
+        console_router.router,
     ):
         app.include_router(router)
     return app
@@ -167,4 +174,6 @@ def app_from_env() -> FastAPI:
 
     Run the control loop separately (`overspill tick --loop`) when serving this way.
     """
-    return create_app(Settings())
+    settings = Settings()
+    configure_logging(settings)
+    return create_app(settings)

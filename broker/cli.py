@@ -4,7 +4,6 @@ administer it (keys create). Tables for people, `--json` for scripts."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,18 +66,26 @@ def serve(
     import uvicorn
 
     from broker.app import create_app
+    from broker.logging_setup import configure_logging
     from broker.runtime import build_runtime
     from broker.settings import DEV_API_KEY, Settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
+    configure_logging(settings)
     bind_host, bind_port = host or settings.host, port or settings.port
-    console.print(f"[bold]Overspill[/bold] on http://{bind_host}:{bind_port}  (OpenAPI: /docs)")
+    console.print(f"[bold]Overspill[/bold] on http://{bind_host}:{bind_port}  (OpenAPI: /docs, console: /console/)")
     console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
     if settings.bootstrap_api_key == DEV_API_KEY:
         console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
     if workers == 1:
-        uvicorn.run(create_app(settings, loop=loop), host=bind_host, port=bind_port, log_level="warning")
+        uvicorn.run(
+            create_app(settings, loop=loop),
+            host=bind_host,
+            port=bind_port,
+            log_level="warning",
+            log_config=None,  # uvicorn's records go through the broker's (JSON) handler
+            access_log=False,  # the broker writes its own access records, with the request id
+        )
         return
     build_runtime(settings)  # migrate and install the bootstrap key once, before the workers start
     ticker = subprocess.Popen([sys.argv[0], "tick", "--loop"]) if loop else None
@@ -90,6 +97,8 @@ def serve(
             port=bind_port,
             workers=workers,
             log_level="warning",
+            log_config=None,
+            access_log=False,
         )
     finally:
         if ticker is not None:
@@ -103,18 +112,32 @@ def tick(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the control loop once (for cron or a serverless schedule)."""
+    import logging
     import threading
 
+    from broker.logging_setup import configure_logging
     from broker.loop.runner import run_forever
     from broker.loop.tick import tick as run_tick
     from broker.runtime import build_runtime
     from broker.settings import Settings
 
-    rt = build_runtime(Settings())
+    settings = Settings()
     if loop:
+        configure_logging(settings)
+        rt = build_runtime(settings)
+        if settings.tick_metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.tick_metrics_port, addr=settings.host, registry=rt.metrics.registry)
         run_forever(rt, threading.Event())
         return
-    report = run_tick(rt, rt.clock())
+    # one round: log (warnings only with --json, whose stdout is the report), and leave logging as it was after
+    handler = configure_logging(settings, level="warning" if as_json else None)
+    try:
+        rt = build_runtime(settings)
+        report = run_tick(rt, rt.clock())
+    finally:
+        logging.getLogger().removeHandler(handler)
     rows = [{"step": s.name, "count": s.count, "seconds": round(s.seconds, 4), "error": s.error} for s in report.steps]
     if as_json:
         print(json.dumps(rows))

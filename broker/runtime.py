@@ -19,6 +19,7 @@ from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointStores
 from broker.db import make_engine, utcnow
 from broker.feeds_config import build_price_feeds
+from broker.metrics import LoopMetrics
 from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
@@ -47,6 +48,7 @@ class Runtime:
     trace_priors: dict[str, RiskEstimate] = field(default_factory=dict)  # interruption priors from traces
     trace_runs: dict[str, Runs] = field(default_factory=dict)  # the same traces' up/down runs, as prior history
     checkpoint_stores: CheckpointStores = field(default_factory=lambda: CheckpointStores(Settings()))
+    metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)

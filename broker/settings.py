@@ -116,6 +116,14 @@ class Settings(BaseSettings):
     finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
 
     max_request_bytes: int = 1_000_000
+    log_format: Literal["json", "text"] = Field(default="json", description="json lines, or text for a terminal")
+    log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = "info"
+    tick_metrics_port: int = Field(
+        default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"
+    )
+    metrics_token: str = Field(
+        default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
+    )
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
 

@@ -56,6 +56,7 @@ class Job(SQLModel, table=True):
     priority: int = 0
     idempotency_key: str | None = Field(default=None, max_length=128)
     request_hash: str | None = Field(default=None, max_length=64)
+    request_id: str | None = Field(default=None, max_length=128)  # the submitting request's X-Request-ID
     max_total_usd: Decimal = _money()
     max_hourly_usd: Decimal | None = _money(None, nullable=True)
     spent_usd: Decimal = _money()

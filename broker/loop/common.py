@@ -1,4 +1,4 @@
-"""Helpers shared by the loop's steps: row locking, the blocklist and job events."""
+"""Helpers shared by the loop's steps: row locking, upserts, the blocklist and the log context of a job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
-from broker.tables import BlockEntry
+from broker.logging_setup import bind
+from broker.tables import BlockEntry, Job, Placement
 
 T = TypeVar("T", bound=SQLModel)
 
@@ -32,6 +33,18 @@ def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], 
     stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table).values(rows)
     updates = {name: stmt.excluded[name] for name in rows[0] if name not in keys}
     session.execute(stmt.on_conflict_do_update(index_elements=keys, set_=updates))
+
+
+def bind_job(job: Job | None, placement: Placement | None = None) -> None:
+    """Log context for work on one job (and placement) until the step ends: ids, provider, offering, and the
+    request that submitted the job. `bind_job(None)` clears it (at the top of each loop iteration)."""
+    bind(
+        job_id=job.id if job else (placement.job_id if placement else None),
+        request_id=job.request_id if job else None,
+        placement_id=placement.id if placement else None,
+        provider=placement.provider if placement else None,
+        offering=placement.offering_key if placement else None,
+    )
 
 
 def block(session: Session, scope_key: str, until: datetime, reason: str) -> None:

@@ -19,7 +19,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
-from broker.loop.common import PREEMPTION_BLOCK, block, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
@@ -37,12 +37,14 @@ def handle_interruptions(rt: Runtime, now: datetime) -> int:
     for provider in rt.providers.values():
         if not isinstance(provider, InterruptionSource):
             continue
+        bind_job(None)
         try:
             notices = provider.poll_interruptions()
         except ProviderError as exc:
             log.warning("polling interruptions from %s failed: %s", provider.name, exc)
             continue
         for notice in notices:
+            bind_job(None)
             handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
     return handled
 
@@ -63,6 +65,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         if p is None or p.state not in _LIVE:
             return 0  # not ours, or already handled (notices repeat)
         job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+        bind_job(job, p)
         if kind != "interruption":
             add_event(
                 session, job, now, "rebalance_notice", f"{provider} warns of elevated reclaim risk", placement_id=p.id
@@ -98,6 +101,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
                 job.checkpoint_provider, job.checkpoint_region = p.provider, p.region
             session.add(job)
         session.commit()
+        log.info("spot reclaim notice applied", extra={"action_at": action_at.isoformat(), "job_state": job.state})
         return 1
 
 

@@ -28,6 +28,8 @@ from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
 from broker.finance.budgets import budget_block_reason
+from broker.loop.common import bind_job
+from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
 from broker.services.jobs import add_event, new_id, spec_of
@@ -55,6 +57,7 @@ def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
             log.warning("reading the %s queue failed: %s", provider.name, exc)
             continue
         for q in queued:
+            bind_job(None)
             if q.burstable and OPT_IN in (q.job.comment or "") and q.held_by is None:
                 burst += _maybe_burst(rt, provider, q, now)
         _settle(rt, provider, now)
@@ -75,9 +78,11 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         return 0
     create = _spec_from_comment(q, [name for name in rt.providers if name != provider.name])
     if create is None:
+        rt.metrics.burst_decision("stay", BurstReason.UNUSABLE_SPEC)
         return 0
     wait = provider.model().expected_wait_hours(q.accelerator.upper(), q.gpus, now, work_hours=None)
     if wait < rt.settings.burst_after_wait_hours:
+        rt.metrics.burst_decision("stay", BurstReason.SHORT_WAIT)
         return 0
     job = _new_job(rt, create, origin, now)
     with Session(rt.engine) as session:
@@ -86,6 +91,7 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
     book = rt.catalog.book(now)
     spec = spec_of(job)
     if place(spec, book, PlacementContext(now=now, remaining_work_hours=spec.work_hours, params=rt.params)) is None:
+        rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(job)
@@ -100,6 +106,9 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         )
         session.commit()
     _hold(provider, q.job.job_id, job.id)
+    rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
+    bind_job(job)
+    log.info("bursting Slurm job %s to the cloud", q.job.job_id, extra={"expected_onprem_wait_hours": wait})
     return 1
 
 
@@ -160,13 +169,17 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             select(Job).where(col(Job.origin).startswith(f"{provider.name}:"), Job.origin_settled == False)  # noqa: E712
         ).all()
     for job in jobs:
+        bind_job(job)
         slurm_id = int(str(job.origin).split(":", 1)[1])
         if job.state == JobState.SUCCEEDED.value:
             action, message = "cancel", f"ran in the cloud as {job.id}; the held Slurm job is cancelled"
+            reason = BurstReason.CLOUD_SUCCEEDED
         elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value):
             action, message = "release", f"cloud job {job.state}; Slurm job {slurm_id} released on-prem"
+            reason = BurstReason.CLOUD_ENDED + job.state
         elif job.state == JobState.PENDING.value and now - job.created_at >= give_up:
             action, message = "release", f"no cloud placement within {give_up}; Slurm job {slurm_id} released on-prem"
+            reason = BurstReason.GAVE_UP
         else:
             continue
         try:
@@ -188,3 +201,5 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             session.add(row)
             add_event(session, row, now, "onprem_" + ("cancelled" if action == "cancel" else "released"), message)
             session.commit()
+        rt.metrics.burst_decision("cancel_onprem" if action == "cancel" else "release", reason)
+        log.info(message)

@@ -24,6 +24,7 @@ from broker.loop.common import (
     CAPACITY_BLOCK,
     QUOTA_BLOCK,
     active_blocklist,
+    bind_job,
     block,
     locked,
 )
@@ -80,6 +81,7 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         ).all()
     placed: list[str] = []
     for job_id in ids:
+        bind_job(None)
         placement_id, book = _place_one(rt, job_id, book, blocklist, now)
         if placement_id:
             placed.append(placement_id)
@@ -94,6 +96,7 @@ def _place_one(
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
+        bind_job(job)
         ctx = placement_context(rt, job, now, blocklist)
         best, reason, pause = choose_pool(rt, session, job, book, ctx, now)
         if best is None:
@@ -150,6 +153,8 @@ def _place_one(
             simulated=off.simulated,
         )
         session.commit()
+    bind_job(job, placement)
+    log.info("job placed", extra={"capacity_type": off.capacity_type.value, "hourly_usd": str(off.price.hourly_usd)})
     if off.capacity_type is CapacityType.ON_PREM:
         book = _refresh_provider(rt, book, off.provider, now)
     return placement.id, book
@@ -272,6 +277,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
             return
         job = session.get(Job, p.job_id)
+        bind_job(job, p)
         provider = rt.provider(p.provider)
         offering = rt.catalog.book(now).get(p.offering_key)
         assert job is not None
@@ -300,6 +306,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
         session.add(p)
         add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
         session.commit()
+    log.info("instance launched", extra={"instance_id": instance.id})
 
 
 def _resume_from(job: Job) -> str | None:

@@ -18,7 +18,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
-from broker.loop.common import PREEMPTION_BLOCK, block, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -37,6 +37,7 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
         ids = session.exec(select(Placement.id).where(col(Placement.state).in_(_LIVE))).all()
     changed = 0
     for pid in ids:
+        bind_job(None)
         with Session(rt.engine, expire_on_commit=False) as session:
             p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
             if p is None or p.state not in _LIVE:
@@ -47,6 +48,7 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
                 changed += 1
                 continue
             job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+            bind_job(job, p)
             provider = rt.provider(p.provider)
             if provider is None:
                 continue  # provider disabled in this process's configuration; leave it to one that has it
@@ -58,6 +60,8 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
                 session.rollback()
                 continue
             session.commit()
+            if p.state != before:
+                log.info("placement %s", p.state, extra={"previous_state": before, "job_state": job.state})
             changed += p.state != before
     return changed
 

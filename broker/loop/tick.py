@@ -19,6 +19,7 @@ from datetime import datetime
 
 from broker.finance.budgets import check_budgets
 from broker.finance.reports.runs import run_due_reports
+from broker.logging_setup import log_context, log_scope
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
@@ -26,6 +27,7 @@ from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import sync_instances
+from broker.request_id import new_request_id
 from broker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ class StepResult:
 @dataclass
 class TickReport:
     at: datetime
+    tick_id: str = ""
     steps: list[StepResult] = field(default_factory=list)
 
     @property
@@ -70,16 +73,23 @@ Step = tuple[str, Callable[[Runtime, datetime], int]]
 
 
 def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickReport:
-    """Run `steps` (default: all of STEPS, in order) once. The serverless deployment passes STEPS without
-    refresh_prices, which has its own schedule there."""
-    report = TickReport(at=now)
-    for name, step in steps:
-        started = time.perf_counter()
-        try:
-            count = step(rt, now)
-            error = ""
-        except Exception as exc:  # the reconciler's per-step guard: report, keep going
-            log.exception("tick step %s failed", name)
-            count, error = 0, f"{type(exc).__name__}: {exc}"
-        report.steps.append(StepResult(name, count, time.perf_counter() - started, error))
+    """Run `steps` (default: all of STEPS, in order) once. The serverless deployment passes STEPS without the
+    steps that have schedules of their own there. Log records inside carry this round's `tick_id`; step durations
+    and failures go to `rt.metrics`."""
+    report = TickReport(at=now, tick_id=new_request_id("tick"))
+    with log_context(tick_id=report.tick_id):
+        for name, step in steps:
+            started = time.perf_counter()
+            try:
+                with log_scope():  # job context a step binds ends with the step
+                    count = step(rt, now)
+                error = ""
+            except Exception as exc:  # the reconciler's per-step guard: report, keep going
+                log.exception("tick step %s failed", name, extra={"step": name})
+                count, error = 0, f"{type(exc).__name__}: {exc}"
+            seconds = time.perf_counter() - started
+            rt.metrics.observe_step(name, seconds, failed=bool(error))
+            report.steps.append(StepResult(name, count, seconds, error))
+        rt.metrics.tick_completed()
+        log.debug("tick done", extra={"steps": {s.name: (s.count, round(s.seconds, 4)) for s in report.steps}})
     return report

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from broker.deps import RuntimeDep, Submitter
+from broker.logging_setup import current_context
 from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic
 from broker.services import jobs as svc
 from providers.model import JobState
@@ -30,6 +31,7 @@ def submit_job(
         create=body,
         idempotency_key=idempotency_key,
         now=rt.clock(),
+        request_id=current_context().get("request_id"),
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if not created:

@@ -81,6 +81,7 @@ def submit_job(
     create: JobCreate,
     idempotency_key: str | None,
     now: datetime,
+    request_id: str | None = None,
 ) -> tuple[Job, bool]:
     """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
 
@@ -108,6 +109,7 @@ def submit_job(
         priority=create.priority,
         idempotency_key=idempotency_key,
         request_hash=digest,
+        request_id=request_id,
         max_total_usd=create.max_total_usd,
         max_hourly_usd=create.max_hourly_usd,
         deadline_at=create.deadline,
