@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from broker.app import create_app
 from broker.auth import Role, create_key
+from broker.logging_setup import log_scope
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
@@ -59,6 +60,14 @@ class MovableClock:
     def advance(self, **kwargs: float) -> datetime:
         self.now += timedelta(**kwargs)
         return self.now
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_context() -> Iterator[None]:
+    """Tests that call loop functions outside `tick()` bind job context with no step scope around it; undo that
+    after each test, as a tick step does, so it cannot leak into the next test's log records."""
+    with log_scope():
+        yield
 
 
 @pytest.fixture(scope="session")
