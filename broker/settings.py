@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     libcloud_image_id: str = ""
     libcloud_options: dict[str, str] = Field(default_factory=dict, description="driver keyword arguments")
 
+    cloud_retry_attempts: int = Field(default=3, ge=1, le=10, description="calls per cloud API request (transient)")
+    cloud_timeout_seconds: float = Field(default=20.0, gt=0, description="connect and read timeout of cloud calls")
+
     checkpoint_interval_hours: float = 0.5
     restart_hours: float = 0.1
     wait_value_usd_per_gpu_hour: float = 0.5

@@ -55,6 +55,13 @@ Contract (providers/base.py):
   `QuotaExceeded` (region); RequestLimitExceeded, Throttling and 5xx-type codes → `Throttled`; UnauthorizedOperation,
   AuthFailure and other credential failures → `AuthError`; InvalidParameter*, Invalid*, Unsupported,
   IdempotentParameterMismatch → `InvalidRequest`; anything else (and connection errors) → `ProviderError`.
+- Retries: every EC2 call runs under `retry` (providers.retry.RetryPolicy; default 3 attempts, full-jitter
+  exponential backoff). Only transient failures are retried (throttling, 5xx that are not capacity or quota answers,
+  timeouts and dropped connections: `transient`); a capacity error is raised at once (EC2 sends it as HTTP 500, and
+  botocore would retry it in the same zone) so the broker blocklists the zone and fails over. Build the boto3
+  clients with botocore retries off (`Config(retries={"total_max_attempts": 1})`) and connect/read timeouts set,
+  as `broker.providers_config` does. A retried RunInstances resends the same ClientToken, so a request that reached
+  EC2 before its response was lost does not launch twice.
 
 moto 5.2 (what the tests can and cannot show): RunInstances ignores ClientToken (a repeat makes a second instance,
 so only layer 1 is exercised there) and accepts any ImageId; the `client-token` and `instance-lifecycle` filters are
@@ -74,7 +81,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 
 from providers.base import (
     AuthError,
@@ -90,6 +97,7 @@ from providers.base import (
     Throttled,
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering
+from providers.retry import RetryPolicy
 from providers.startup import startup_script
 
 log = logging.getLogger(__name__)
@@ -261,6 +269,20 @@ def error_class(code: str) -> type[ProviderError]:
     if code in _INVALID or code.startswith("Invalid"):
         return InvalidRequest
     return ProviderError
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying the same call after a pause: throttling, a 5xx that is not a capacity or quota answer,
+    a timeout or a dropped connection. A capacity error (HTTP 500 on EC2) is an answer: fail over instead."""
+    if isinstance(exc, HTTPClientError):  # connect/read timeouts, refused or closed connections
+        return True
+    if not isinstance(exc, ClientError):
+        return False
+    code = error_code(exc)
+    if code in _THROTTLED:
+        return True
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return status >= 500 and error_class(code) is ProviderError
 
 
 def provider_error(exc: ClientError | BotoCoreError, *, provider: str, action: str) -> ProviderError:
@@ -461,6 +483,7 @@ class AwsProvider:
         max_poll_batches: int = 10,
         consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if not ec2_clients:
             raise ValueError("AwsProvider needs at least one regional EC2 client")
@@ -477,6 +500,11 @@ class AwsProvider:
         self._grace = consistency_grace
         self._clock = clock or (lambda: datetime.now(UTC))
         self._recent: dict[str, tuple[datetime, Instance]] = {}
+        self.retry = retry or RetryPolicy()
+
+    def _ec2(self, fn: Callable[..., dict[str, Any]], **params: Any) -> dict[str, Any]:
+        """One EC2 call under the retry policy (transient failures only; see `transient`)."""
+        return self.retry.call(lambda: fn(**params), transient)
 
     @property
     def regions(self) -> list[str]:
@@ -567,7 +595,7 @@ class AwsProvider:
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
         try:
-            response = ec2.run_instances(**params)
+            response = self._ec2(ec2.run_instances, **params)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=f"launching {offering.key}") from exc
         return dict(response["Instances"][0])
@@ -582,7 +610,7 @@ class AwsProvider:
         data = {**self._base_params(tags, image_id), "UserData": user_data}
         action = f"launching {offering.key} (fleet)"
         try:
-            ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData=data)
+            self._ec2(ec2.create_launch_template, LaunchTemplateName=template, LaunchTemplateData=data)
         except ClientError as exc:
             if error_code(exc) != _TEMPLATE_EXISTS:  # left over by a crashed attempt with this token: reuse it
                 raise provider_error(exc, provider=self.name, action=action) from exc
@@ -613,12 +641,12 @@ class AwsProvider:
         else:
             params["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
         try:
-            response = ec2.create_fleet(**params)
+            response = self._ec2(ec2.create_fleet, **params)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=action) from exc
         finally:
             try:
-                ec2.delete_launch_template(LaunchTemplateName=template)
+                self._ec2(ec2.delete_launch_template, LaunchTemplateName=template)
             except (ClientError, BotoCoreError) as exc:
                 log.warning("could not delete launch template %s: %s", template, exc)
         ids = [i for group in response.get("Instances") or () for i in group.get("InstanceIds") or ()]
@@ -641,14 +669,14 @@ class AwsProvider:
 
     def _describe(self, ec2: EC2Client, action: str, **params: Any) -> list[dict[str, Any]]:
         try:
-            pages = list(ec2.get_paginator("describe_instances").paginate(**params))
+            pages = self.retry.call(lambda: list(ec2.get_paginator("describe_instances").paginate(**params)), transient)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=action) from exc
         return [inst for page in pages for res in page.get("Reservations") or () for inst in res.get("Instances") or ()]
 
     def _describe_one(self, ec2: EC2Client, ec2_id: str) -> dict[str, Any] | None:
         try:
-            response = ec2.describe_instances(InstanceIds=[ec2_id])
+            response = self._ec2(ec2.describe_instances, InstanceIds=[ec2_id])
         except ClientError as exc:
             if error_code(exc) in _NOT_FOUND:
                 return None
@@ -682,7 +710,7 @@ class AwsProvider:
         regions, ec2_id = self._regions_of(instance_id)
         for region in regions:
             try:
-                self._clients[region].terminate_instances(InstanceIds=[ec2_id])
+                self._ec2(self._clients[region].terminate_instances, InstanceIds=[ec2_id])
             except ClientError as exc:
                 if error_code(exc) in _NOT_FOUND:
                     continue

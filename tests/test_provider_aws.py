@@ -46,6 +46,7 @@ from providers.base import (  # noqa: E402
     Throttled,
 )
 from providers.model import CapacityType, Offering, Price  # noqa: E402
+from providers.retry import RetryPolicy  # noqa: E402
 from tests.moto_server import CREDS, moto_client, running_moto_server  # noqa: E402
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract  # noqa: E402
 
@@ -301,7 +302,8 @@ def test_launch_errors_are_typed(code: str, error: type[ProviderError], scope: S
     client, stub = _stubbed()
     stub.add_response("describe_instances", {"Reservations": []})
     stub.add_client_error("run_instances", service_error_code=code, service_message="nope", http_status_code=400)
-    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b")
+    # one attempt: this test is about the mapping (retries of transient codes are tested in test_faults.py)
+    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b", retry=RetryPolicy(1))
     with stub, pytest.raises(error) as caught:
         provider.launch(ContractEnv(provider=provider, offering=offering()).request())
     assert type(caught.value) is error and caught.value.scope is scope
@@ -330,7 +332,7 @@ def test_fleet_errors_in_the_response_are_typed() -> None:
 
 def test_read_and_terminate_errors() -> None:
     client, stub = _stubbed()
-    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b")
+    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b", retry=RetryPolicy(1))
     stub.add_client_error("describe_instances", service_error_code="AuthFailure", http_status_code=401)
     stub.add_client_error("describe_instances", service_error_code="InvalidInstanceID.Malformed")
     stub.add_client_error("terminate_instances", service_error_code="InvalidInstanceID.NotFound")

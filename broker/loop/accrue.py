@@ -15,6 +15,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, or_, select
 
+from broker.crashpoints import crashpoint
 from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -97,6 +98,8 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                 usd=str(usd),
                 spent_usd=str(job.spent_usd),
             )
+            crashpoint("accrue.before_commit")
             session.commit()
+            crashpoint("accrue.after_commit")
             written += 1
     return written

@@ -17,6 +17,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.auth import callback_token
+from broker.crashpoints import crashpoint
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -74,6 +75,7 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         placement_id, book = _place_one(rt, job_id, book, blocklist, now)
         if placement_id:
             placed.append(placement_id)
+            crashpoint("place.after_commit")
             launch_placement(rt, placement_id, now)
     return len(placed)
 
@@ -248,6 +250,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
             _launch_failed(session, p, job, exc, now)
             session.commit()
             return
+        crashpoint("launch.after_cloud_call")
         p.instance_id = instance.id
         p.detail = instance.detail
         session.add(p)

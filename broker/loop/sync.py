@@ -17,6 +17,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
+from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, block, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
@@ -175,6 +176,7 @@ def _stop(
 ) -> Instance | None:
     assert p.instance_id is not None
     provider.terminate(p.instance_id)
+    crashpoint("sync.after_terminate")
     try:
         inst = provider.get(p.instance_id)
     except NotFound:
