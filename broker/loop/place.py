@@ -4,6 +4,13 @@ Exactly-once: a job moves pending -> running in the same transaction that insert
 lock (PostgreSQL `FOR UPDATE SKIP LOCKED`) and a conditional state check, so two replicas can never place one job
 twice. The launch itself happens after that commit and is idempotent on the placement's launch token, so a crash
 between the two is repaired by the next tick relaunching with the same token.
+
+Launch failures. A definitive answer (no capacity, quota, credentials, bad request) fails the placement, blocklists
+the scope the error names (zone, region or provider) at once, also for the rest of this tick, and sends the job
+back to pending to be placed elsewhere. An ambiguous one (throttled after the adapter's own retries, a timeout, a
+5xx: the cloud may or may not have launched) keeps the placement and its token: the next tick's sync relaunches
+with the same token, which finds the instance if the request got through, and never launches a second one. After
+`MAX_LAUNCH_ATTEMPTS` ambiguous attempts it fails like a definitive answer (the orphan sweep covers a late launch).
 """
 
 from __future__ import annotations
@@ -35,14 +42,18 @@ from pricing.book import PriceBook
 from providers.base import (
     AuthError,
     InsufficientCapacity,
+    InvalidRequest,
     LaunchRequest,
     ProviderError,
     QuotaExceeded,
     Scope,
+    Throttled,
 )
 from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, Tags
 
 log = logging.getLogger(__name__)
+
+MAX_LAUNCH_ATTEMPTS = 5
 
 
 def _context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
@@ -76,7 +87,9 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         if placement_id:
             placed.append(placement_id)
             crashpoint("place.after_commit")
-            launch_placement(rt, placement_id, now)
+            blocked = launch_placement(rt, placement_id, now)
+            if blocked:  # the rest of this tick avoids it too: no hammering a pool that just said no
+                blocklist = blocklist | {blocked}
     return len(placed)
 
 
@@ -220,19 +233,26 @@ def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime
     return book
 
 
-def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
-    """Launch a LAUNCHING placement (idempotent on its token); on a typed failure, blocklist and re-queue."""
+def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | None:
+    """Launch a LAUNCHING placement (idempotent on its token); on a definitive failure, blocklist and re-queue,
+    on an ambiguous one keep the placement for the next tick (see the module docstring).
+
+    Returns the scope key blocklisted because of this launch, if any."""
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
-            return
+            return None
         job = session.get(Job, p.job_id)
         provider = rt.provider(p.provider)
         offering = rt.catalog.book(now).get(p.offering_key)
         assert job is not None
+        if provider is None or offering is None:
+            gone = InvalidRequest(f"pool {p.offering_key} is no longer offered", provider=p.provider)
+            blocked = _launch_failed(session, p, job, gone, now)
+            session.commit()
+            return blocked
+        p.launch_attempts += 1
         try:
-            if provider is None or offering is None:
-                raise ProviderError(f"pool {p.offering_key} is no longer offered", provider=p.provider)
             instance = provider.launch(
                 LaunchRequest(
                     offering=offering,
@@ -247,18 +267,31 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
                 )
             )
         except ProviderError as exc:
-            _launch_failed(session, p, job, exc, now)
+            if _ambiguous(exc) and p.launch_attempts < MAX_LAUNCH_ATTEMPTS:
+                p.detail = f"launch attempt {p.launch_attempts} unanswered ({type(exc).__name__}: {exc})"[:500]
+                session.add(p)
+                add_event(session, job, now, "launch_retry", p.detail, placement_id=p.id)
+                session.commit()
+                log.info("launch of %s on %s unanswered, retrying next tick: %s", p.id, p.offering_key, exc)
+                return None
+            blocked = _launch_failed(session, p, job, exc, now)
             session.commit()
-            return
+            return blocked
         crashpoint("launch.after_cloud_call")
         p.instance_id = instance.id
         p.detail = instance.detail
         session.add(p)
         add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
         session.commit()
+    return None
 
 
-def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> None:
+def _ambiguous(exc: ProviderError) -> bool:
+    """The cloud may have acted on the request: throttled or an untyped failure (timeout, 5xx, connection)."""
+    return type(exc) in (Throttled, ProviderError)
+
+
+def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> str | None:
     p.state = PlacementState.FAILED.value
     p.ended_at = now
     p.detail = f"{type(exc).__name__}: {exc}"[:500]
@@ -281,3 +314,4 @@ def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError,
         session.add(job)
     add_event(session, job, now, "launch_failed", p.detail, placement_id=p.id, blocked=scope)
     log.info("launch of %s on %s failed: %s", p.id, p.offering_key, exc)
+    return scope
