@@ -9,7 +9,7 @@ sent to the database, no buffered log flushed. It is what a power cut or an OOM 
 Points placed in the code (see README, "Reliability and security"):
 - `place.after_commit`: a placement (and its launch token) is recorded, the cloud not yet asked;
 - `launch.after_cloud_call`: the cloud accepted the launch, the instance id is not yet recorded;
-- `preempt.after_release`: an interruption notice was taken and the reclaimed instance released, not committed;
+- `preempt.before_commit`: an interruption notice was taken (placement preempted, zone blocked), not committed;
 - `sync.after_terminate`: a cancelled or over-ceiling placement's instance was terminated, not committed;
 - `accrue.before_commit` / `accrue.after_commit`: a ledger entry written but not committed / committed;
 - `copy.between_parts`: a checkpoint copy uploaded a part (the next one not started).

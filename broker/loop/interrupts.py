@@ -77,7 +77,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
         if action_at <= now:  # already reclaimed (GCP reports after the fact): delete what it left behind now;
             _release(rt, provider, instance_id)  # a warning ahead of time leaves the VM its final checkpoint
-        crashpoint("preempt.after_release")
+        crashpoint("preempt.before_commit")
         if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
             job.state = JobState.PENDING.value
             job.current_placement_id = None
