@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     max_request_bytes: int = 1_000_000
+    rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key and process; 0 turns it off")
+    rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
 
