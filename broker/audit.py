@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.auth import InvalidKey, Principal, parse_key
 from broker.errors import Unprocessable
 from broker.ratelimit import presented_key
-from broker.tables import AuditEntry
+from broker.tables import ApiKey, AuditEntry
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,13 @@ def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry:
 
 
 def record(engine: Engine, entry: AuditEntry) -> None:
+    """Store one entry. A refused key that names a real key id is filed under that key's tenant (its admins
+    should see someone trying it), still with no role: it was not verified."""
     with Session(engine) as session:
+        if not entry.tenant and entry.key_id:
+            owner = session.get(ApiKey, entry.key_id)
+            if owner is not None:
+                entry.tenant = owner.tenant
         session.add(entry)
         session.commit()
 
