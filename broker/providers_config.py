@@ -48,6 +48,8 @@ def _slurm(settings: Settings) -> ComputeProvider:
 
 
 def _aws(settings: Settings) -> ComputeProvider:
+    from datetime import timedelta
+
     import boto3
     from botocore.config import Config
 
@@ -79,6 +81,7 @@ def _aws(settings: Settings) -> ComputeProvider:
         image_id_for=settings.aws_image_id,
         subnet_for=(lambda off: subnets.get(off.zone)) if subnets else None,
         retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
+        redeliver_after=timedelta(seconds=settings.aws_interruption_redeliver_seconds),
     )
 
 

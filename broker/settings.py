@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     aws_image_id: str = Field(default="", description="AMI with Docker and NVIDIA drivers for training jobs")
     aws_subnet_ids: dict[str, str] = Field(default_factory=dict, description='per AZ, e.g. {"us-east-1a": "subnet-.."}')
     aws_interruption_queue_url: str = Field(default="", description="SQS queue fed by EventBridge spot warnings")
+    aws_interruption_redeliver_seconds: int = Field(
+        default=60, ge=0, le=43200, description="an unacknowledged spot warning comes back after this"
+    )
     slurm_partitions: dict[str, dict[str, str]] = Field(
         default_factory=dict,
         description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '

@@ -45,10 +45,11 @@ Contract (providers/base.py):
   state: terminated ones are included for as long as EC2 still shows them (about an hour).
 - `poll_interruptions` reads the queue (up to `max_poll_batches` batches of 10) for EventBridge events "EC2 Spot
   Instance Interruption Warning" (kind "interruption", `action_at` = event time + 2 min) and "EC2 Instance Rebalance
-  Recommendation" (kind "rebalance", no deadline), raw or wrapped in an SNS envelope. Every received message is
-  deleted once parsed: other event types are dropped silently, malformed ones are logged and dropped, never raised.
-  Notices for instances of other brokers are returned too: the broker matches ids. Deleting before the broker acts
-  means a crash in between loses the early warning only; the reclaim itself still shows in `get` as PREEMPTED.
+  Recommendation" (kind "rebalance", no deadline), raw or wrapped in an SNS envelope. A notice's message is deleted
+  only when the broker calls `ack_interruptions` after acting on it, so a crash in between loses nothing: SQS
+  delivers it again after `redeliver_after` (the receive's VisibilityTimeout) and acting twice is a no-op. Other
+  event types are deleted at once silently, malformed ones logged and deleted, never raised.
+  Notices for instances of other brokers are returned too: the broker matches ids (and acknowledges them).
   EventBridge rules are regional: events from other regions reach the queue only through a cross-region bus rule.
 - Errors (ClientError codes): capacity (InsufficientInstanceCapacity, InsufficientCapacity, SpotMaxPriceTooLow...)
   → `InsufficientCapacity` (zone); InstanceLimitExceeded, VcpuLimitExceeded, MaxSpotInstanceCountExceeded →
@@ -465,6 +466,10 @@ def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
+def _notice_key(notice: InterruptionNotice) -> tuple[str, str, datetime]:
+    return notice.instance_id, notice.kind, notice.at
+
+
 class AwsProvider:
     """EC2 instances for the broker (see the module docstring for the contract and the state mapping)."""
 
@@ -484,6 +489,7 @@ class AwsProvider:
         consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] | None = None,
         retry: RetryPolicy | None = None,
+        redeliver_after: timedelta = timedelta(seconds=60),
     ) -> None:
         if not ec2_clients:
             raise ValueError("AwsProvider needs at least one regional EC2 client")
@@ -501,6 +507,8 @@ class AwsProvider:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._recent: dict[str, tuple[datetime, Instance]] = {}
         self.retry = retry or RetryPolicy()
+        self._redeliver_after = max(0, int(redeliver_after.total_seconds()))
+        self._unacked: dict[tuple[str, str, datetime], list[str]] = {}
 
     def _ec2(self, fn: Callable[..., dict[str, Any]], **params: Any) -> dict[str, Any]:
         """One EC2 call under the retry policy (transient failures only; see `transient`)."""
@@ -737,19 +745,34 @@ class AwsProvider:
         for _ in range(self._max_poll_batches):
             try:
                 response = self._sqs.receive_message(
-                    QueueUrl=self._queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+                    QueueUrl=self._queue_url,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=0,
+                    VisibilityTimeout=self._redeliver_after,
                 )
             except (ClientError, BotoCoreError) as exc:
                 raise provider_error(exc, provider=self.name, action="receiving interruption events") from exc
             messages = response.get("Messages") or []
             if not messages:
                 break
+            dropped = []
             for message in messages:
                 notice = self._parse_message(message)
-                if notice is not None:
-                    notices.append(notice)
-            self._delete(messages)
+                if notice is None:
+                    dropped.append(message)
+                    continue
+                notices.append(notice)
+                self._unacked.setdefault(_notice_key(notice), []).append(str(message["ReceiptHandle"]))
+            if dropped:
+                self._delete(dropped)
         return notices
+
+    def ack_interruptions(self, notices: Iterable[InterruptionNotice]) -> None:
+        """Delete the messages of notices the broker has acted on. Notices never acknowledged (the broker
+        crashed first) are delivered again after `redeliver_after`; acting on one twice is harmless."""
+        handles = [h for n in notices for h in self._unacked.pop(_notice_key(n), [])]
+        for i in range(0, len(handles), 10):
+            self._delete([{"ReceiptHandle": h} for h in handles[i : i + 10]])
 
     def _parse_message(self, message: Mapping[str, Any]) -> InterruptionNotice | None:
         try:

@@ -265,7 +265,8 @@ def test_spot_interruption_warning_end_to_end(moto_url: str, ec2: Any, ami: str)
     assert warning.at == NOW and warning.action_at == NOW + timedelta(minutes=2)
     assert warning.raw["detail"] == {"instance-id": ec2_id, "instance-action": "terminate"}
     assert by_kind["rebalance"].instance_id == inst.id and by_kind["rebalance"].action_at is None
-    assert provider.poll_interruptions() == []
+    assert provider.poll_interruptions() == []  # in flight: not delivered again while the broker acts
+    provider.ack_interruptions(notices)  # acted on: deleted (tests/test_crash.py covers the crash in between)
     attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     assert attrs["ApproximateNumberOfMessages"] == "0" and attrs["ApproximateNumberOfMessagesNotVisible"] == "0"
 

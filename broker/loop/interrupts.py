@@ -43,6 +43,9 @@ def handle_interruptions(rt: Runtime, now: datetime) -> int:
             continue
         for notice in notices:
             handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
+        ack = getattr(provider, "ack_interruptions", None)
+        if ack is not None and notices:  # only now: a crash before this line gets the notices delivered again
+            ack(notices)
     return handled
 
 
