@@ -5,10 +5,12 @@ Role: `AuditLog` is pure ASGI middleware. For every POST, PUT, PATCH and DELETE 
 when the response starts, before the client sees it, so a client that got an answer was audited; refused ones
 (401, 403, 413, 422...) are recorded too. The caller comes from `request.state.principal`, which
 `broker.deps.get_principal` sets once a key is verified; for an unverified request the presented key's id (the
-public `ovs_<id>_` part) is recorded with an empty role. Never recorded: the body, the key's secret, any header
-but `X-Request-ID`. The client address is the socket peer (uvicorn's `--forwarded-allow-ips` makes it the
-forwarded one behind a trusted proxy). If the row cannot be written the failure is logged and the answer still
-goes out (the change it reports may already be committed).
+public `ovs_<id>_` part) is recorded with an empty role; an instance's callback (no API key: a per-placement
+token) is filed under the placement's tenant with role `instance` once the route set
+`request.state.audit_tenant`. Never recorded: the body, the key's secret, any header but `X-Request-ID`. The
+client address is the socket peer (uvicorn's `--forwarded-allow-ips` makes it the forwarded one behind a trusted
+proxy). If the row cannot be written the failure is logged and the answer still goes out (the change it reports
+may already be committed).
 
 `list_audit` reads a tenant's entries, newest first, with an opaque cursor.
 """
@@ -35,9 +37,12 @@ STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry:
-    principal = scope.get("state", {}).get("principal")
+    state = scope.get("state", {})
+    principal = state.get("principal")
     if isinstance(principal, Principal):
         tenant, key_id, role = principal.tenant, principal.key_id, principal.role.value
+    elif "audit_tenant" in state:  # an instance's callback, proven by its placement token
+        tenant, key_id, role = str(state["audit_tenant"]), "", "instance"
     else:
         tenant, role = "", ""
         try:
