@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from broker.auth import callback_token
 from broker.crashpoints import crashpoint
@@ -119,6 +119,7 @@ def _place_one(
             return None, book
         off = best.offering
         twin = book.on_demand_price(off)
+        created_at = _not_before_previous(session, job, now)
         placement = Placement(
             id=new_id("plc"),
             job_id=job.id,
@@ -138,7 +139,7 @@ def _place_one(
             state=PlacementState.LAUNCHING.value,
             simulated=off.simulated,
             work_hours_at_start=job.remaining_work_hours,
-            created_at=now,
+            created_at=created_at,
         )
         session.add(placement)
         job.state = JobState.RUNNING.value
@@ -164,6 +165,21 @@ def _place_one(
     if off.capacity_type is CapacityType.ON_PREM:
         book = _refresh_provider(rt, book, off.provider, now)
     return placement.id, book
+
+
+def _not_before_previous(session: Session, job: Job, now: datetime) -> datetime:
+    """`now`, or the end of the job's previous placement if that is later.
+
+    A tick's `now` is read when the tick starts; a long tick on one replica can place a job that another replica,
+    with a later clock (or a provider reporting its own end time), ended a moment "after" it. Placements of one
+    job must not overlap even on paper (the ledger and reports read them in order), so a new one starts no
+    earlier than the previous one ended."""
+    if job.attempts == 0:
+        return now
+    ended = session.exec(
+        select(func.max(Placement.ended_at)).where(Placement.job_id == job.id)  # type: ignore[call-overload]
+    ).one()
+    return max(now, ended) if ended is not None else now
 
 
 def _deadline_decision(
