@@ -206,6 +206,9 @@ class _Discard:
     def flush(self) -> None:
         return
 
+    def close(self) -> None:
+        return
+
 
 @contextmanager
 def running_fault_proxy(
