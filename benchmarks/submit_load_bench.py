@@ -161,6 +161,7 @@ def broker_env(database_url: str, data_dir: Path) -> dict[str, str]:
         OVERSPILL_DATA_DIR=str(data_dir),
         OVERSPILL_ENV="development",
         OVERSPILL_BOOTSTRAP_API_KEY=DEV_API_KEY,
+        OVERSPILL_RATE_LIMIT_PER_SECOND="0",  # one key at full speed is the point here: no per-key limit
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
     )
     return env

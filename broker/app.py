@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(settings | runtime)` builds it; nothing is built at import time.
 
 Errors come back as `{"message": "...", "detail": [{"loc": [...], "msg": "..."}]}` with the field named, in the
-same shape FastAPI uses for validation errors. Bodies over `max_request_bytes` get 413.
+same shape FastAPI uses for validation errors. Bodies over `max_request_bytes` get 413; a key over its rate
+limit gets 429 with `Retry-After` (broker/ratelimit.py); every state-changing request is audited (broker/audit.py).
 """
 
 from __future__ import annotations
@@ -11,18 +12,22 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker.audit import AuditLog
 from broker.console import router as console_router
 from broker.errors import BrokerError
 from broker.logging_setup import configure_logging
+from broker.ratelimit import RateLimit
 from broker.request_id import RequestIdMiddleware
-from broker.routes import budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
+from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -94,6 +99,27 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"body: request body over {max_bytes} bytes")
 
 
+class ErrorBody(BaseModel):
+    """Every error answer: a message naming the field or resource at fault, and the details."""
+
+    message: str
+    detail: Any = None
+
+
+_ERRORS = {
+    400: "bad request",
+    401: "missing or invalid API key",
+    403: "the key's role may not do this",
+    404: "no such resource in your tenant",
+    409: "conflicts with the resource's state",
+    413: "request body too large",
+    429: "rate limit exceeded (see Retry-After)",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in _ERRORS.items()
+}
+
+
 def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None, loop: bool = False) -> FastAPI:
     """Build the app. With `loop=True` the control loop ticks every `tick_interval_seconds` in a thread."""
     stop = threading.Event()
@@ -120,13 +146,24 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         summary="Burst GPU training jobs from on-prem queues to the cheapest suitable cloud pool, "
         "within the cost ceiling each job was given.",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
     if runtime is not None:
         app.state.runtime = runtime
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
-    app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 included, carries X-Request-ID
+    app.add_middleware(AuditLog)
+    if config.rate_limit_per_second > 0:  # a flood is refused before anything else is paid for
+
+        def verified(scope: Scope, key: str) -> bool:
+            rt = getattr(scope["app"].state, "runtime", None)
+            return rt is not None and rt.verifier.cached(key) is not None
+
+        app.add_middleware(
+            RateLimit, rate=config.rate_limit_per_second, burst=config.rate_limit_burst, is_verified=verified
+        )
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 or 429 included, carries X-Request-ID
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -157,6 +194,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         keys.router,
         placements.router,
         health.router,
+        audit.router,
         costs.router,
         budgets.router,
         reports.schedules,

@@ -23,6 +23,7 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 async def get_principal(
+    request: Request,
     rt: RuntimeDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
@@ -39,14 +40,15 @@ async def get_principal(
             headers={"WWW-Authenticate": "Bearer"},
         )
     principal = rt.verifier.cached(key)  # the common case: no thread hand-off, no database
-    if principal is not None:
-        return principal
-    try:
-        return await run_in_threadpool(rt.verifier.verify, key)  # slow hash + lookup, off the event loop
-    except InvalidKey as exc:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, f"invalid API key ({exc})", headers={"WWW-Authenticate": "Bearer"}
-        ) from exc
+    if principal is None:
+        try:
+            principal = await run_in_threadpool(rt.verifier.verify, key)  # slow hash + lookup, off the event loop
+        except InvalidKey as exc:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, f"invalid API key ({exc})", headers={"WWW-Authenticate": "Bearer"}
+            ) from exc
+    request.state.principal = principal  # for the audit log (broker.audit)
+    return principal
 
 
 def require(*roles: Role) -> Callable[[Principal], Awaitable[Principal]]:

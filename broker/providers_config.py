@@ -48,15 +48,27 @@ def _slurm(settings: Settings) -> ComputeProvider:
 
 
 def _aws(settings: Settings) -> ComputeProvider:
+    from datetime import timedelta
+
     import boto3
+    from botocore.config import Config
 
     from providers.aws import AwsProvider
+    from providers.retry import RetryPolicy
 
     if not settings.aws_regions or not settings.aws_image_id:
         raise ValueError("OVERSPILL_AWS_LAUNCH needs OVERSPILL_AWS_REGIONS and OVERSPILL_AWS_IMAGE_ID")
     session = boto3.session.Session()
+    # botocore's own retries are off: the adapter retries transient failures itself (bounded, jittered) and
+    # never retries a capacity answer (see providers/aws.py); timeouts bound a hung endpoint
+    config = Config(
+        retries={"total_max_attempts": 1},
+        connect_timeout=settings.cloud_timeout_seconds,
+        read_timeout=settings.cloud_timeout_seconds,
+    )
     ec2 = {
-        r: session.client("ec2", region_name=r, endpoint_url=settings.aws_endpoint_url) for r in settings.aws_regions
+        r: session.client("ec2", region_name=r, endpoint_url=settings.aws_endpoint_url, config=config)
+        for r in settings.aws_regions
     }
     queue = settings.aws_interruption_queue_url or None
     sqs = session.client("sqs", region_name=settings.aws_regions[0], endpoint_url=settings.aws_endpoint_url)
@@ -68,6 +80,8 @@ def _aws(settings: Settings) -> ComputeProvider:
         queue_url=queue,
         image_id_for=settings.aws_image_id,
         subnet_for=(lambda off: subnets.get(off.zone)) if subnets else None,
+        retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
+        redeliver_after=timedelta(seconds=settings.aws_interruption_redeliver_seconds),
     )
 
 

@@ -1,7 +1,9 @@
 """Broker configuration from the environment (`OVERSPILL_*`), with defaults that run everything locally.
 
 Build with `Settings()` (reads the environment) or `Settings(field=...)` in tests; never at import time.
-In production mode the broker refuses to start with the development API key or an empty secret.
+In production mode the broker refuses to start with the development API key, an empty or short secret, or a
+well-known default (broker/secrets.py); secrets may come from AWS Secrets Manager (`OVERSPILL_<NAME>_ARN`) and
+are kept out of `repr(settings)`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ class Settings(BaseSettings):
 
     env: Literal["development", "production"] = "development"
     data_dir: Path = Path(".overspill")
-    database_url: str = Field(default="", description="SQLAlchemy URL; default: SQLite file in data_dir")
+    database_url: str = Field(default="", repr=False, description="SQLAlchemy URL; default: SQLite file in data_dir")
     host: str = "127.0.0.1"
     port: int = 8000
 
     broker_id: str = "overspill-local"
     bootstrap_tenant: str = "demo"
-    bootstrap_api_key: str = Field(default=DEV_API_KEY, description="admin key created at first start")
+    bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
     seed: int = 7
@@ -65,6 +67,9 @@ class Settings(BaseSettings):
     aws_image_id: str = Field(default="", description="AMI with Docker and NVIDIA drivers for training jobs")
     aws_subnet_ids: dict[str, str] = Field(default_factory=dict, description='per AZ, e.g. {"us-east-1a": "subnet-.."}')
     aws_interruption_queue_url: str = Field(default="", description="SQS queue fed by EventBridge spot warnings")
+    aws_interruption_redeliver_seconds: int = Field(
+        default=60, ge=0, le=43200, description="an unacknowledged spot warning comes back after this"
+    )
     slurm_partitions: dict[str, dict[str, str]] = Field(
         default_factory=dict,
         description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '
@@ -78,9 +83,12 @@ class Settings(BaseSettings):
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""
-    libcloud_secret: str = ""
+    libcloud_secret: str = Field(default="", repr=False)
     libcloud_image_id: str = ""
     libcloud_options: dict[str, str] = Field(default_factory=dict, description="driver keyword arguments")
+
+    cloud_retry_attempts: int = Field(default=3, ge=1, le=10, description="calls per cloud API request (transient)")
+    cloud_timeout_seconds: float = Field(default=20.0, gt=0, description="connect and read timeout of cloud calls")
 
     checkpoint_interval_hours: float = 0.5
     checkpoint_stores: dict[str, str] = Field(
@@ -124,16 +132,32 @@ class Settings(BaseSettings):
     metrics_token: str = Field(
         default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
     )
+    rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key and process; 0 turns it off")
+    rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
-    callback_secret: str = Field(default="", description="signs per-placement callback tokens (default: derived)")
+    callback_secret: str = Field(
+        default="", repr=False, description="signs per-placement callback tokens (default: derived)"
+    )
+    # any secret above may instead come from AWS Secrets Manager: OVERSPILL_<NAME>_ARN (see broker/secrets.py)
+    bootstrap_api_key_arn: str = ""
+    callback_secret_arn: str = ""
+    database_url_arn: str = ""
+    libcloud_secret_arn: str = ""
+    secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
 
     @model_validator(mode="after")
-    def _refuse_unsafe_production(self) -> Settings:
-        if self.env == "production" and self.bootstrap_api_key in ("", DEV_API_KEY):
-            raise ValueError(
-                "OVERSPILL_BOOTSTRAP_API_KEY must be set to a fresh secret in production "
-                "(the development key is public)"
-            )
+    def _secrets(self) -> Settings:
+        from broker.secrets import resolve_secrets, unsafe_in_production
+
+        found = resolve_secrets(
+            self.__dict__, endpoint_url=self.secrets_endpoint_url or self.aws_endpoint_url
+        )  # before the checks, so a secret from Secrets Manager counts
+        for name, value in found.items():
+            object.__setattr__(self, name, value)
+        if self.env == "production":
+            problems = unsafe_in_production(self.__dict__, dev_api_key=DEV_API_KEY)
+            if problems:
+                raise ValueError("refusing to start in production: " + "; ".join(problems))
         return self
 
     @property

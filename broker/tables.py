@@ -94,6 +94,7 @@ class Placement(SQLModel, table=True):
     on_demand_hourly_usd: Decimal = _money()
     expected_cost_usd: Decimal = _money()
     launch_token: str = Field(unique=True, max_length=64)
+    launch_attempts: int = 0  # calls to the provider's launch with this token (ambiguous failures retried)
     instance_id: str | None = Field(default=None, max_length=128)
     state: str = Field(max_length=16)
     simulated: bool = False
@@ -398,3 +399,24 @@ class AvailabilityChange(SQLModel, table=True):
     offering_key: str = Field(max_length=200)
     up: bool
     observed_at: datetime = _at(nullable=False)
+
+
+class AuditEntry(SQLModel, table=True):
+    """One state-changing API request: who (key, tenant, role), what (method, path, status), when, from where.
+
+    Never the body, the key or any header but the request id. Append-only."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_tenant_id", "tenant", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = _at(nullable=False)
+    tenant: str = Field(default="", max_length=64)
+    key_id: str = Field(default="", max_length=32)
+    role: str = Field(default="", max_length=16)
+    method: str = Field(max_length=8)
+    path: str = Field(max_length=500)
+    route: str = Field(default="", max_length=200)
+    status: int
+    client: str = Field(default="", max_length=100)
+    request_id: str = Field(default="", max_length=128)

@@ -45,10 +45,11 @@ Contract (providers/base.py):
   state: terminated ones are included for as long as EC2 still shows them (about an hour).
 - `poll_interruptions` reads the queue (up to `max_poll_batches` batches of 10) for EventBridge events "EC2 Spot
   Instance Interruption Warning" (kind "interruption", `action_at` = event time + 2 min) and "EC2 Instance Rebalance
-  Recommendation" (kind "rebalance", no deadline), raw or wrapped in an SNS envelope. Every received message is
-  deleted once parsed: other event types are dropped silently, malformed ones are logged and dropped, never raised.
-  Notices for instances of other brokers are returned too: the broker matches ids. Deleting before the broker acts
-  means a crash in between loses the early warning only; the reclaim itself still shows in `get` as PREEMPTED.
+  Recommendation" (kind "rebalance", no deadline), raw or wrapped in an SNS envelope. A notice's message is deleted
+  only when the broker calls `ack_interruptions` after acting on it, so a crash in between loses nothing: SQS
+  delivers it again after `redeliver_after` (the receive's VisibilityTimeout) and acting twice is a no-op. Other
+  event types are deleted at once silently, malformed ones logged and deleted, never raised.
+  Notices for instances of other brokers are returned too: the broker matches ids (and acknowledges them).
   EventBridge rules are regional: events from other regions reach the queue only through a cross-region bus rule.
   Bodies are parsed by `notice_from_message_body`, which the Lambda entry point (`broker.serverless`) shares for the
   messages its SQS event source mapping delivers.
@@ -57,6 +58,13 @@ Contract (providers/base.py):
   `QuotaExceeded` (region); RequestLimitExceeded, Throttling and 5xx-type codes → `Throttled`; UnauthorizedOperation,
   AuthFailure and other credential failures → `AuthError`; InvalidParameter*, Invalid*, Unsupported,
   IdempotentParameterMismatch → `InvalidRequest`; anything else (and connection errors) → `ProviderError`.
+- Retries: every EC2 call runs under `retry` (providers.retry.RetryPolicy; default 3 attempts, full-jitter
+  exponential backoff). Only transient failures are retried (throttling, 5xx that are not capacity or quota answers,
+  timeouts and dropped connections: `transient`); a capacity error is raised at once (EC2 sends it as HTTP 500, and
+  botocore would retry it in the same zone) so the broker blocklists the zone and fails over. Build the boto3
+  clients with botocore retries off (`Config(retries={"total_max_attempts": 1})`) and connect/read timeouts set,
+  as `broker.providers_config` does. A retried RunInstances resends the same ClientToken, so a request that reached
+  EC2 before its response was lost does not launch twice.
 
 moto 5.2 (what the tests can and cannot show): RunInstances ignores ClientToken (a repeat makes a second instance,
 so only layer 1 is exercised there) and accepts any ImageId; the `client-token` and `instance-lifecycle` filters are
@@ -76,7 +84,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 
 from providers.base import (
     AuthError,
@@ -92,6 +100,7 @@ from providers.base import (
     Throttled,
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering
+from providers.retry import RetryPolicy
 from providers.startup import startup_script
 
 log = logging.getLogger(__name__)
@@ -263,6 +272,20 @@ def error_class(code: str) -> type[ProviderError]:
     if code in _INVALID or code.startswith("Invalid"):
         return InvalidRequest
     return ProviderError
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying the same call after a pause: throttling, a 5xx that is not a capacity or quota answer,
+    a timeout or a dropped connection. A capacity error (HTTP 500 on EC2) is an answer: fail over instead."""
+    if isinstance(exc, HTTPClientError):  # connect/read timeouts, refused or closed connections
+        return True
+    if not isinstance(exc, ClientError):
+        return False
+    code = error_code(exc)
+    if code in _THROTTLED:
+        return True
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return status >= 500 and error_class(code) is ProviderError
 
 
 def provider_error(exc: ClientError | BotoCoreError, *, provider: str, action: str) -> ProviderError:
@@ -455,6 +478,10 @@ def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
+def _notice_key(notice: InterruptionNotice) -> tuple[str, str, datetime]:
+    return notice.instance_id, notice.kind, notice.at
+
+
 class AwsProvider:
     """EC2 instances for the broker (see the module docstring for the contract and the state mapping)."""
 
@@ -473,6 +500,8 @@ class AwsProvider:
         max_poll_batches: int = 10,
         consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] | None = None,
+        retry: RetryPolicy | None = None,
+        redeliver_after: timedelta = timedelta(seconds=60),
     ) -> None:
         if not ec2_clients:
             raise ValueError("AwsProvider needs at least one regional EC2 client")
@@ -489,6 +518,13 @@ class AwsProvider:
         self._grace = consistency_grace
         self._clock = clock or (lambda: datetime.now(UTC))
         self._recent: dict[str, tuple[datetime, Instance]] = {}
+        self.retry = retry or RetryPolicy()
+        self._redeliver_after = max(0, int(redeliver_after.total_seconds()))
+        self._unacked: dict[tuple[str, str, datetime], list[str]] = {}
+
+    def _ec2(self, fn: Callable[..., dict[str, Any]], **params: Any) -> dict[str, Any]:
+        """One EC2 call under the retry policy (transient failures only; see `transient`)."""
+        return self.retry.call(lambda: fn(**params), transient)
 
     @property
     def regions(self) -> list[str]:
@@ -579,7 +615,7 @@ class AwsProvider:
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
         try:
-            response = ec2.run_instances(**params)
+            response = self._ec2(ec2.run_instances, **params)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=f"launching {offering.key}") from exc
         return dict(response["Instances"][0])
@@ -594,7 +630,7 @@ class AwsProvider:
         data = {**self._base_params(tags, image_id), "UserData": user_data}
         action = f"launching {offering.key} (fleet)"
         try:
-            ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData=data)
+            self._ec2(ec2.create_launch_template, LaunchTemplateName=template, LaunchTemplateData=data)
         except ClientError as exc:
             if error_code(exc) != _TEMPLATE_EXISTS:  # left over by a crashed attempt with this token: reuse it
                 raise provider_error(exc, provider=self.name, action=action) from exc
@@ -625,12 +661,12 @@ class AwsProvider:
         else:
             params["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
         try:
-            response = ec2.create_fleet(**params)
+            response = self._ec2(ec2.create_fleet, **params)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=action) from exc
         finally:
             try:
-                ec2.delete_launch_template(LaunchTemplateName=template)
+                self._ec2(ec2.delete_launch_template, LaunchTemplateName=template)
             except (ClientError, BotoCoreError) as exc:
                 log.warning("could not delete launch template %s: %s", template, exc)
         ids = [i for group in response.get("Instances") or () for i in group.get("InstanceIds") or ()]
@@ -653,14 +689,14 @@ class AwsProvider:
 
     def _describe(self, ec2: EC2Client, action: str, **params: Any) -> list[dict[str, Any]]:
         try:
-            pages = list(ec2.get_paginator("describe_instances").paginate(**params))
+            pages = self.retry.call(lambda: list(ec2.get_paginator("describe_instances").paginate(**params)), transient)
         except (ClientError, BotoCoreError) as exc:
             raise provider_error(exc, provider=self.name, action=action) from exc
         return [inst for page in pages for res in page.get("Reservations") or () for inst in res.get("Instances") or ()]
 
     def _describe_one(self, ec2: EC2Client, ec2_id: str) -> dict[str, Any] | None:
         try:
-            response = ec2.describe_instances(InstanceIds=[ec2_id])
+            response = self._ec2(ec2.describe_instances, InstanceIds=[ec2_id])
         except ClientError as exc:
             if error_code(exc) in _NOT_FOUND:
                 return None
@@ -694,7 +730,7 @@ class AwsProvider:
         regions, ec2_id = self._regions_of(instance_id)
         for region in regions:
             try:
-                self._clients[region].terminate_instances(InstanceIds=[ec2_id])
+                self._ec2(self._clients[region].terminate_instances, InstanceIds=[ec2_id])
             except ClientError as exc:
                 if error_code(exc) in _NOT_FOUND:
                     continue
@@ -721,19 +757,34 @@ class AwsProvider:
         for _ in range(self._max_poll_batches):
             try:
                 response = self._sqs.receive_message(
-                    QueueUrl=self._queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+                    QueueUrl=self._queue_url,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=0,
+                    VisibilityTimeout=self._redeliver_after,
                 )
             except (ClientError, BotoCoreError) as exc:
                 raise provider_error(exc, provider=self.name, action="receiving interruption events") from exc
             messages = response.get("Messages") or []
             if not messages:
                 break
+            dropped = []
             for message in messages:
                 notice = self._parse_message(message)
-                if notice is not None:
-                    notices.append(notice)
-            self._delete(messages)
+                if notice is None:
+                    dropped.append(message)
+                    continue
+                notices.append(notice)
+                self._unacked.setdefault(_notice_key(notice), []).append(str(message["ReceiptHandle"]))
+            if dropped:
+                self._delete(dropped)
         return notices
+
+    def ack_interruptions(self, notices: Iterable[InterruptionNotice]) -> None:
+        """Delete the messages of notices the broker has acted on. Notices never acknowledged (the broker
+        crashed first) are delivered again after `redeliver_after`; acting on one twice is harmless."""
+        handles = [h for n in notices for h in self._unacked.pop(_notice_key(n), [])]
+        for i in range(0, len(handles), 10):
+            self._delete([{"ReceiptHandle": h} for h in handles[i : i + 10]])
 
     def _parse_message(self, message: Mapping[str, Any]) -> InterruptionNotice | None:
         try:

@@ -166,7 +166,9 @@ class InterruptionSource(Protocol):
     """A provider that pushes interruption notices (AWS EventBridge -> SQS, Azure Scheduled Events relayed...).
 
     `poll_interruptions` returns notices received since the last call and acknowledges them (at-least-once:
-    a notice may be returned again after a crash, so handling must be idempotent).
+    a notice may be returned again after a crash, so handling must be idempotent). A source may instead leave
+    them unacknowledged until `ack_interruptions(notices)` (optional; the broker calls it once it has acted on
+    them), so that a crash between the poll and the broker's commit loses nothing.
     """
 
     name: str

@@ -97,7 +97,8 @@ def test_production_refuses_the_development_key() -> None:
         Settings(env="production", bootstrap_api_key=DEV_API_KEY)
     with pytest.raises(ValidationError):
         Settings(env="production", bootstrap_api_key="")
-    ok = Settings(env="production", bootstrap_api_key="ovs_prodadm_" + "x" * 32)
+    # production also needs its own callback secret (tests/test_secrets.py has the rest of the rules)
+    ok = Settings(env="production", bootstrap_api_key="ovs_prodadm_" + "x" * 32, callback_secret="c" * 32)
     assert ok.env == "production"
 
 

@@ -119,6 +119,17 @@ def test_bad_bills_name_the_problem(brt: Runtime, tmp_path: Path) -> None:
     bad.write_text("ResourceId,BilledCost,ChargePeriodStart,ProviderName\ni-1,lots,2026-10-01T00:00:00Z,AWS\n")
     with pytest.raises(BillError, match="row 2: BilledCost"):
         import_bill(brt, "demo", bad, OCT)
+    # unreadable files (found by the API fuzzer: an empty Parquet body was a 500)
+    for name, content, problem in [
+        ("empty.parquet", b"", "not a readable Parquet file"),
+        ("junk.parquet", b"PAR1 not really", "not a readable Parquet file"),
+        ("junk.csv.gz", b"not gzip", "not a readable gzip-compressed UTF-8 CSV"),
+        ("latin.csv", "ResourceId,BilledCost\nd\xe9j\xe0,1\n".encode("latin-1"), "not a readable UTF-8 CSV"),
+    ]:
+        broken = tmp_path / name
+        broken.write_bytes(content)
+        with pytest.raises(BillError, match=problem):
+            import_bill(brt, "demo", broken, OCT)
 
 
 def test_bill_api_and_cli(brt: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:

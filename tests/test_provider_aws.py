@@ -46,6 +46,7 @@ from providers.base import (  # noqa: E402
     Throttled,
 )
 from providers.model import CapacityType, Offering, Price  # noqa: E402
+from providers.retry import RetryPolicy  # noqa: E402
 from tests.moto_server import CREDS, moto_client, running_moto_server  # noqa: E402
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract  # noqa: E402
 
@@ -264,7 +265,8 @@ def test_spot_interruption_warning_end_to_end(moto_url: str, ec2: Any, ami: str)
     assert warning.at == NOW and warning.action_at == NOW + timedelta(minutes=2)
     assert warning.raw["detail"] == {"instance-id": ec2_id, "instance-action": "terminate"}
     assert by_kind["rebalance"].instance_id == inst.id and by_kind["rebalance"].action_at is None
-    assert provider.poll_interruptions() == []
+    assert provider.poll_interruptions() == []  # in flight: not delivered again while the broker acts
+    provider.ack_interruptions(notices)  # acted on: deleted (tests/test_crash.py covers the crash in between)
     attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     assert attrs["ApproximateNumberOfMessages"] == "0" and attrs["ApproximateNumberOfMessagesNotVisible"] == "0"
 
@@ -301,7 +303,8 @@ def test_launch_errors_are_typed(code: str, error: type[ProviderError], scope: S
     client, stub = _stubbed()
     stub.add_response("describe_instances", {"Reservations": []})
     stub.add_client_error("run_instances", service_error_code=code, service_message="nope", http_status_code=400)
-    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b")
+    # one attempt: this test is about the mapping (retries of transient codes are tested in test_faults.py)
+    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b", retry=RetryPolicy(1))
     with stub, pytest.raises(error) as caught:
         provider.launch(ContractEnv(provider=provider, offering=offering()).request())
     assert type(caught.value) is error and caught.value.scope is scope
@@ -330,7 +333,7 @@ def test_fleet_errors_in_the_response_are_typed() -> None:
 
 def test_read_and_terminate_errors() -> None:
     client, stub = _stubbed()
-    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b")
+    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b", retry=RetryPolicy(1))
     stub.add_client_error("describe_instances", service_error_code="AuthFailure", http_status_code=401)
     stub.add_client_error("describe_instances", service_error_code="InvalidInstanceID.Malformed")
     stub.add_client_error("terminate_instances", service_error_code="InvalidInstanceID.NotFound")

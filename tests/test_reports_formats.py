@@ -117,6 +117,16 @@ def test_pdf_renders_pages_with_charts(api: TestClient) -> None:
     assert "GPU training costs: demo, 2026-10" in text and "Spend per day by team" in text
 
 
+def test_pdf_of_a_period_without_spend_renders(api: TestClient) -> None:
+    """Found by the API fuzzer: reportlab cannot scale an empty bar chart (it was a 500)."""
+    import pypdfium2 as pdfium
+
+    r = api.post("/v1/report-runs", json={"period": "2024-02", "format": "pdf"})
+    assert r.status_code == 201, r.text
+    pdf = pdfium.PdfDocument(api.get(r.json()["download_url"]).content)
+    assert len(pdf) == 3 and "no spend in this period" in pdf[0].get_textpage().get_text_range()
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("OVERSPILL_CHROMIUM")
 
@@ -177,6 +187,7 @@ def test_report_runs_are_tenant_scoped_and_validated(api: TestClient, seeded: tu
         ({"period": "2026-10", "format": "xlsx"}, "format"),
         ({"period": "2026-10", "destination": {"type": "directory", "path": "../etc"}}, "destination"),
         ({}, "period"),
+        ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "to"),  # at most 366 days per report
     ]:
         r = api.post("/v1/report-runs", json=bad)
         assert r.status_code == 422 and field in r.json()["message"], (bad, r.json())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -80,7 +81,10 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise BillError("reading Parquet needs pyarrow (pip install 'overspill[parquet]')") from exc
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            raise BillError(f"{path.name} is not a readable Parquet file ({exc})") from exc
         missing = [c for c in REQUIRED if c not in table.column_names]
         if missing:
             raise BillError(f"column {missing[0]} is missing (a FOCUS export has {', '.join(REQUIRED)})")
@@ -89,9 +93,15 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         yield from table.select(wanted).to_pylist()
         return
     raw = path.read_bytes()
-    if name.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    reader = csv.DictReader(io.StringIO(raw.decode("utf-8-sig")))
+    try:
+        if name.endswith(".gz"):
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8-sig")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise BillError(
+            f"{path.name} is not a readable {'gzip-compressed ' if name.endswith('.gz') else ''}UTF-8 CSV file ({exc})"
+        ) from exc
+    reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
     if missing:
         raise BillError(f"column {missing[0]} is missing (a FOCUS export has {', '.join(REQUIRED)})")

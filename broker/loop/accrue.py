@@ -20,6 +20,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, or_, select
 
+from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, record_entry, record_wasted
 from broker.loop.common import locked
 from broker.runtime import Runtime
@@ -101,5 +102,7 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
             if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:
                 session.flush()
                 record_wasted(session, job, p, now)
+            crashpoint("accrue.before_commit")
             session.commit()
+            crashpoint("accrue.after_commit")
     return written

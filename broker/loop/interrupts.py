@@ -19,6 +19,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
+from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -46,6 +47,9 @@ def handle_interruptions(rt: Runtime, now: datetime) -> int:
         for notice in notices:
             bind_job(None)
             handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
+        ack = getattr(provider, "ack_interruptions", None)
+        if ack is not None and notices:  # only now: a crash before this line gets the notices delivered again
+            ack(notices)
     return handled
 
 
@@ -91,6 +95,7 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "interruption notice")
         if action_at <= now:  # already reclaimed (GCP reports after the fact): delete what it left behind now;
             _release(rt, provider, instance_id)  # a warning ahead of time leaves the VM its final checkpoint
+        crashpoint("preempt.before_commit")
         if job.current_placement_id == p.id and job.state == JobState.RUNNING.value:
             job.state = JobState.PENDING.value
             job.current_placement_id = None

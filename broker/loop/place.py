@@ -4,6 +4,13 @@ Exactly-once: a job moves pending -> running in the same transaction that insert
 lock (PostgreSQL `FOR UPDATE SKIP LOCKED`) and a conditional state check, so two replicas can never place one job
 twice. The launch itself happens after that commit and is idempotent on the placement's launch token, so a crash
 between the two is repaired by the next tick relaunching with the same token.
+
+Launch failures. A definitive answer (no capacity, quota, credentials, bad request) fails the placement, blocklists
+the scope the error names (zone, region or provider) at once, also for the rest of this tick, and sends the job
+back to pending to be placed elsewhere. An ambiguous one (throttled after the adapter's own retries, a timeout, a
+5xx: the cloud may or may not have launched) keeps the placement and its token: the next tick's sync relaunches
+with the same token, which finds the instance if the request got through, and never launches a second one. After
+`MAX_LAUNCH_ATTEMPTS` ambiguous attempts it fails like a definitive answer (the orphan sweep covers a late launch).
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from broker.auth import callback_token
 from broker.availability import pool_outlooks
+from broker.crashpoints import crashpoint
 from broker.finance.budgets import budget_block_reason, onprem_only
 from broker.loop.common import (
     AUTH_BLOCK,
@@ -38,16 +46,19 @@ from pricing.book import PriceBook
 from providers.base import (
     AuthError,
     InsufficientCapacity,
+    InvalidRequest,
     LaunchRequest,
     ProviderError,
     QuotaExceeded,
     Scope,
+    Throttled,
 )
 from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, Tags
 
 log = logging.getLogger(__name__)
 
 MAX_STAGE_FAILURES = 3  # storage errors before a launch gives up pre-staging and resumes from the remote copy
+MAX_LAUNCH_ATTEMPTS = 5
 
 
 def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
@@ -85,7 +96,10 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         placement_id, book = _place_one(rt, job_id, book, blocklist, now)
         if placement_id:
             placed.append(placement_id)
-            launch_placement(rt, placement_id, now)
+            crashpoint("place.after_commit")
+            blocked = launch_placement(rt, placement_id, now)
+            if blocked:  # the rest of this tick avoids it too: no hammering a pool that just said no
+                blocklist = blocklist | {blocked}
     return len(placed)
 
 
@@ -111,6 +125,7 @@ def _place_one(
             return None, book
         off = best.offering
         twin = book.on_demand_price(off)
+        created_at = _not_before_previous(session, job, now)
         placement = Placement(
             id=new_id("plc"),
             job_id=job.id,
@@ -130,7 +145,7 @@ def _place_one(
             state=PlacementState.LAUNCHING.value,
             simulated=off.simulated,
             work_hours_at_start=job.remaining_work_hours,
-            created_at=now,
+            created_at=created_at,
         )
         session.add(placement)
         job.state = JobState.RUNNING.value
@@ -178,6 +193,21 @@ def choose_pool(
     if best is None:
         reason = blocked or reason or quote(spec, book, ctx).wait_reason()
     return best, reason, pause
+
+
+def _not_before_previous(session: Session, job: Job, now: datetime) -> datetime:
+    """`now`, or the end of the job's previous placement if that is later.
+
+    A tick's `now` is read when the tick starts; a long tick on one replica can place a job that another replica,
+    with a later clock (or a provider reporting its own end time), ended a moment "after" it. Placements of one
+    job must not overlap even on paper (the ledger and reports read them in order), so a new one starts no
+    earlier than the previous one ended."""
+    if job.attempts == 0:
+        return now
+    ended = session.exec(
+        select(func.max(Placement.ended_at)).where(Placement.job_id == job.id)  # type: ignore[call-overload]
+    ).one()
+    return max(now, ended) if ended is not None else now
 
 
 def _deadline_decision(
@@ -257,33 +287,40 @@ def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime
     return book
 
 
-def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
-    """Launch a LAUNCHING placement (idempotent on its token); on a typed failure, blocklist and re-queue.
+def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | None:
+    """Launch a LAUNCHING placement (idempotent on its token); on a definitive failure, blocklist and re-queue,
+    on an ambiguous one keep the placement for the next tick (see the module docstring).
 
     The job's checkpoint is first pre-staged next to the target (`broker.loop.stage`). While another replica
     copies it, or after a storage error, the placement stays LAUNCHING for the next tick to retry; after
     `MAX_STAGE_FAILURES` errors the job resumes from where its checkpoint is. A transfer the ceiling cannot pay
-    pauses the job instead."""
+    pauses the job instead.
+
+    Returns the scope key blocklisted because of this launch, if any."""
     staging = stage_checkpoint(rt, placement_id, now)
     if staging is Staging.BUSY:
-        return
+        return None
     if staging is Staging.FAILED and _stage_failures(rt, placement_id) < MAX_STAGE_FAILURES:
-        return
+        return None
     if staging is Staging.OVER_CEILING:
         _abandon_for_ceiling(rt, placement_id, now)
-        return
+        return None
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
-            return
+            return None
         job = session.get(Job, p.job_id)
         bind_job(job, p)
         provider = rt.provider(p.provider)
         offering = rt.catalog.book(now).get(p.offering_key)
         assert job is not None
+        if provider is None or offering is None:
+            gone = InvalidRequest(f"pool {p.offering_key} is no longer offered", provider=p.provider)
+            blocked = _launch_failed(session, p, job, gone, now)
+            session.commit()
+            return blocked
+        p.launch_attempts += 1
         try:
-            if provider is None or offering is None:
-                raise ProviderError(f"pool {p.offering_key} is no longer offered", provider=p.provider)
             instance = provider.launch(
                 LaunchRequest(
                     offering=offering,
@@ -298,15 +335,24 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> None:
                 )
             )
         except ProviderError as exc:
-            _launch_failed(session, p, job, exc, now)
+            if _ambiguous(exc) and p.launch_attempts < MAX_LAUNCH_ATTEMPTS:
+                p.detail = f"launch attempt {p.launch_attempts} unanswered ({type(exc).__name__}: {exc})"[:500]
+                session.add(p)
+                add_event(session, job, now, "launch_retry", p.detail, placement_id=p.id)
+                session.commit()
+                log.info("launch of %s on %s unanswered, retrying next tick: %s", p.id, p.offering_key, exc)
+                return None
+            blocked = _launch_failed(session, p, job, exc, now)
             session.commit()
-            return
+            return blocked
+        crashpoint("launch.after_cloud_call")
         p.instance_id = instance.id
         p.detail = instance.detail
         session.add(p)
         add_event(session, job, now, "launched", f"instance {instance.id} requested", placement_id=p.id)
         session.commit()
     log.info("instance launched", extra={"instance_id": instance.id})
+    return None
 
 
 def _resume_from(job: Job) -> str | None:
@@ -350,7 +396,12 @@ def _abandon_for_ceiling(rt: Runtime, placement_id: str, now: datetime) -> None:
         session.commit()
 
 
-def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> None:
+def _ambiguous(exc: ProviderError) -> bool:
+    """The cloud may have acted on the request: throttled or an untyped failure (timeout, 5xx, connection)."""
+    return type(exc) in (Throttled, ProviderError)
+
+
+def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> str | None:
     p.state = PlacementState.FAILED.value
     p.ended_at = now
     p.detail = f"{type(exc).__name__}: {exc}"[:500]
@@ -373,3 +424,4 @@ def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError,
         session.add(job)
     add_event(session, job, now, "launch_failed", p.detail, placement_id=p.id, blocked=scope)
     log.info("launch of %s on %s failed: %s", p.id, p.offering_key, exc)
+    return scope

@@ -18,6 +18,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
+from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
@@ -183,6 +184,7 @@ def stop_placement(
 ) -> Instance | None:
     assert p.instance_id is not None
     provider.terminate(p.instance_id)
+    crashpoint("sync.after_terminate")
     try:
         inst = provider.get(p.instance_id)
     except NotFound:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, status
+from fastapi import APIRouter, Header, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
@@ -26,6 +26,7 @@ class ExitReport(BaseModel):
 
 @router.post("/{placement_id}/exit", status_code=status.HTTP_204_NO_CONTENT)
 def report_exit(
+    request: Request,
     placement_id: str,
     body: ExitReport,
     rt: RuntimeDep,
@@ -39,6 +40,7 @@ def report_exit(
         p = session.get(Placement, placement_id, with_for_update=True)
         if p is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placement {placement_id!r}")
+        request.state.audit_tenant = p.tenant  # for the audit log (broker.audit)
         if p.exit_code is None:
             p.exit_code = body.exit_code
             session.add(p)
@@ -52,6 +54,7 @@ def report_exit(
 
 @router.post("/{placement_id}/scheduled-events", status_code=status.HTTP_202_ACCEPTED)
 def relay_scheduled_events(
+    request: Request,
     placement_id: str,
     document: dict[str, Any],
     rt: RuntimeDep,
@@ -65,6 +68,7 @@ def relay_scheduled_events(
         p = session.get(Placement, placement_id)
     if p is None or p.instance_id is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launched placement {placement_id!r}")
+    request.state.audit_tenant = p.tenant
     provider = rt.provider(p.provider)
     relay = getattr(provider, "relay_scheduled_event", None)
     if relay is None:

@@ -30,6 +30,9 @@ def _usd(d: Decimal) -> str:
 def _chart(title: str, labels: list[str], series: dict[str, list[Decimal]]) -> Drawing:
     d = Drawing(CHART_W, CHART_H + 12 * mm)
     d.add(String(0, CHART_H + 8 * mm, title, fontName="Helvetica-Bold", fontSize=10))
+    if not labels or not any(series.values()):  # nothing to draw (reportlab cannot scale an empty chart)
+        d.add(String(15 * mm, CHART_H / 2, "no spend in this period", fontName="Helvetica", fontSize=9))
+        return d
     chart = VerticalBarChart()
     chart.x, chart.y, chart.width, chart.height = 15 * mm, 12 * mm, CHART_W - 20 * mm, CHART_H - 14 * mm
     names = list(series) or ["cost"]

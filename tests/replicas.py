@@ -1,0 +1,257 @@
+"""Many replicas against one PostgreSQL: `tick_procs` control-loop processes (tests/replica_worker.py) and
+`api_procs` uvicorn API processes (`broker.app:app_from_env`), with `jobs` jobs submitted concurrently over HTTP
+(httpx, `concurrency` requests in flight, spread over the API processes, each with an Idempotency-Key) to the
+built-in simulated market. Then every job must be placed exactly once, with no step error (deadlock, serialisation
+failure) in any replica and no lost update.
+
+Checks (`check_exactly_once`): every 202 answer is one job row and no more; every job placed; at most one live
+placement per job and no two of a job's placements overlapping in time; `job.attempts` equals the job's placement
+count (a lost update of the counter would break it); launch tokens unique; one simulated instance per token and
+none without a placement; each job's `spent_usd` equals the sum of its ledger entries.
+
+Used by tests/test_replicas.py (4 + 2 processes, 300 jobs) and benchmarks/replicas_bench.py (5,000 jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlmodel import Session, select
+
+from broker.loop.tick import tick
+from broker.runtime import build_runtime
+from broker.settings import DEV_API_KEY, Settings
+from broker.tables import CostEntryRow, Job, Placement, SimInstanceRow
+from tests.builders import job_body
+from tests.moto_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ReplicaReport:
+    jobs: int
+    accepted: int
+    submit_seconds: float
+    all_placed_seconds: float
+    placements: int
+    worker_placed: list[int]
+    worker_ticks: list[int]
+    step_errors: list[str]
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def submits_per_second(self) -> float:
+        return self.accepted / self.submit_seconds if self.submit_seconds else 0.0
+
+    @property
+    def placements_per_second(self) -> float:
+        return self.placements / self.all_placed_seconds if self.all_placed_seconds else 0.0
+
+    def table(self, tick_procs: int, api_procs: int) -> str:
+        rows = [
+            ("processes", f"{tick_procs} tick + {api_procs} API, one PostgreSQL"),
+            ("jobs submitted concurrently / accepted (202)", f"{self.jobs} / {self.accepted}"),
+            ("submission throughput", f"{self.submits_per_second:.0f} jobs/s ({self.submit_seconds:.1f} s)"),
+            ("placements (first submit -> every job placed)", f"{self.placements} in {self.all_placed_seconds:.1f} s"),
+            ("placement throughput", f"{self.placements_per_second:.0f} placements/s"),
+            ("placements per tick replica", " / ".join(str(n) for n in self.worker_placed)),
+            ("ticks per replica", " / ".join(str(n) for n in self.worker_ticks)),
+            ("step errors (deadlocks, serialisation failures)", str(len(self.step_errors))),
+            ("exactly-once violations", str(len(self.violations))),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _env(db_url: str, workdir: Path, tick_seconds: float) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSPILL_")}
+    env.update(
+        {
+            "OVERSPILL_DATABASE_URL": db_url,
+            "OVERSPILL_DATA_DIR": str(workdir),
+            "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY,
+            "OVERSPILL_TICK_INTERVAL_SECONDS": str(tick_seconds),
+            "OVERSPILL_RATE_LIMIT_PER_SECOND": "0",  # one client key floods on purpose
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    return env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"API process exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not come up")
+
+
+async def _submit_all(urls: list[str], jobs: int, concurrency: int) -> tuple[int, list[str]]:
+    sem = asyncio.Semaphore(concurrency)
+    accepted = 0
+    problems: list[str] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {DEV_API_KEY}"}, timeout=120, limits=limits
+    ) as client:
+
+        async def one(i: int) -> None:
+            nonlocal accepted
+            body = job_body(
+                name=f"r{i}",
+                accelerators=["A100", "V100", "A10G", "L4", "H100"],
+                gpu_count=[1, 1, 2, 4, 8][i % 5],
+                work_gpu_hours=str(2 + i % 7),
+                max_total_usd="500",
+            )
+            async with sem:
+                for attempt in range(3):
+                    try:
+                        r = await client.post(
+                            f"{urls[i % len(urls)]}/v1/jobs", json=body, headers={"Idempotency-Key": f"replica-{i}"}
+                        )
+                    except httpx.TransportError as exc:  # retried with the same key: never a second job
+                        if attempt == 2:
+                            problems.append(f"job {i}: {exc!r}")
+                        continue
+                    if r.status_code == 202:
+                        accepted += 1
+                    else:
+                        problems.append(f"job {i}: {r.status_code} {r.text[:200]}")
+                    return
+
+        await asyncio.gather(*(one(i) for i in range(jobs)))
+    return accepted, problems
+
+
+def run_replicas(
+    *, db_url: str, jobs: int, tick_procs: int = 4, api_procs: int = 2, concurrency: int = 64, tick_seconds: float = 0.5
+) -> ReplicaReport:
+    workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
+    env = _env(db_url, workdir, tick_seconds)
+    rt = build_runtime(Settings(database_url=db_url, data_dir=workdir, bootstrap_api_key=DEV_API_KEY))
+    tick(rt, rt.clock())  # migrated, key installed, prices loaded before the replicas start
+    done = workdir / "submissions-done"
+    apis: list[subprocess.Popen[bytes]] = []
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        urls = []
+        for _ in range(api_procs):
+            port = free_port()
+            cmd = [sys.executable, "-m", "uvicorn", "--factory", "broker.app:app_from_env"]
+            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            apis.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(urls, apis, strict=True):
+            _wait_healthy(url, proc)
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.replica_worker", str(done)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(tick_procs)
+        ]
+        started = time.perf_counter()
+        accepted, problems = asyncio.run(_submit_all(urls, jobs, concurrency))
+        submit_seconds = time.perf_counter() - started
+        done.touch()
+        outputs = [w.communicate(timeout=1800) for w in workers]
+        all_placed = time.perf_counter() - started
+    finally:
+        for proc in apis:
+            proc.terminate()
+        for proc in apis:
+            proc.wait(timeout=30)
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    summaries: list[dict[str, Any]] = []
+    errors = list(problems)
+    for w, (out, err) in zip(workers, outputs, strict=True):
+        if w.returncode != 0 or not out.strip():
+            errors.append(f"tick worker exited {w.returncode}: {err[-2000:]}")
+            summaries.append({"ticks": 0, "placed": 0, "errors": []})
+            continue
+        summary = json.loads(out.strip().splitlines()[-1])
+        summaries.append(summary)
+        errors.extend(summary["errors"])
+    violations = check_exactly_once(rt.engine, accepted)
+    with Session(rt.engine) as s:
+        placements = len(s.exec(select(Placement.id)).all())
+    rt.engine.dispose()
+    return ReplicaReport(
+        jobs=jobs,
+        accepted=accepted,
+        submit_seconds=submit_seconds,
+        all_placed_seconds=all_placed,
+        placements=placements,
+        worker_placed=[s["placed"] for s in summaries],
+        worker_ticks=[s["ticks"] for s in summaries],
+        step_errors=errors,
+        violations=violations,
+    )
+
+
+def check_exactly_once(engine: Any, accepted: int) -> list[str]:
+    bad: list[str] = []
+    with Session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+        placements = s.exec(select(Placement)).all()
+        sims = s.exec(select(SimInstanceRow)).all()
+        entries = s.exec(select(CostEntryRow)).all()
+    if len(jobs) != accepted:
+        bad.append(f"{accepted} submissions accepted but {len(jobs)} jobs stored")
+    by_job: dict[str, list[Placement]] = defaultdict(list)
+    for p in placements:
+        by_job[p.job_id].append(p)
+    spent: dict[str, Decimal] = defaultdict(Decimal)
+    for e in entries:
+        spent[e.job_id] += e.usd
+    for job in jobs:
+        ps = sorted(by_job[job.id], key=lambda p: (p.created_at, p.id))
+        if not ps:
+            bad.append(f"job {job.id} never placed ({job.state}: {job.wait_reason})")
+        live = [p for p in ps if p.ended_at is None]
+        if len(live) > 1:
+            bad.append(f"job {job.id} has {len(live)} live placements")
+        for a, b in pairwise(ps):
+            if a.ended_at is None or a.ended_at > b.created_at:
+                bad.append(f"job {job.id}: placements {a.id} and {b.id} overlap")
+        if job.attempts != len(ps):
+            bad.append(f"job {job.id}: attempts {job.attempts} but {len(ps)} placements (a lost update)")
+        if spent[job.id] != job.spent_usd:
+            bad.append(f"job {job.id}: spent {job.spent_usd} but ledger {spent[job.id]}")
+    tokens = [p.launch_token for p in placements]
+    if len(tokens) != len(set(tokens)):
+        bad.append("a launch token was used twice")
+    launched = [(r.provider, r.launch_token) for r in sims]
+    if len(launched) != len(set(launched)):
+        bad.append("two simulated instances for one launch token")
+    orphans = {t for _, t in launched} - set(tokens)
+    if orphans:
+        bad.append(f"{len(orphans)} simulated instances without a placement")
+    return bad
