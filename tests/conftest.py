@@ -106,13 +106,10 @@ def clock() -> MovableClock:
 @pytest.fixture
 def make_runtime(tmp_path: Path, clock: MovableClock) -> Callable[..., Runtime]:
     def make(url: str, **overrides: Any) -> Runtime:
-        settings = Settings(
-            data_dir=tmp_path,
-            database_url=url,
-            bootstrap_api_key=DEV_API_KEY,
-            tick_interval_seconds=600,
-            **overrides,
-        )
+        # tests drive the API as fast as the test client goes: no per-key rate limit unless a test asks for one
+        # (tests/test_ratelimit.py does)
+        options: dict[str, Any] = {"tick_interval_seconds": 600, "rate_limit_per_second": 0, **overrides}
+        settings = Settings(data_dir=tmp_path, database_url=url, bootstrap_api_key=DEV_API_KEY, **options)
         return build_runtime(settings, clock=clock)
 
     return make

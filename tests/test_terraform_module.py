@@ -146,7 +146,8 @@ def _uses_boto(tree: ast.AST) -> bool:
 
 
 def _called_names(tree: ast.AST, skip: set[str]) -> set[str]:
-    """Attribute-call names (`client.run_instances(...)`) and string constants (paginator names such as
+    """Attribute-call names (`client.run_instances(...)`), bound methods passed to a call
+    (`retry(client.run_instances, ...)`) and string constants (paginator names such as
     get_paginator("describe_instances")) outside the functions named in `skip`."""
     names: set[str] = set()
 
@@ -155,6 +156,8 @@ def _called_names(tree: ast.AST, skip: set[str]) -> set[str]:
             return
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             names.add(node.func.attr)
+        if isinstance(node, ast.Call):  # a bound method handed to a retry wrapper: self._ec2(ec2.run_instances, ...)
+            names.update(arg.attr for arg in node.args if isinstance(arg, ast.Attribute))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
             names.add(node.value)
         for child in ast.iter_child_nodes(node):
