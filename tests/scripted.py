@@ -11,6 +11,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from fastapi.testclient import TestClient
+
+from broker.app import create_app
+from broker.runtime import Runtime
+from broker.settings import DEV_API_KEY
 from providers.base import (
     Instance,
     InstanceState,
@@ -166,3 +171,18 @@ class ScriptedCloud:
 
     def running(self) -> list[Instance]:
         return [self.get(i) for i in self.vms if self.get(i).state is InstanceState.RUNNING]
+
+
+def attach(rt: Runtime, *clouds: ScriptedCloud) -> Runtime:
+    """Make `clouds` providers and price sources of `rt` (tests build runtimes with `simulated=False`)."""
+    for cloud in clouds:
+        rt.providers[cloud.name] = cloud
+        rt.offering_sources.append(cloud)
+    return rt
+
+
+def admin_api(rt: Runtime) -> TestClient:
+    """A test client on `rt`'s app, signed in with the development admin key."""
+    client = TestClient(create_app(runtime=rt))
+    client.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
+    return client

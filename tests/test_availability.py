@@ -25,7 +25,7 @@ from broker.tables import AvailabilityChange, Placement
 from pricing.availability import Runs, load_trace_runs, runs_from_events, runs_from_trace
 from tests.builders import job_body, offering
 from tests.conftest import MovableClock
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, attach
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 
@@ -136,8 +136,7 @@ def test_deadline_job_goes_to_the_steady_pool_when_history_shows_the_cheap_one_i
     cloud = ScriptedCloud("aws", clock, zones=("z1", "z2"), region="us-east-1")
     cloud.prices = {"z1": Decimal("1.0"), "z2": Decimal("1.2")}
     rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0)
-    rt.providers[cloud.name] = cloud
-    rt.offering_sources.append(cloud)
+    attach(rt, cloud)
     tick(rt, clock())
     if with_history:
         for zone, up_hours in (("z1", 0.2), ("z2", 6.0)):

@@ -23,21 +23,19 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.app import create_app
 from broker.copystate import DbCopyStateStore, claim_lease, release_lease
 from broker.loop.accrue import LEDGER_QUANTUM
 from broker.loop.place import _place_one, launch_placement
 from broker.loop.stage import Staging, stage_checkpoint
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.storage import LocalStore, copy_checkpoint
 from providers.storage.copy import BYTES_PER_GB
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.moto_server import CREDS
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api, attach
 from tests.storage_emulators import Crash, crash_after
 
 pytest_plugins = ["tests.storage_emulators"]
@@ -58,15 +56,12 @@ def _runtime(
 ) -> Runtime:
     rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0, **kw)
     for cloud in clouds:
-        rt.providers[cloud.name] = cloud
-        rt.offering_sources.append(cloud)
+        attach(rt, cloud)
     return rt
 
 
 def _api(rt: Runtime) -> TestClient:
-    c = TestClient(create_app(runtime=rt))
-    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
-    return c
+    return admin_api(rt)
 
 
 def _run(rt: Runtime, clock: MovableClock, ticks: int, minutes: float = 10) -> None:

@@ -12,17 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.app import create_app
 from broker.auth import Role, create_key
 from broker.finance.budgets import forecast, month_window
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from broker.tables import BudgetAlertRow
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.finance_sinks import SmtpSink, WebhookSink
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api, attach
 
 
 @pytest.fixture
@@ -49,17 +47,14 @@ def srt(
     rt = make_runtime(
         db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0, smtp_host="127.0.0.1", smtp_port=smtp.port
     )
-    rt.providers[cloud.name] = cloud
-    rt.offering_sources.append(cloud)
+    attach(rt, cloud)
     tick(rt, clock())
     return rt
 
 
 @pytest.fixture
 def api(srt: Runtime) -> TestClient:
-    c = TestClient(create_app(runtime=srt))
-    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
-    return c
+    return admin_api(srt)
 
 
 @pytest.fixture

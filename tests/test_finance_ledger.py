@@ -13,17 +13,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.app import create_app
 from broker.auth import Role, create_key
 from broker.finance.ledger import record_entry
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from broker.tables import CostEntryRow, Job, Placement
 from providers.model import CostKind, hours_between
 from tests.builders import job_body
 from tests.conftest import MovableClock
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api, attach
 
 START = datetime(2026, 10, 31, 20, 0, tzinfo=UTC)
 
@@ -37,17 +35,14 @@ def cloud(clock: MovableClock) -> ScriptedCloud:
 @pytest.fixture
 def srt(db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, clock: MovableClock) -> Runtime:
     rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0)
-    rt.providers[cloud.name] = cloud
-    rt.offering_sources.append(cloud)
+    attach(rt, cloud)
     tick(rt, clock())
     return rt
 
 
 @pytest.fixture
 def api(srt: Runtime) -> TestClient:
-    c = TestClient(create_app(runtime=srt))
-    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
-    return c
+    return admin_api(srt)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from broker.tables import CostEntryRow, Job, Placement
 from providers.model import hours_between
 from tests.builders import job_body
 from tests.conftest import MovableClock
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api, attach
 
 
 @pytest.fixture
@@ -31,17 +31,14 @@ def cloud(clock: MovableClock) -> ScriptedCloud:
 @pytest.fixture
 def srt(db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, clock: MovableClock) -> Runtime:
     rt = make_runtime(db_url, simulated=False, wait_value_usd_per_gpu_hour=0.0)
-    rt.providers[cloud.name] = cloud
-    rt.offering_sources.append(cloud)
+    attach(rt, cloud)
     tick(rt, clock())
     return rt
 
 
 @pytest.fixture
 def api(srt: Runtime) -> TestClient:
-    c = TestClient(create_app(runtime=srt))
-    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
-    return c
+    return admin_api(srt)
 
 
 def _job(rt: Runtime, job_id: str) -> Job:
@@ -257,8 +254,7 @@ def test_reported_exit_status_decides_the_verdict(
     from broker.auth import callback_token
 
     rt = make_runtime(db_url, simulated=False, public_url="https://broker.example")
-    rt.providers[cloud.name] = cloud
-    rt.offering_sources.append(cloud)
+    attach(rt, cloud)
     tick(rt, clock())
     api = TestClient(create_app(runtime=rt))
     api.headers["Authorization"] = f"Bearer {DEV_API_KEY}"

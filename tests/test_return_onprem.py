@@ -16,15 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.app import create_app
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.model import CapacityType
 from tests.builders import job_body
 from tests.conftest import MovableClock
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api
 
 
 @pytest.fixture
@@ -56,9 +54,7 @@ def rt(
 
 @pytest.fixture
 def api(rt: Runtime) -> TestClient:
-    c = TestClient(create_app(runtime=rt))
-    c.headers["Authorization"] = f"Bearer {DEV_API_KEY}"
-    return c
+    return admin_api(rt)
 
 
 def _run(rt: Runtime, clock: MovableClock, ticks: int) -> None:
