@@ -3,11 +3,12 @@ instances outlive a broker crash and every replica sees the same ones."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from broker.tables import SimInstanceRow
 from providers.simulated.store import SimRecord
@@ -64,6 +65,20 @@ class DbSimStore:
                 )
             ).first()
             return _record(row) if row else None
+
+    def get_many(self, provider: str, instance_ids: Sequence[str]) -> list[SimRecord]:
+        out: list[SimRecord] = []
+        ids = list(instance_ids)
+        with Session(self._engine) as session:
+            for start in range(0, len(ids), 1000):  # bounded IN lists
+                chunk = ids[start : start + 1000]
+                rows = session.exec(
+                    select(SimInstanceRow).where(
+                        SimInstanceRow.provider == provider, col(SimInstanceRow.instance_id).in_(chunk)
+                    )
+                ).all()
+                out.extend(_record(r) for r in rows)
+        return out
 
     def mark_terminated(self, provider: str, instance_id: str, at: datetime) -> None:
         with Session(self._engine) as session:

@@ -80,7 +80,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -160,6 +160,7 @@ _AUTH = frozenset(
     }
 )
 _NOT_FOUND = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
+_DESCRIBE_BATCH = 200  # instance ids per DescribeInstances call (a filter's value list is bounded)
 _INVALID = frozenset(
     {"Unsupported", "UnsupportedOperation", "MissingParameter", "IdempotentParameterMismatch", "ValidationError"}
 )
@@ -724,6 +725,33 @@ class AwsProvider:
         if recent is not None and self._clock() - recent[0] < self._grace:
             return recent[1]
         raise NotFound(f"no instance {instance_id}", provider=self.name)
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        """One paginated DescribeInstances per region and 200 ids, filtered on `instance-id` (unlike `InstanceIds`,
+        a filter does not fail the whole call when one id is unknown). Ids not found fall back on the launch-time
+        view for the eventual-consistency grace, as in `get`."""
+        wanted: dict[str, dict[str, str]] = {}  # region -> EC2 id -> the id asked for
+        for iid in instance_ids:
+            regions, ec2_id = self._regions_of(iid)
+            for region in regions:
+                wanted.setdefault(region, {})[ec2_id] = iid
+        out: dict[str, Instance] = {}
+        for region, by_ec2_id in wanted.items():
+            ids = list(by_ec2_id)
+            for start in range(0, len(ids), _DESCRIBE_BATCH):
+                chunk = ids[start : start + _DESCRIBE_BATCH]
+                filters = [{"Name": "instance-id", "Values": chunk}]
+                action = f"describing {len(chunk)} instances in {region}"
+                for raw in self._describe(self._clients[region], action, Filters=filters):
+                    iid = by_ec2_id.get(str(raw.get("InstanceId")))
+                    if iid is not None:
+                        out[iid] = instance_from_description(raw, region=region, provider=self.name)
+        now = self._clock()
+        for iid in instance_ids:
+            recent = self._recent.get(iid)
+            if iid not in out and recent is not None and now - recent[0] < self._grace:
+                out[iid] = recent[1]
+        return out
 
     def terminate(self, instance_id: str) -> None:
         self._recent.pop(instance_id, None)

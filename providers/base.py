@@ -6,11 +6,16 @@ Contract (asynchronous and eventually consistent, after Ray autoscaler v2 and Ka
 - `terminate(instance_id)` converges: an unknown or already-gone instance is success.
 - `get(instance_id)` returns the provider's current view or raises `NotFound`.
 - `list_instances()` returns only instances carrying this broker's tags.
+- Optionally (`BatchDescriber`), `get_many(ids)` answers for many instances in one call to the cloud (EC2's
+  DescribeInstances takes hundreds of ids): the broker's sync step watches every live instance each tick, and one
+  `get` per instance would not scale to thousands of jobs (nor stay inside a cloud's API rate limits).
+  `describe(provider, ids)` uses it when the provider has it, and falls back to one `get` per id.
 SDK clients are injected by the caller, so tests hand real clients pointed at local servers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -126,6 +131,41 @@ class ComputeProvider(Protocol):
     def get(self, instance_id: str) -> Instance: ...
 
     def list_instances(self) -> list[Instance]: ...
+
+
+@runtime_checkable
+class BatchDescriber(Protocol):
+    """Optional capability of a `ComputeProvider`: the current view of many instances at once.
+
+    `get_many(ids)` returns the instances it found, keyed by the id asked for; an id missing from the answer is
+    gone (as `get` raising `NotFound`). A failure of the call as a whole raises a `ProviderError`."""
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]: ...
+
+
+def describe(provider: ComputeProvider, instance_ids: Sequence[str]) -> dict[str, Instance | ProviderError]:
+    """The provider's view of each instance: an `Instance`, `NotFound` when it is gone, or the `ProviderError`
+    that stopped the provider from answering for it (then the caller knows nothing new about that instance).
+
+    Uses `get_many` when the provider has it (one error then stands for every id), else one `get` per id."""
+    ids = list(dict.fromkeys(instance_ids))
+    if not ids:
+        return {}
+    out: dict[str, Instance | ProviderError] = {}
+    if isinstance(provider, BatchDescriber):
+        try:
+            found = provider.get_many(ids)
+        except ProviderError as exc:
+            return dict.fromkeys(ids, exc)
+        for iid in ids:
+            out[iid] = found.get(iid) or NotFound(f"no instance {iid}", provider=provider.name)
+        return out
+    for iid in ids:
+        try:
+            out[iid] = provider.get(iid)
+        except ProviderError as exc:
+            out[iid] = exc
+    return out
 
 
 @runtime_checkable

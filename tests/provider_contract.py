@@ -19,7 +19,7 @@ from decimal import Decimal
 
 import pytest
 
-from providers.base import ComputeProvider, Instance, InstanceState, LaunchRequest, NotFound
+from providers.base import ComputeProvider, Instance, InstanceState, LaunchRequest, NotFound, describe
 from providers.model import JobSpec, Offering, Tags
 
 BROKER_ID = "overspill-contract"
@@ -97,6 +97,22 @@ class ProviderContract:
         assert got.id == inst.id and got.offering_key == inst.offering_key
         with pytest.raises(NotFound):
             env.provider.get(env.unknown_id)
+
+    def test_describe_agrees_with_get_and_reports_the_unknown_as_not_found(self, env: ContractEnv) -> None:
+        """`providers.base.describe`, the sync step's batched read: `get_many` where the adapter has it (one
+        cloud call for many instances), else `get` per id. Either way the same view as `get`."""
+        a = env.provider.launch(env.request())
+        b = env.provider.launch(env.request())
+        env.settle()
+        views = describe(env.provider, [a.id, b.id, env.unknown_id, a.id])
+        assert set(views) == {a.id, b.id, env.unknown_id}
+        for inst in (a, b):
+            view = views[inst.id]
+            assert isinstance(view, Instance), view
+            got = env.provider.get(inst.id)
+            assert (view.id, view.offering_key, view.launch_token) == (got.id, got.offering_key, got.launch_token)
+            assert view.state is got.state
+        assert isinstance(views[env.unknown_id], NotFound)
 
     def test_terminate_converges(self, env: ContractEnv) -> None:
         inst = env.provider.launch(env.request())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -242,6 +242,10 @@ class SimulatedCloud:
         if rec is None:
             raise NotFound(f"no instance {instance_id} on {self.name}", provider=self.name)
         return self._instance(rec, utc(self.clock()))
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        now = utc(self.clock())
+        return {rec.instance_id: self._instance(rec, now) for rec in self.store.get_many(self.name, instance_ids)}
 
     def terminate(self, instance_id: str) -> None:
         rec = self.store.get(self.name, instance_id)

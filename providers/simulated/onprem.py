@@ -449,6 +449,15 @@ class SimulatedOnPremCluster:
         now = utc(self.clock())
         return self._instance(rec, now, self._plan(now))
 
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        """One schedule replay for all of them (`get` replays it per call)."""
+        records = self.store.get_many(self.name, instance_ids)
+        if not records:
+            return {}
+        now = utc(self.clock())
+        plan = self._plan(now)
+        return {rec.instance_id: self._instance(rec, now, plan) for rec in records}
+
     def terminate(self, instance_id: str) -> None:
         rec = self.store.get(self.name, instance_id)
         if rec is None:

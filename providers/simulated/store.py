@@ -11,6 +11,7 @@ Contract: `insert_if_absent` is atomic on `(provider, launch_token)` and returns
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -31,6 +32,8 @@ class SimStore(Protocol):
     def insert_if_absent(self, record: SimRecord) -> SimRecord: ...
 
     def get(self, provider: str, instance_id: str) -> SimRecord | None: ...
+
+    def get_many(self, provider: str, instance_ids: Sequence[str]) -> list[SimRecord]: ...
 
     def mark_terminated(self, provider: str, instance_id: str, at: datetime) -> None: ...
 
@@ -55,6 +58,11 @@ class InMemorySimStore:
                 if rec.provider == provider and rec.instance_id == instance_id:
                     return rec
         return None
+
+    def get_many(self, provider: str, instance_ids: Sequence[str]) -> list[SimRecord]:
+        wanted = set(instance_ids)
+        with self._lock:
+            return [r for r in self._by_token.values() if r.provider == provider and r.instance_id in wanted]
 
     def mark_terminated(self, provider: str, instance_id: str, at: datetime) -> None:
         with self._lock:
