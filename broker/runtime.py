@@ -49,6 +49,7 @@ class Runtime:
     trace_runs: dict[str, Runs] = field(default_factory=dict)  # the same traces' up/down runs, as prior history
     checkpoint_stores: CheckpointStores = field(default_factory=lambda: CheckpointStores(Settings()))
     metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
+    last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     )
     onprem_background_jobs_per_hour: float = Field(default=6.0, ge=0)
     tick_interval_seconds: float = 10.0
+    loop_batch_size: int = Field(
+        default=100,
+        ge=1,
+        description="placements the sync and accrual steps handle per transaction (fewer commits; shorter locks)",
+    )
     price_stale_after_seconds: float = 3 * 3600
 
     interruption_traces: dict[str, Path] = Field(

@@ -14,6 +14,11 @@ sweep, with no grace), then `check_invariants`:
   sum of its own, and every entry covers a stretch no other entry of that placement covers;
 - every ceiling honoured: `spent_usd <= max_total_usd`.
 
+Accrual writes a batch of placements per transaction (`loop_batch_size`): `accrue.before_commit` is reached after
+each placement's entries are written into the open batch (a kill there loses the whole uncommitted batch), and
+`accrue.after_commit` after each batch commits; its scenario runs with batches of one, so the kill falls between
+two placements' accruals of one tick.
+
 `copy.between_parts` is a checkpoint copy (local file -> S3 on moto, resumable state in JSON files) run by
 `tests/crash_copy_worker.py`, killed after part N and rerun: the destination must equal the source byte for byte,
 the parts already uploaded must be reused, and no multipart upload may be left open.
@@ -170,6 +175,8 @@ def _broker_injection(env: Env, point: str, nth: int, jobs: int) -> Outcome:
     ami = str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
     db_url = env.create_database()
     settings = broker_settings(env, db_url, ami, queue_url)
+    if point == "accrue.after_commit":
+        settings["loop_batch_size"] = 1  # one commit per placement: a crash between two placements' accruals
     vars_ = process_env(settings)
     # the set-up runs in this process (a process start costs ~3 s here); the crash and the recovery run in
     # `overspill tick` processes

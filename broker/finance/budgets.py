@@ -11,16 +11,19 @@ the hard-budget gate that keeps new cloud placements on-prem.
   `MAX_ATTEMPTS`), so an alert is delivered at least once and never re-fired.
 - Gate: `budget_block_reason(session, job, now)` names the first hard budget of the job's team or project that is
   spent (>= 100%); the placement step then only considers on-prem pools for that job, and it waits with the reason.
+  `HardBudgetGate` answers the same question for every job of a step with one read of the budgets.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from sqlalchemy import or_
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -98,28 +101,59 @@ def status(session: Session, b: BudgetRow, now: datetime) -> BudgetStatus:
 
 def budget_block_reason(session: Session, job: Job, now: datetime) -> str | None:
     """Why `job` may not start new cloud spend now (a spent hard budget of its team or project), or None."""
-    budgets = session.exec(
-        select(BudgetRow).where(
-            BudgetRow.tenant == job.tenant,
-            BudgetRow.hard == True,  # noqa: E712
-            or_(
-                (col(BudgetRow.scope) == "team") & (col(BudgetRow.name) == job.team),
-                (col(BudgetRow.scope) == "project") & (col(BudgetRow.name) == job.project),
-            ),
+    return HardBudgetGate(session, now).block_reason(job)
+
+
+class HardBudgetGate:
+    """`budget_block_reason` for many jobs in one step: the hard budgets are read once, and each budget's spend
+    at most once (on first need), instead of two queries per job. Use within one step (spend does not move
+    while placements are chosen; accrual is a later step).
+
+    `db` is an open session, used for every read, or an engine, from which a short session is opened for each."""
+
+    def __init__(self, db: Session | Engine, now: datetime) -> None:
+        self._db = db
+        self._now = now
+        with self._reading() as session:
+            self._budgets = session.exec(
+                select(BudgetRow).where(BudgetRow.hard == True).order_by(col(BudgetRow.id))  # noqa: E712
+            ).all()
+        self._reasons: dict[int, str | None] = {}
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        if isinstance(self._db, Session):
+            yield self._db
+        else:
+            with Session(self._db, expire_on_commit=False) as session:
+                yield session
+
+    def block_reason(self, job: Job) -> str | None:
+        for b in self._budgets:
+            if b.tenant != job.tenant or b.name != (job.team if b.scope == "team" else job.project):
+                continue
+            if b.scope not in ("team", "project"):
+                continue
+            assert b.id is not None
+            if b.id not in self._reasons:
+                self._reasons[b.id] = self._reason(b)
+            if self._reasons[b.id]:
+                return self._reasons[b.id]
+        return None
+
+    def _reason(self, b: BudgetRow) -> str | None:
+        start, end = window(b, self._now)
+        if not start <= self._now < end:
+            return None
+        with self._reading() as session:
+            total = spent(session, b, start, end)
+        if total < b.amount_usd:
+            return None
+        return (
+            f"budget_exhausted: hard {b.period} budget {b.id} of {b.scope} {b.name!r} is spent "
+            f"(${total.quantize(Decimal('0.01'))} of ${b.amount_usd} until {end.isoformat()}); "
+            "waiting for on-prem capacity or for the budget to be raised"
         )
-    ).all()
-    for b in sorted(budgets, key=lambda b: b.id):
-        start, end = window(b, now)
-        if not start <= now < end:
-            continue
-        total = spent(session, b, start, end)
-        if total >= b.amount_usd:
-            return (
-                f"budget_exhausted: hard {b.period} budget {b.id} of {b.scope} {b.name!r} is spent "
-                f"(${total.quantize(Decimal('0.01'))} of ${b.amount_usd} until {end.isoformat()}); "
-                "waiting for on-prem capacity or for the budget to be raised"
-            )
-    return None
 
 
 def onprem_only(book: PriceBook, now: datetime) -> PriceBook:

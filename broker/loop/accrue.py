@@ -11,10 +11,13 @@ When a preempted placement's last second is accrued, the compute since its last 
 `wasted` (`broker.finance.ledger.record_wasted`).
 The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entries are written in one
 transaction under row locks, so a crash or a second replica can neither skip nor double-count a second.
+Placements are accrued `loop_batch_size` (a setting) to a transaction (one commit and a few statements per
+batch rather than per placement: with thousands of running jobs the step would otherwise dominate the tick).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 
@@ -26,6 +29,7 @@ from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
+from pricing.book import PriceBook
 from providers.model import CostKind, PlacementState, hours_between
 
 
@@ -39,70 +43,104 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         ids = session.exec(
-            select(Placement.id).where(
+            select(Placement.id)
+            .where(
                 col(Placement.started_at).is_not(None),
                 or_(
                     Placement.state == PlacementState.RUNNING.value,
                     col(Placement.accrued_until) < col(Placement.ended_at),
                 ),
             )
+            .order_by(col(Placement.id))
         ).all()
     written = 0
-    for pid in ids:
-        with Session(rt.engine) as session:
-            p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
-            if p is None or p.started_at is None:
-                continue
-            start = p.accrued_until or p.started_at
-            end = min(now, p.ended_at) if p.ended_at else now
-            if end <= start:
-                continue
-            job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-            current = book.get(p.offering_key)
-            hourly = current.price.hourly_usd if current is not None else (p.price_segment_hourly_usd or p.hourly_usd)
-            twin = book.on_demand_price(current) if current is not None else None
-            # no on-demand twin priced (or the pool is its own twin: on-demand, on-prem): claim no saving
-            od_hourly = None if twin is None or twin is current else twin.price.hourly_usd
-            seg_start = p.price_segment_started_at
-            if seg_start is None or p.price_segment_hourly_usd != hourly:
-                seg_start = p.price_segment_started_at = start
-                p.price_segment_hourly_usd = hourly
-            hours = hours_between(start, end)
-            usd = Decimal("0")
-            for a, b in day_cuts(start, end):
-                part = _telescoped(hourly, seg_start, a, b)
-                record_entry(
-                    session,
-                    job,
-                    kind=CostKind.COMPUTE,
-                    usd=part,
-                    start=a,
-                    end=b,
-                    now=now,
-                    placement=p,
-                    hourly_usd=hourly,
-                    on_demand_usd=part if od_hourly is None else od_hourly * hours_between(a, b),
-                    quantity=hours_between(a, b),
-                )
-                usd += part
-                written += 1
-            p.accrued_until = end
-            p.cost_usd = p.cost_usd + usd
-            session.add(p)
-            add_event(
-                session,
-                job,
-                end,
-                "cost_accrued",
-                f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h",
-                placement_id=p.id,
-                usd=str(usd),
-                spent_usd=str(job.spent_usd),
-            )
-            if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:
-                session.flush()
-                record_wasted(session, job, p, now)
-            crashpoint("accrue.before_commit")
-            session.commit()
-            crashpoint("accrue.after_commit")
+    size = rt.settings.loop_batch_size
+    for start in range(0, len(ids), size):
+        written += _accrue_batch(rt, ids[start : start + size], book, now)
+    return written
+
+
+def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetime) -> int:
+    """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
+    holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
+    with Session(rt.engine) as session:
+        placements = [
+            p
+            for p in session.exec(
+                locked(select(Placement).where(col(Placement.id).in_(ids)).order_by(col(Placement.id)))
+            ).all()
+            if p.started_at is not None and _accrual_end(p, now) > (p.accrued_until or p.started_at)
+        ]
+        if not placements:
+            return 0
+        job_ids = sorted({p.job_id for p in placements})
+        jobs = {
+            j.id: j
+            for j in session.exec(
+                select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()
+            ).all()
+        }
+        written = 0
+        for p in placements:
+            written += _accrue_one(session, p, jobs[p.job_id], book, now)
+            crashpoint("accrue.before_commit")  # each placement's entries written, the batch not committed yet
+        session.commit()
+        crashpoint("accrue.after_commit")
+    return written
+
+
+def _accrual_end(p: Placement, now: datetime) -> datetime:
+    return min(now, p.ended_at) if p.ended_at else now
+
+
+def _accrue_one(session: Session, p: Placement, job: Job, book: PriceBook, now: datetime) -> int:
+    """Write `p`'s entries from `accrued_until` to now (or its end) and move its marks; returns entries written."""
+    assert p.started_at is not None
+    start = p.accrued_until or p.started_at
+    end = _accrual_end(p, now)
+    current = book.get(p.offering_key)
+    hourly = current.price.hourly_usd if current is not None else (p.price_segment_hourly_usd or p.hourly_usd)
+    twin = book.on_demand_price(current) if current is not None else None
+    # no on-demand twin priced (or the pool is its own twin: on-demand, on-prem): claim no saving
+    od_hourly = None if twin is None or twin is current else twin.price.hourly_usd
+    seg_start = p.price_segment_started_at
+    if seg_start is None or p.price_segment_hourly_usd != hourly:
+        seg_start = p.price_segment_started_at = start
+        p.price_segment_hourly_usd = hourly
+    hours = hours_between(start, end)
+    usd = Decimal("0")
+    written = 0
+    for a, b in day_cuts(start, end):
+        part = _telescoped(hourly, seg_start, a, b)
+        record_entry(
+            session,
+            job,
+            kind=CostKind.COMPUTE,
+            usd=part,
+            start=a,
+            end=b,
+            now=now,
+            placement=p,
+            hourly_usd=hourly,
+            on_demand_usd=part if od_hourly is None else od_hourly * hours_between(a, b),
+            quantity=hours_between(a, b),
+        )
+        usd += part
+        written += 1
+    p.accrued_until = end
+    p.cost_usd = p.cost_usd + usd
+    session.add(p)
+    add_event(
+        session,
+        job,
+        end,
+        "cost_accrued",
+        f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h",
+        placement_id=p.id,
+        usd=str(usd),
+        spent_usd=str(job.spent_usd),
+    )
+    if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:
+        session.flush()
+        record_wasted(session, job, p, now)
     return written

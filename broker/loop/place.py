@@ -26,7 +26,7 @@ from sqlmodel import Session, col, func, select
 from broker.auth import callback_token
 from broker.availability import pool_outlooks
 from broker.crashpoints import crashpoint
-from broker.finance.budgets import budget_block_reason, onprem_only
+from broker.finance.budgets import HardBudgetGate, onprem_only
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -91,9 +91,10 @@ def place_pending(rt: Runtime, now: datetime) -> int:
             .limit(rt.settings.max_placements_per_tick)
         ).all()
     placed: list[str] = []
+    budgets = HardBudgetGate(rt.engine, now)
     for job_id in ids:
         bind_job(None)
-        placement_id, book = _place_one(rt, job_id, book, blocklist, now)
+        placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets)
         if placement_id:
             placed.append(placement_id)
             crashpoint("place.after_commit")
@@ -104,7 +105,12 @@ def place_pending(rt: Runtime, now: datetime) -> int:
 
 
 def _place_one(
-    rt: Runtime, job_id: str, book: PriceBook, blocklist: frozenset[str], now: datetime
+    rt: Runtime,
+    job_id: str,
+    book: PriceBook,
+    blocklist: frozenset[str],
+    now: datetime,
+    budgets: HardBudgetGate | None = None,
 ) -> tuple[str | None, PriceBook]:
     with Session(rt.engine, expire_on_commit=False) as session:
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
@@ -112,7 +118,7 @@ def _place_one(
             return None, book  # another replica has it, or it changed state
         bind_job(job)
         ctx = placement_context(rt, job, now, blocklist)
-        best, reason, pause = choose_pool(rt, session, job, book, ctx, now)
+        best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets)
         if best is None:
             if pause:
                 job.state = JobState.PAUSED.value
@@ -176,14 +182,21 @@ def _place_one(
 
 
 def choose_pool(
-    rt: Runtime, session: Session, job: Job, book: PriceBook, ctx: PlacementContext, now: datetime
+    rt: Runtime,
+    session: Session,
+    job: Job,
+    book: PriceBook,
+    ctx: PlacementContext,
+    now: datetime,
+    budgets: HardBudgetGate | None = None,
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
     for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
     its team or project is spent. Returns (candidate, reason when none, pause?). Also asked by the
-    return-on-prem step, so both steps agree on where a job belongs."""
+    return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
+    `budgets` gate for all of them."""
     spec = spec_of(job)
-    blocked = budget_block_reason(session, job, now)
+    blocked = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if blocked:
         book = onprem_only(book, now)
     if spec.deadline_at is not None:

@@ -18,12 +18,13 @@ the same row locks, so a replica syncing the placement at the same moment cannot
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
+from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, locked
 from broker.loop.place import choose_pool, placement_context
 from broker.loop.sync import stop_placement
@@ -31,7 +32,8 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
-from providers.base import ComputeProvider, Instance, NotFound, ProviderError
+from pricing.book import PriceBook
+from providers.base import ComputeProvider, Instance, NotFound, ProviderError, describe
 from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
 
 log = logging.getLogger(__name__)
@@ -40,61 +42,128 @@ _CLOUD_LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, Plac
 
 
 def return_onprem(rt: Runtime, now: datetime) -> int:
-    """Returns the number of cloud placements stopped to move their jobs on-prem."""
+    """Returns the number of cloud placements stopped to move their jobs on-prem.
+
+    Scaling: most ticks nothing can return (every on-prem queue is longer than `return_max_wait_hours`), and then
+    the step costs one read of the cloud placements. The decision is taken first on an unlocked snapshot (the
+    placement, its job, the instance read in one batch per provider); only a job that would move is locked, read
+    again and decided again before anything is stopped."""
     if not rt.settings.return_onprem:
         return 0
     book = rt.catalog.book(now)
-    if not any(o.capacity_type is CapacityType.ON_PREM for o in book):
+    open_onprem = _open_onprem(book, rt.settings.return_max_wait_hours)
+    if not open_onprem:
         return 0
     with Session(rt.engine) as session:
-        ids = session.exec(
-            select(Placement.id).where(
-                col(Placement.state).in_(_CLOUD_LIVE), Placement.capacity_type != CapacityType.ON_PREM.value
+        rows = session.exec(
+            select(Placement, Job)
+            .join(Job, col(Job.id) == Placement.job_id)
+            .where(
+                col(Placement.state).in_(_CLOUD_LIVE),
+                Placement.capacity_type != CapacityType.ON_PREM.value,
+                col(Placement.instance_id).is_not(None),
+                Job.state == JobState.RUNNING.value,
+                col(Job.current_placement_id) == Placement.id,
             )
         ).all()
+        blocklist = active_blocklist(session, now)
+    rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
+    views = _instances(rt, [p for p, _ in rows])
     returned = 0
-    for pid in ids:
-        with Session(rt.engine, expire_on_commit=False) as session:
-            p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
-            if p is None or p.state not in _CLOUD_LIVE or p.instance_id is None:
+    budgets = HardBudgetGate(rt.engine, now)
+    for p, job in rows:
+        view = views.get(p.id)
+        current = book.get(p.offering_key)
+        if not isinstance(view, Instance) or current is None:
+            continue
+        with Session(rt.engine) as session:
+            if _decide(rt, session, p, job, view, current, blocklist, now, budgets) is None:
                 continue
-            job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-            if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
-                continue
-            provider = rt.provider(p.provider)
-            current = book.get(p.offering_key)
-            if provider is None or current is None:
-                continue
-            try:
-                returned += _consider(rt, session, provider, p, job, current, now)
-            except ProviderError as exc:
-                log.warning("returning %s on-prem: %s failed: %s", job.id, p.provider, exc)
-                session.rollback()
-                continue
-            session.commit()
+        returned += _return_locked(rt, p.id, blocklist, now)
     return returned
 
 
-def _consider(
-    rt: Runtime, session: Session, provider: ComputeProvider, p: Placement, job: Job, current: Offering, now: datetime
-) -> int:
-    assert p.instance_id is not None
-    try:
-        inst: Instance | None = provider.get(p.instance_id)
-    except NotFound:
-        return 0  # sync records the disappearance
+def _open_onprem(book: PriceBook, max_wait_hours: float) -> set[str]:
+    """The accelerators some on-prem pool could start within `max_wait_hours` (no other job can return)."""
+    return {
+        o.accelerator
+        for o in book
+        if o.capacity_type is CapacityType.ON_PREM and o.expected_wait_hours <= max_wait_hours
+    }
+
+
+def _instances(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
+    """Each placement's instance by placement id, one batched read per provider."""
+    by_provider: dict[str, list[Placement]] = {}
+    for p in placements:
+        by_provider.setdefault(p.provider, []).append(p)
+    out: dict[str, Instance | ProviderError] = {}
+    for name, ps in by_provider.items():
+        provider = rt.provider(name)
+        if provider is None:
+            continue
+        views = describe(provider, [p.instance_id for p in ps if p.instance_id])
+        out.update({p.id: views[p.instance_id] for p in ps if p.instance_id in views})
+    return out
+
+
+def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: datetime) -> int:
+    """Decide again under the row locks (placement, then job) with a fresh read of the instance, and act."""
+    with Session(rt.engine, expire_on_commit=False) as session:
+        p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
+        if p is None or p.state not in _CLOUD_LIVE or p.instance_id is None:
+            return 0
+        job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+        if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
+            return 0
+        provider = rt.provider(p.provider)
+        current = rt.catalog.book(now).get(p.offering_key)
+        if provider is None or current is None:
+            return 0
+        try:
+            inst = provider.get(p.instance_id)
+            decision = _decide(rt, session, p, job, inst, current, blocklist, now)
+            if decision is None:
+                return 0
+            returned = _act(rt, session, provider, p, job, inst, decision, now)
+        except NotFound:
+            return 0  # sync records the disappearance
+        except ProviderError as exc:
+            log.warning("returning %s on-prem: %s failed: %s", job.id, p.provider, exc)
+            session.rollback()
+            return 0
+        session.commit()
+        return returned
+
+
+@dataclass(frozen=True)
+class _Return:
+    onprem: Offering
+    reason: str
+
+
+def _decide(
+    rt: Runtime,
+    session: Session,
+    p: Placement,
+    job: Job,
+    inst: Instance,
+    current: Offering,
+    blocklist: frozenset[str],
+    now: datetime,
+    budgets: HardBudgetGate | None = None,
+) -> _Return | None:
+    """Should `job` move on-prem now (module docstring)? Reads only; None when it stays."""
     started = p.started_at is not None
     done = Decimal("0")
-    if started and inst is not None and inst.checkpointed_work_hours is not None:
+    if started and inst.checkpointed_work_hours is not None:
         done = inst.checkpointed_work_hours
     remaining = max(Decimal("0"), p.work_hours_at_start - done)
     spec = spec_of(job)
-    with Session(rt.engine) as session_read:
-        blocklist = active_blocklist(session_read, now)
     ctx = replace(placement_context(rt, job, now, blocklist), remaining_work_hours=remaining)
-    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now)
+    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
-        return 0
+        return None
     onprem = best.offering
     params = BurstParams(
         onprem_usd_per_gpu_hour=float(onprem.price.hourly_usd / onprem.accelerator_count),
@@ -106,25 +175,40 @@ def _consider(
     cloud = CloudOption(current, 1, rt.params)
     decision = decide_return(CloudJob(job.id, spec, cloud, remaining, started), now, onprem.expected_wait_hours, params)
     if decision.verdict is not Verdict.RETURN:
-        return 0
+        return None
+    return _Return(onprem, decision.reason)
+
+
+def _act(
+    rt: Runtime,
+    session: Session,
+    provider: ComputeProvider,
+    p: Placement,
+    job: Job,
+    inst: Instance,
+    decision: _Return,
+    now: datetime,
+) -> int:
+    """Stop the placement now (not started, or at a fresh checkpoint) or plan the move for its next checkpoint."""
+    started = p.started_at is not None
     if started and not _checkpoint_is_fresh(rt, p, inst, now):
-        _plan_once(session, job, p, now, f"{decision.reason} (to {onprem.key})")
+        _plan_once(session, job, p, now, f"{decision.reason} (to {decision.onprem.key})")
         return 0
-    why = f"returning on-prem to {onprem.key}: {decision.reason}"
+    why = f"returning on-prem to {decision.onprem.key}: {decision.reason}"
     stop_placement(session, provider, p, job, now, why)
     if not started:
         job.remaining_work_hours = p.work_hours_at_start
     session.add(job)
-    add_event(session, job, now, "returning_onprem", why, placement_id=p.id, onprem_offering=onprem.key)
+    add_event(session, job, now, "returning_onprem", why, placement_id=p.id, onprem_offering=decision.onprem.key)
     return 1
 
 
-def _checkpoint_is_fresh(rt: Runtime, p: Placement, inst: Instance | None, now: datetime) -> bool:
+def _checkpoint_is_fresh(rt: Runtime, p: Placement, inst: Instance, now: datetime) -> bool:
     """At most one tick's work since the last checkpoint (by the instance's report, else by the cadence)."""
     assert p.started_at is not None
     ran = hours_between(p.started_at, now)
     tick = Decimal(str(rt.settings.tick_interval_seconds)) / 3600
-    if inst is not None and inst.checkpointed_work_hours is not None:
+    if inst.checkpointed_work_hours is not None:
         return ran - inst.checkpointed_work_hours <= tick
     interval = Decimal(str(rt.settings.checkpoint_interval_hours))
     return ran % interval <= tick

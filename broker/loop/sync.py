@@ -1,6 +1,15 @@
 """Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
 
-For each non-terminal placement (row-locked, so one replica handles it):
+Scaling: the step first reads every live placement with its job (no locks) and asks each provider about all of
+its instances at once (`providers.base.describe`: one DescribeInstances per 200 ids on AWS, one query for the
+simulated clouds). A placement that is settled (its instance runs as recorded, or still starts as recorded, the
+job is not cancelled and the ceiling guard passes) needs nothing and takes no lock and no transaction: with
+thousands of running jobs almost every placement is settled on almost every tick. Every other one goes through
+the locked path below, which reads the placement, the job and the instance again before acting, so a decision
+is never taken on the unlocked snapshot.
+
+Placements that need attention are handled `loop_batch_size` (a setting) to a transaction (`_sync_batch`).
+For each of them (row-locked, so one replica handles it):
 - a placement recorded but never launched (the broker crashed in between) is launched again with its token;
 - a job that was cancelled has its instance terminated;
 - a running placement that would break its job's `max_total_usd` before the next tick is stopped and the job
@@ -12,6 +21,8 @@ For each non-terminal placement (row-locked, so one replica handles it):
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -24,7 +35,7 @@ from broker.loop.place import launch_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
-from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError
+from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError, describe
 from providers.model import JobState, PlacementState, hours_between
 
 log = logging.getLogger(__name__)
@@ -35,48 +46,141 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed."""
     with Session(rt.engine) as session:
-        ids = session.exec(select(Placement.id).where(col(Placement.state).in_(_LIVE))).all()
+        rows = session.exec(
+            select(Placement, Job).join(Job, col(Job.id) == Placement.job_id).where(col(Placement.state).in_(_LIVE))
+        ).all()
+    views = _observe(rt, [p for p, _ in rows])
     changed = 0
-    for pid in ids:
-        bind_job(None)
-        with Session(rt.engine, expire_on_commit=False) as session:
-            p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
-            if p is None or p.state not in _LIVE:
-                continue
-            if p.instance_id is None:
-                session.rollback()
-                launch_placement(rt, pid, now)
-                changed += 1
-                continue
-            job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-            bind_job(job, p)
-            provider = rt.provider(p.provider)
-            if provider is None:
-                continue  # provider disabled in this process's configuration; leave it to one that has it
-            before = p.state
-            try:
-                _sync_one(rt, session, provider, p, job, now)
-            except ProviderError as exc:
-                log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
-                session.rollback()
-                continue
-            session.commit()
-            if p.state != before:
-                log.info("placement %s", p.state, extra={"previous_state": before, "job_state": job.state})
-            changed += p.state != before
+    for p, _ in rows:
+        if p.instance_id is None:
+            changed += _relaunch(rt, p.id, now)
+    attention = sorted(
+        p.id for p, job in rows if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now)
+    )
+    size = rt.settings.loop_batch_size
+    for start in range(0, len(attention), size):
+        changed += _sync_batch(rt, attention[start : start + size], now)
     return changed
 
 
-def _sync_one(rt: Runtime, session: Session, provider: ComputeProvider, p: Placement, job: Job, now: datetime) -> None:
+def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
+    """A placement recorded but never launched (a crash in between): launch it with its token (idempotent)."""
+    bind_job(None)
+    with Session(rt.engine) as session:
+        p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
+        if p is None or p.state not in _LIVE or p.instance_id is not None:
+            return 0
+    launch_placement(rt, pid, now)
+    return 1
+
+
+def _observe(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
+    """Each launched placement's instance as its provider sees it now, one batched read per provider."""
+    by_provider: dict[str, list[str]] = defaultdict(list)
+    for p in placements:
+        if p.instance_id is not None:
+            by_provider[p.provider].append(p.instance_id)
+    views: dict[str, Instance | ProviderError] = {}
+    for name, ids in by_provider.items():
+        provider = rt.provider(name)
+        if provider is None:
+            continue
+        answers = describe(provider, ids)
+        failed = [a for a in answers.values() if isinstance(a, ProviderError) and not isinstance(a, NotFound)]
+        if failed:
+            log.warning("sync: %s could not describe %d of %d instances: %s", name, len(failed), len(ids), failed[0])
+        views.update(answers)
+    return views
+
+
+def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError | None, now: datetime) -> bool:
+    """True when syncing `p` would change nothing: no cancellation to act on, the instance in the state recorded
+    (starting, or running with its start recorded) and the ceiling guard passing. Read on the unlocked snapshot,
+    so it only ever lets the step skip work; anything else is decided under the row locks.
+
+    An instance its provider could not answer for (`ProviderError`, logged by `_observe`) is left for the next
+    tick, as the locked path would leave it, unless its job was cancelled (terminating needs no answer); so is one
+    whose provider this process does not have (`None`)."""
+    if view is None:
+        return True
+    if job.state == JobState.CANCELLED.value or isinstance(view, NotFound):
+        return False
+    if isinstance(view, ProviderError):
+        return True
+    if view.state is InstanceState.PENDING:
+        return p.state == PlacementState.QUEUED.value
+    if view.state is not InstanceState.RUNNING or p.state != PlacementState.RUNNING.value or p.started_at is None:
+        return False
+    projected, _ = _projected_spend(rt, p, job, now)
+    return projected <= job.max_total_usd
+
+
+def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
+    """Sync a batch of placements in one transaction: the placements row-locked (skipping those another replica
+    holds), their jobs locked in id order (so two replicas' batches never wait on each other in a cycle),
+    their instances read again under the locks, each placement handled in a savepoint (a provider error undoes
+    that placement's changes only). Returns how many placements changed state."""
+    with Session(rt.engine, expire_on_commit=False) as session:
+        placements = [
+            p
+            for p in session.exec(
+                locked(select(Placement).where(col(Placement.id).in_(ids)).order_by(col(Placement.id)))
+            ).all()
+            if p.state in _LIVE and p.instance_id is not None
+        ]
+        if not placements:
+            return 0
+        job_ids = sorted({p.job_id for p in placements})
+        jobs = {
+            j.id: j
+            for j in session.exec(
+                select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()
+            ).all()
+        }
+        views = _observe(rt, placements)
+        changed = 0
+        for p in placements:
+            job, provider = jobs[p.job_id], rt.provider(p.provider)
+            if provider is None:
+                continue  # provider disabled in this process's configuration; leave it to one that has it
+            assert p.instance_id is not None
+            bind_job(job, p)
+            before = p.state
+            try:
+                with session.begin_nested():
+                    _sync_one(rt, session, provider, p, job, now, views[p.instance_id])
+            except ProviderError as exc:
+                log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
+                continue
+            if p.state != before:
+                log.info("placement %s", p.state, extra={"previous_state": before, "job_state": job.state})
+                changed += 1
+        bind_job(None)
+        session.commit()
+    return changed
+
+
+def _sync_one(
+    rt: Runtime,
+    session: Session,
+    provider: ComputeProvider,
+    p: Placement,
+    job: Job,
+    now: datetime,
+    view: Instance | ProviderError,
+) -> None:
+    """Act on one locked placement given its instance's `view` (read under the lock); raises the view's
+    `ProviderError` when the provider could not answer for it and its job needs no terminate."""
     assert p.instance_id is not None
     if job.state == JobState.CANCELLED.value:
         stop_placement(session, provider, p, job, now, "job cancelled")
         return
-    try:
-        inst = provider.get(p.instance_id)
-    except NotFound:
+    if isinstance(view, NotFound):
         _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
         return
+    if isinstance(view, ProviderError):
+        raise view
+    inst = view
     if inst.state is InstanceState.PENDING:
         if p.state == PlacementState.LAUNCHING.value:
             p.state = PlacementState.QUEUED.value
@@ -193,6 +297,28 @@ def stop_placement(
     return inst
 
 
+def guard_horizon_seconds(rt: Runtime) -> float:
+    """How far ahead the ceiling guard looks: two tick periods, where a period is the configured interval or, when
+    ticks take longer than that (thousands of jobs, a slow cloud API), the last tick's own duration. The next
+    sync of a placement comes at most one interval plus one tick later, so a guard shorter than that would let a
+    job run past its ceiling between two looks."""
+    return 2 * max(rt.settings.tick_interval_seconds, rt.last_tick_seconds)
+
+
+def _projected_spend(rt: Runtime, p: Placement, job: Job, now: datetime) -> tuple[Decimal, Decimal]:
+    """(the job's spend by the end of the guard horizon if `p` keeps running, the hourly price assumed): the
+    higher of the placement's price and the pool's current one, over what is not accrued yet plus the horizon
+    (or the run's remaining work, if shorter)."""
+    assert p.started_at is not None
+    hourly = rt.catalog.book(now).get(p.offering_key)
+    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd)
+    accrued_until = p.accrued_until or p.started_at
+    unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
+    run_left = p.work_hours_at_start - hours_between(p.started_at, now)
+    guard = hours_between(now, now + timedelta(seconds=guard_horizon_seconds(rt)))
+    return job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard))), price
+
+
 def _guard_ceiling(
     rt: Runtime,
     session: Session,
@@ -202,15 +328,8 @@ def _guard_ceiling(
     inst: Instance,
     now: datetime,
 ) -> None:
-    """Stop before the job could overspend: unaccrued spend plus the next tick's worth must fit the ceiling."""
-    assert p.started_at is not None
-    hourly = rt.catalog.book(now).get(p.offering_key)
-    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd)
-    accrued_until = p.accrued_until or p.started_at
-    unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
-    run_left = p.work_hours_at_start - hours_between(p.started_at, now)
-    guard = hours_between(now, now + timedelta(seconds=2 * rt.settings.tick_interval_seconds))
-    projected = job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard)))
+    """Stop before the job could overspend: unaccrued spend plus the run until the next sync must fit the ceiling."""
+    projected, price = _projected_spend(rt, p, job, now)
     if projected <= job.max_total_usd:
         return
     stopped = stop_placement(session, provider, p, job, now, "stopped to honour max_total_usd")

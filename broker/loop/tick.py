@@ -91,5 +91,6 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
             rt.metrics.observe_step(name, seconds, failed=bool(error))
             report.steps.append(StepResult(name, count, seconds, error))
         rt.metrics.tick_completed()
+        rt.last_tick_seconds = sum(s.seconds for s in report.steps)
         log.debug("tick done", extra={"steps": {s.name: (s.count, round(s.seconds, 4)) for s in report.steps}})
     return report
