@@ -9,6 +9,10 @@ placement per job and no two of a job's placements overlapping in time; `job.att
 count (a lost update of the counter would break it); launch tokens unique; one simulated instance per token and
 none without a placement; each job's `spent_usd` equals the sum of its ledger entries.
 
+Every process writes its output to a file in the run's work directory (never to a pipe nobody reads while the
+run lasts: a replica blocked on a full pipe would hold its row locks and stall the others). `progress`, when
+given, is called every few seconds with a one-line status (jobs submitted, placed, running).
+
 Used by tests/test_replicas.py (4 + 2 processes, 300 jobs) and benchmarks/replicas_bench.py (5,000 jobs).
 """
 
@@ -17,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import pairwise
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlmodel import Session, select
+from sqlmodel import Session, col, func, select
 
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
@@ -52,6 +59,10 @@ class ReplicaReport:
     worker_ticks: list[int]
     step_errors: list[str]
     violations: list[str] = field(default_factory=list)
+    placing_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks while placing
+    steady_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks once all were placed
+    live_placements_at_end: int = 0
+    workdir: Path | None = None
 
     @property
     def submits_per_second(self) -> float:
@@ -70,11 +81,22 @@ class ReplicaReport:
             ("placement throughput", f"{self.placements_per_second:.0f} placements/s"),
             ("placements per tick replica", " / ".join(str(n) for n in self.worker_placed)),
             ("ticks per replica", " / ".join(str(n) for n in self.worker_ticks)),
+            ("tick duration while placing (p50 / max)", _spread(self.placing_tick_seconds)),
+            (
+                f"tick duration at full load, {self.live_placements_at_end} live placements (p50 / max)",
+                _spread(self.steady_tick_seconds),
+            ),
             ("step errors (deadlocks, serialisation failures)", str(len(self.step_errors))),
             ("exactly-once violations", str(len(self.violations))),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _spread(seconds: list[float]) -> str:
+    if not seconds:
+        return "-"
+    return f"{statistics.median(seconds):.1f} s / {max(seconds):.1f} s over {len(seconds)} ticks"
 
 
 def _env(db_url: str, workdir: Path, tick_seconds: float) -> dict[str, str]:
@@ -86,6 +108,7 @@ def _env(db_url: str, workdir: Path, tick_seconds: float) -> dict[str, str]:
             "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY,
             "OVERSPILL_TICK_INTERVAL_SECONDS": str(tick_seconds),
             "OVERSPILL_RATE_LIMIT_PER_SECOND": "0",  # one client key floods on purpose
+            "OVERSPILL_LOG_LEVEL": "warning",  # not one access-log line per request
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -106,7 +129,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120)
     raise TimeoutError(f"{url} did not come up")
 
 
-async def _submit_all(urls: list[str], jobs: int, concurrency: int) -> tuple[int, list[str]]:
+async def _submit_all(urls: list[str], jobs: int, concurrency: int, counts: _Counts) -> tuple[int, list[str]]:
     sem = asyncio.Semaphore(concurrency)
     accepted = 0
     problems: list[str] = []
@@ -138,6 +161,7 @@ async def _submit_all(urls: list[str], jobs: int, concurrency: int) -> tuple[int
                         accepted += 1
                     else:
                         problems.append(f"job {i}: {r.status_code} {r.text[:200]}")
+                    counts.answered += 1
                     return
 
         await asyncio.gather(*(one(i) for i in range(jobs)))
@@ -145,7 +169,15 @@ async def _submit_all(urls: list[str], jobs: int, concurrency: int) -> tuple[int
 
 
 def run_replicas(
-    *, db_url: str, jobs: int, tick_procs: int = 4, api_procs: int = 2, concurrency: int = 64, tick_seconds: float = 0.5
+    *,
+    db_url: str,
+    jobs: int,
+    tick_procs: int = 4,
+    api_procs: int = 2,
+    concurrency: int = 64,
+    tick_seconds: float = 0.5,
+    steady_ticks: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> ReplicaReport:
     workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
     env = _env(db_url, workdir, tick_seconds)
@@ -153,35 +185,43 @@ def run_replicas(
     tick(rt, rt.clock())  # migrated, key installed, prices loaded before the replicas start
     done = workdir / "submissions-done"
     apis: list[subprocess.Popen[bytes]] = []
-    workers: list[subprocess.Popen[str]] = []
+    workers: list[subprocess.Popen[bytes]] = []
+    outputs = [workdir / f"tick-{i}.out" for i in range(tick_procs)]
+    stop_watch = threading.Event()
+    watcher = None
     try:
         urls = []
-        for _ in range(api_procs):
+        for i in range(api_procs):
             port = free_port()
             cmd = [sys.executable, "-m", "uvicorn", "--factory", "broker.app:app_from_env"]
-            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-            apis.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
+            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+            with open(workdir / f"api-{i}.log", "wb") as log:
+                apis.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, apis, strict=True):
             _wait_healthy(url, proc)
-        workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.replica_worker", str(done)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(tick_procs)
-        ]
+        for i, out in enumerate(outputs):
+            with open(out, "wb") as stdout, open(workdir / f"tick-{i}.err", "wb") as stderr:
+                cmd = [sys.executable, "-m", "tests.replica_worker", str(done), str(steady_ticks)]
+                workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr))
         started = time.perf_counter()
-        accepted, problems = asyncio.run(_submit_all(urls, jobs, concurrency))
+        counts = _Counts()
+        if progress is not None:
+            watcher = threading.Thread(
+                target=_watch, args=(rt.engine, jobs, counts, started, progress, stop_watch), daemon=True
+            )
+            watcher.start()
+        accepted, problems = asyncio.run(_submit_all(urls, jobs, concurrency, counts))
         submit_seconds = time.perf_counter() - started
         done.touch()
-        outputs = [w.communicate(timeout=1800) for w in workers]
-        all_placed = time.perf_counter() - started
+        all_placed = _wait_placed(rt.engine, accepted, workers, timeout=3600)
+        all_placed = (all_placed or time.perf_counter()) - started
+        for w in workers:
+            w.wait(timeout=3600)
     finally:
+        stop_watch.set()
+        if watcher is not None:
+            watcher.join(timeout=10)
         for proc in apis:
             proc.terminate()
         for proc in apis:
@@ -191,17 +231,20 @@ def run_replicas(
                 w.kill()
     summaries: list[dict[str, Any]] = []
     errors = list(problems)
-    for w, (out, err) in zip(workers, outputs, strict=True):
-        if w.returncode != 0 or not out.strip():
-            errors.append(f"tick worker exited {w.returncode}: {err[-2000:]}")
+    for i, (w, out) in enumerate(zip(workers, outputs, strict=True)):
+        text = out.read_text().strip()
+        if w.returncode != 0 or not text:
+            err = (workdir / f"tick-{i}.err").read_text()[-2000:]
+            errors.append(f"tick worker {i} exited {w.returncode}: {err}")
             summaries.append({"ticks": 0, "placed": 0, "errors": []})
             continue
-        summary = json.loads(out.strip().splitlines()[-1])
+        summary = json.loads(text.splitlines()[-1])
         summaries.append(summary)
         errors.extend(summary["errors"])
     violations = check_exactly_once(rt.engine, accepted)
     with Session(rt.engine) as s:
         placements = len(s.exec(select(Placement.id)).all())
+        live = len(s.exec(select(Placement.id).where(col(Placement.ended_at).is_(None))).all())
     rt.engine.dispose()
     return ReplicaReport(
         jobs=jobs,
@@ -213,7 +256,49 @@ def run_replicas(
         worker_ticks=[s["ticks"] for s in summaries],
         step_errors=errors,
         violations=violations,
+        placing_tick_seconds=[t for s in summaries for t in s.get("placing_tick_seconds", [])],
+        steady_tick_seconds=[t for s in summaries for t in s.get("steady_tick_seconds", [])],
+        live_placements_at_end=live,
+        workdir=workdir,
     )
+
+
+@dataclass
+class _Counts:
+    answered: int = 0
+
+
+def _placed_jobs(engine: Any) -> int:
+    with Session(engine) as s:
+        return int(s.exec(select(func.count(func.distinct(Placement.job_id)))).one())
+
+
+def _wait_placed(engine: Any, accepted: int, workers: list[subprocess.Popen[bytes]], timeout: float) -> float | None:
+    """The moment every accepted job has a placement (polled), or None if the replicas all exited first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _placed_jobs(engine) >= accepted:
+            return time.perf_counter()
+        if all(w.poll() is not None for w in workers):
+            return None
+        time.sleep(0.5)
+    raise TimeoutError(f"not every job was placed within {timeout:.0f} s")
+
+
+def _watch(
+    engine: Any,
+    jobs: int,
+    counts: _Counts,
+    started: float,
+    progress: Callable[[str], None],
+    stop: threading.Event,
+) -> None:
+    while not stop.wait(10):
+        with Session(engine) as s:
+            placed = _placed_jobs(engine)
+            running = len(s.exec(select(Placement.id).where(Placement.state == "running")).all())
+        elapsed = time.perf_counter() - started
+        progress(f"{elapsed:6.0f} s: {counts.answered}/{jobs} submitted, {placed} placed, {running} running")
 
 
 def check_exactly_once(engine: Any, accepted: int) -> list[str]:

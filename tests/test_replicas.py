@@ -25,7 +25,13 @@ from tests.replicas import run_replicas
 def test_four_tickers_and_two_apis_place_every_job_exactly_once(
     postgres: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = run_replicas(db_url=postgres.create_database(), jobs=300, tick_procs=4, api_procs=2)  # type: ignore[attr-defined]
+    report = run_replicas(
+        db_url=postgres.create_database(),  # type: ignore[attr-defined]
+        jobs=300,
+        tick_procs=4,
+        api_procs=2,
+        steady_ticks=1,
+    )
     with capsys.disabled():
         print("\n" + report.table(4, 2))
     assert report.accepted == 300
@@ -33,6 +39,7 @@ def test_four_tickers_and_two_apis_place_every_job_exactly_once(
     assert not report.violations, report.violations[:20]
     assert report.placements >= 300
     assert sum(1 for n in report.worker_placed if n > 0) >= 2, "the work was shared by several tick replicas"
+    assert len(report.steady_tick_seconds) == 4, "each replica ticked once more with every job placed"
 
 
 def test_a_stale_tick_never_starts_a_placement_before_the_previous_one_ended(rt: Runtime, clock: MovableClock) -> None:
