@@ -25,7 +25,7 @@ from sqlmodel import Session, col, or_, select
 
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, record_entry, record_wasted
-from broker.loop.common import locked
+from broker.loop.common import lock_batch
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
@@ -64,22 +64,9 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
     """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
     with Session(rt.engine) as session:
-        placements = [
-            p
-            for p in session.exec(
-                locked(select(Placement).where(col(Placement.id).in_(ids)).order_by(col(Placement.id)))
-            ).all()
-            if p.started_at is not None and _accrual_end(p, now) > (p.accrued_until or p.started_at)
-        ]
+        placements, jobs = lock_batch(session, ids, lambda p: _unaccrued(p, now))
         if not placements:
             return 0
-        job_ids = sorted({p.job_id for p in placements})
-        jobs = {
-            j.id: j
-            for j in session.exec(
-                select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()
-            ).all()
-        }
         written = 0
         for p in placements:
             written += _accrue_one(session, p, jobs[p.job_id], book, now)
@@ -91,6 +78,11 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
 
 def _accrual_end(p: Placement, now: datetime) -> datetime:
     return min(now, p.ended_at) if p.ended_at else now
+
+
+def _unaccrued(p: Placement, now: datetime) -> bool:
+    """`p` started and has run past what is accrued (up to now, or its end)."""
+    return p.started_at is not None and _accrual_end(p, now) > (p.accrued_until or p.started_at)
 
 
 def _accrue_one(session: Session, p: Placement, job: Job, book: PriceBook, now: datetime) -> int:

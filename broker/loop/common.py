@@ -1,7 +1,9 @@
-"""Helpers shared by the loop's steps: row locking, upserts, the blocklist and the log context of a job."""
+"""Helpers shared by the loop's steps: row locking (one row, or a batch of placements with their jobs), upserts,
+the blocklist and the log context of a job."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -20,6 +22,27 @@ def locked(query: SelectOfScalar[T]) -> SelectOfScalar[T]:
     """Row-lock what the query returns, skipping rows another replica holds (PostgreSQL; a no-op on SQLite,
     where the database serialises writers and every step re-checks state in its UPDATE)."""
     return query.with_for_update(skip_locked=True)
+
+
+def lock_batch(
+    session: Session, ids: Sequence[str], keep: Callable[[Placement], bool]
+) -> tuple[list[Placement], dict[str, Job]]:
+    """Lock a batch of placements and their jobs for one transaction: the placements in id order, skipping rows
+    another replica holds, then (of those `keep` accepts) their jobs, also in id order. Every step that locks
+    several jobs at once takes them in that one order, so two replicas' batches can never wait on each other in a
+    cycle. Returns the kept placements and their jobs by id."""
+    placements = [
+        p
+        for p in session.exec(
+            locked(select(Placement).where(col(Placement.id).in_(ids)).order_by(col(Placement.id)))
+        ).all()
+        if keep(p)
+    ]
+    if not placements:
+        return [], {}
+    job_ids = sorted({p.job_id for p in placements})
+    jobs = session.exec(select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()).all()
+    return placements, {j.id: j for j in jobs}
 
 
 def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], keys: list[str]) -> None:

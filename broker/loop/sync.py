@@ -30,7 +30,7 @@ from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
-from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, lock_batch, locked
 from broker.loop.place import launch_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
@@ -121,22 +121,9 @@ def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
     their instances read again under the locks, each placement handled in a savepoint (a provider error undoes
     that placement's changes only). Returns how many placements changed state."""
     with Session(rt.engine, expire_on_commit=False) as session:
-        placements = [
-            p
-            for p in session.exec(
-                locked(select(Placement).where(col(Placement.id).in_(ids)).order_by(col(Placement.id)))
-            ).all()
-            if p.state in _LIVE and p.instance_id is not None
-        ]
+        placements, jobs = lock_batch(session, ids, lambda p: p.state in _LIVE and p.instance_id is not None)
         if not placements:
             return 0
-        job_ids = sorted({p.job_id for p in placements})
-        jobs = {
-            j.id: j
-            for j in session.exec(
-                select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()
-            ).all()
-        }
         views = _observe(rt, placements)
         changed = 0
         for p in placements:
