@@ -1,7 +1,8 @@
 """Secrets: read from the environment or from AWS Secrets Manager, and refused in production when missing or default.
 
-Role: `Settings` (broker/settings.py) calls `resolve_secrets` once when it is built. Each secret setting can be
-given directly (`OVERSPILL_CALLBACK_SECRET=...`) or as the ARN of a Secrets Manager secret
+Role: `Settings` (broker/settings.py) calls `resolve_secrets` once when it is built; the Lambda entry point
+(broker/serverless.py) reads its database secret with `fetch_secret_json`: one reader for both. Each secret
+setting can be given directly (`OVERSPILL_CALLBACK_SECRET=...`) or as the ARN of a Secrets Manager secret
 (`OVERSPILL_CALLBACK_SECRET_ARN=arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME`); a direct value wins. A
 secret whose SecretString is a JSON object is read whole unless the ARN ends in `#field`, which picks that
 field (e.g. `...:secret:overspill-db#url`). The secret's region comes from its ARN; `OVERSPILL_SECRETS_ENDPOINT_URL`
@@ -66,6 +67,21 @@ def fetch_secret(arn: str, *, endpoint_url: str | None = None, client_factory: C
         if not isinstance(value, str):
             raise SecretError(f"field {json_field!r} of secret {secret_id} is not a string")
     return value
+
+
+def fetch_secret_json(
+    arn: str, *, endpoint_url: str | None = None, client_factory: ClientFactory = _boto_client
+) -> dict[str, Any]:
+    """The JSON object held by a Secrets Manager secret (e.g. an RDS-managed database secret); `SecretError`
+    naming the secret (never its value) when it cannot be read or does not hold a JSON object."""
+    value = fetch_secret(arn, endpoint_url=endpoint_url, client_factory=client_factory)
+    try:
+        document = json.loads(value)
+    except ValueError as exc:
+        raise SecretError(f"secret {arn.partition('#')[0]} does not hold JSON") from exc
+    if not isinstance(document, dict):
+        raise SecretError(f"secret {arn.partition('#')[0]} does not hold a JSON object")
+    return document
 
 
 def resolve_secrets(

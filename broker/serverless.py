@@ -28,7 +28,6 @@ cache guarded by a lock) and reused by every warm invocation.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -121,29 +120,15 @@ def database_url_from_secret(secret: Mapping[str, Any], env: Mapping[str, str]) 
     return url.render_as_string(hide_password=False)
 
 
-def read_secret(client: Any, arn: str) -> dict[str, Any]:
-    """The JSON object in a Secrets Manager secret (boto3 `secretsmanager` client)."""
-    raw = client.get_secret_value(SecretId=arn)["SecretString"]
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError(f"secret {arn} does not hold a JSON object")
-    return value
-
-
-def _secrets_client(arn: str, endpoint_url: str | None) -> Any:
-    import boto3
-
-    region = arn.split(":")[3] if arn.count(":") >= 6 else None  # arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME
-    return boto3.client("secretsmanager", region_name=region or None, endpoint_url=endpoint_url)
-
-
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Settings for this container: the environment, with the database URL from the secret when configured."""
     env = os.environ if env is None else env
     settings = Settings()
     arn = env.get(SECRET_ARN_ENV, "")
     if arn and not settings.database_url:
-        secret = read_secret(_secrets_client(arn, settings.aws_endpoint_url), arn)
+        from broker.secrets import fetch_secret_json
+
+        secret = fetch_secret_json(arn, endpoint_url=settings.secrets_endpoint_url or settings.aws_endpoint_url)
         settings = settings.model_copy(update={"database_url": database_url_from_secret(secret, env)})
     return settings
 

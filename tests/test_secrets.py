@@ -20,7 +20,7 @@ from broker import auth
 from broker.app import create_app
 from broker.auth import KeyVerifier, Role, create_key
 from broker.runtime import Runtime
-from broker.secrets import SecretError, fetch_secret
+from broker.secrets import SecretError, fetch_secret, fetch_secret_json
 from broker.settings import DEV_API_KEY, Settings
 from broker.tables import ApiKey, AuditEntry
 from tests.builders import job_body
@@ -110,6 +110,11 @@ def test_secrets_come_from_secrets_manager(moto_url: str, aws_creds: None) -> No
     assert CALLBACK not in str(caught.value)
     with pytest.raises(SecretError, match="not a Secrets Manager ARN"):
         fetch_secret("arn:aws:s3:::bucket", endpoint_url=moto_url)
+    # the Lambda's database secret goes through the same reader (broker/serverless.py)
+    assert fetch_secret_json(doc_arn, endpoint_url=moto_url) == {"callback": CALLBACK, "n": 3}
+    with pytest.raises(SecretError, match="does not hold JSON") as caught:
+        fetch_secret_json(key_arn, endpoint_url=moto_url)
+    assert PROD_KEY not in str(caught.value)
 
 
 def test_keys_are_stored_as_slow_salted_hashes_and_never_logged(rt: Runtime, caplog: pytest.LogCaptureFixture) -> None:
