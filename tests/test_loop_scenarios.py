@@ -200,6 +200,22 @@ def test_crash_between_record_and_launch_is_repaired_once(
     assert p.instance_id == "vm-1" and p.state == "running"
 
 
+def test_job_cancelled_between_record_and_launch_launches_nothing(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    job_id = api.post("/v1/jobs", json=job_body()).json()["id"]
+    placement_id, _ = _place_one(srt, job_id, srt.catalog.book(clock()), frozenset(), clock())  # no launch: "crash"
+    assert placement_id is not None
+    assert api.post(f"/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"
+    tick(srt, clock.advance(minutes=1))
+    tick(srt, clock.advance(minutes=1))
+    assert cloud.launch_calls == 0 and cloud.vms == {}, "no instance is started for a cancelled job"
+    [p] = _placements(srt, job_id)
+    assert (p.state, p.instance_id, p.ended_at) == ("stopped", None, clock.now - timedelta(minutes=1))
+    assert _job(srt, job_id).state == "cancelled"
+    assert _ledger(srt, job_id) == []
+
+
 def test_interruption_notice_replaces_before_the_reclaim(
     srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
 ) -> None:

@@ -309,6 +309,8 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
     `MAX_STAGE_FAILURES` errors the job resumes from where its checkpoint is. A transfer the ceiling cannot pay
     pauses the job instead.
 
+    A placement whose job was cancelled meanwhile is stopped without launching.
+
     Returns the scope key blocklisted because of this launch, if any."""
     staging = stage_checkpoint(rt, placement_id, now)
     if staging is Staging.BUSY:
@@ -327,6 +329,17 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
         provider = rt.provider(p.provider)
         offering = rt.catalog.book(now).get(p.offering_key)
         assert job is not None
+        if job.state == JobState.CANCELLED.value:
+            # cancelled between the placement's record and its launch (a crash, or an unanswered launch waiting
+            # for a retry): launch nothing. An instance an earlier, unanswered attempt did start is the orphan
+            # sweep's to terminate, as it has no live placement from here on.
+            p.state = PlacementState.STOPPED.value
+            p.ended_at = now
+            p.detail = "job cancelled before its instance was launched"
+            session.add(p)
+            add_event(session, job, now, "stopped", f"{p.detail} on {p.offering_key}", placement_id=p.id)
+            session.commit()
+            return None
         if provider is None or offering is None:
             gone = InvalidRequest(f"pool {p.offering_key} is no longer offered", provider=p.provider)
             blocked = _launch_failed(session, p, job, gone, now)
