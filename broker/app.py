@@ -25,7 +25,7 @@ from broker.audit import AuditLog
 from broker.console import router as console_router
 from broker.errors import BrokerError
 from broker.logging_setup import configure_logging
-from broker.ratelimit import RateLimit
+from broker.ratelimit import RateLimit, SharedBuckets
 from broker.request_id import RequestIdMiddleware
 from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
 from broker.runtime import Runtime, build_runtime
@@ -120,10 +120,30 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None, loop: bool = False) -> FastAPI:
-    """Build the app. With `loop=True` the control loop ticks every `tick_interval_seconds` in a thread."""
+def rate_limit_store(settings: Settings, *, several_processes: bool = False) -> str:
+    """Where the per-key buckets live: `settings.rate_limit_store`, or for `auto` the database ("shared") on
+    PostgreSQL (replicas) or when `several_processes` serve one database, else this process ("local": a single
+    process on SQLite, where a database write per request would buy nothing)."""
+    if settings.rate_limit_store != "auto":
+        return settings.rate_limit_store
+    postgres = settings.resolved_database_url.startswith("postgresql")
+    return "shared" if postgres or several_processes else "local"
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    runtime: Runtime | None = None,
+    loop: bool = False,
+    several_processes: bool = False,
+) -> FastAPI:
+    """Build the app. With `loop=True` the control loop ticks every `tick_interval_seconds` in a thread.
+
+    `several_processes`: other API processes serve the same database (uvicorn workers), so the `auto` rate-limit
+    store is the shared one even on SQLite."""
     stop = threading.Event()
     config = runtime.settings if runtime is not None else (settings or Settings())
+    shared_buckets: SharedBuckets | None = None  # closed with the app
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -139,6 +159,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         stop.set()
         if worker is not None:
             worker.join(timeout=30)
+        if shared_buckets is not None:
+            await shared_buckets.aclose()
 
     app = FastAPI(
         title="Overspill",
@@ -160,8 +182,16 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             rt = getattr(scope["app"].state, "runtime", None)
             return rt is not None and rt.verifier.cached(key) is not None
 
+        if rate_limit_store(config, several_processes=several_processes) == "shared":
+            shared_buckets = SharedBuckets.open(
+                config.resolved_database_url, config.rate_limit_per_second, config.rate_limit_burst
+            )
         app.add_middleware(
-            RateLimit, rate=config.rate_limit_per_second, burst=config.rate_limit_burst, is_verified=verified
+            RateLimit,
+            rate=config.rate_limit_per_second,
+            burst=config.rate_limit_burst,
+            is_verified=verified,
+            shared=shared_buckets,
         )
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 or 429 included, carries X-Request-ID
 
@@ -210,8 +240,9 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory broker.app:app_from_env` (several worker processes, API only).
 
-    Run the control loop separately (`overspill tick --loop`) when serving this way.
+    Run the control loop separately (`overspill tick --loop`) when serving this way. The workers share one
+    rate-limit bucket per key through the database (unless `OVERSPILL_RATE_LIMIT_STORE=local`).
     """
     settings = Settings()
     configure_logging(settings)
-    return create_app(settings)
+    return create_app(settings, several_processes=True)

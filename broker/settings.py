@@ -137,8 +137,14 @@ class Settings(BaseSettings):
     metrics_token: str = Field(
         default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
     )
-    rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key and process; 0 turns it off")
+    rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_store: Literal["auto", "shared", "local"] = Field(
+        default="auto",
+        description="where the buckets live: 'shared' in the database (one limit per key across every process on "
+        "it), 'local' in each process (N processes admit N x the rate); 'auto': shared on PostgreSQL and under "
+        "`uvicorn --factory broker.app:app_from_env` (several workers on one SQLite file), local otherwise",
+    )
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(
         default="", repr=False, description="signs per-placement callback tokens (default: derived)"

@@ -420,3 +420,18 @@ class AuditEntry(SQLModel, table=True):
     status: int
     client: str = Field(default="", max_length=100)
     request_id: str = Field(default="", max_length=128)
+
+
+class RateLimitBucket(SQLModel, table=True):
+    """One API key's or client address's token bucket, shared by every API process (broker/ratelimit.py).
+
+    `key` is b"k" + the SHA-256 of a presented API key (never the key) or b"a" + a client address; `tat` is when
+    the bucket is full again (epoch seconds, database clock); `wait` is what the last take was told to wait (0: it
+    got a token). A row whose `tat` has passed means a full bucket, so such rows are deleted at will. UNLOGGED on
+    PostgreSQL."""
+
+    __tablename__ = "rate_limit_bucket"
+
+    key: bytes = Field(sa_column=Column(LargeBinary, primary_key=True))
+    tat: float
+    wait: float = 0.0
