@@ -42,8 +42,8 @@ from broker.loop.tick import tick
 from broker.runtime import build_runtime
 from broker.settings import DEV_API_KEY, Settings
 from broker.tables import CostEntryRow, Job, Placement, SimInstanceRow
+from tests.api_process import start_api, wait_healthy
 from tests.builders import job_body
-from tests.moto_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,20 +115,6 @@ def _env(db_url: str, workdir: Path, tick_seconds: float) -> dict[str, str]:
     return env
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"API process exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up")
-
-
 async def _submit_all(urls: list[str], jobs: int, concurrency: int, counts: _Counts) -> tuple[int, list[str]]:
     sem = asyncio.Semaphore(concurrency)
     accepted = 0
@@ -192,14 +178,11 @@ def run_replicas(
     try:
         urls = []
         for i in range(api_procs):
-            port = free_port()
-            cmd = [sys.executable, "-m", "uvicorn", "--factory", "broker.app:app_from_env"]
-            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
-            with open(workdir / f"api-{i}.log", "wb") as log:
-                apis.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-            urls.append(f"http://127.0.0.1:{port}")
+            url, proc = start_api(env, log=workdir / f"api-{i}.log")
+            urls.append(url)
+            apis.append(proc)
         for url, proc in zip(urls, apis, strict=True):
-            _wait_healthy(url, proc)
+            wait_healthy(url, proc)
         for i, out in enumerate(outputs):
             with open(out, "wb") as stdout, open(workdir / f"tick-{i}.err", "wb") as stderr:
                 cmd = [sys.executable, "-m", "tests.replica_worker", str(done), str(steady_ticks)]

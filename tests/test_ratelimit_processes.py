@@ -14,7 +14,6 @@ import asyncio
 import math
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from broker.auth import Role, create_key
 from broker.db import utcnow
 from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
-from tests.moto_server import free_port
+from tests.api_process import start_api, wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -49,20 +48,6 @@ class Answer:
 class Cluster:
     urls: list[str]
     rt: Runtime
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"API process exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up")
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +71,11 @@ def cluster(postgres: Any) -> Iterator[Cluster]:
     urls: list[str] = []
     try:
         for _ in range(2):
-            port = free_port()
-            cmd = [sys.executable, "-m", "uvicorn", "--factory", "broker.app:app_from_env"]
-            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
-            urls.append(f"http://127.0.0.1:{port}")
+            url, proc = start_api(env)
+            urls.append(url)
+            procs.append(proc)
         for base, proc in zip(urls, procs, strict=True):
-            _wait_healthy(base, proc)
+            wait_healthy(base, proc)
         yield Cluster(urls=urls, rt=rt)
     finally:
         for proc in procs:

@@ -1,0 +1,46 @@
+"""Real API processes for the multi-process tests and benchmarks: `uvicorn --factory broker.app:app_from_env` on a
+free loopback port, settings from the environment given, started and awaited until `/healthz` answers.
+
+`start_api(env, log=...)` returns the base URL and the process; the caller terminates it. Output goes to `log`
+(a file path) or is inherited: never to a pipe nobody reads while the process runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.moto_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_api(env: dict[str, str], *, log: Path | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "broker.app:app_from_env"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    if log is None:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    else:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """Until `url`/healthz answers 200; RuntimeError if the process exits first, TimeoutError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"API process exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not come up")
