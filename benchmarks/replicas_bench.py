@@ -10,7 +10,8 @@ every 10 s; each process's own output stays in the work directory printed at the
 Needs the PostgreSQL server binaries (`apt-get install postgresql`).
 
 Run (from the repository root, in the environment where the project is installed):
-    python benchmarks/replicas_bench.py                         # 5,000 jobs, 4 tick + 2 API processes (~6 min)
+    python benchmarks/replicas_bench.py                         # 5,000 jobs, 4 tick + 2 API processes (~3 min)
+    python benchmarks/replicas_bench.py --steady-ticks 40       # then ~4 min at full load: every instance started
     python benchmarks/replicas_bench.py --jobs 1000 --tick-procs 2 --api-procs 1 --concurrency 32
 """
 

@@ -62,6 +62,7 @@ class ReplicaReport:
     placing_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks while placing
     steady_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks once all were placed
     live_placements_at_end: int = 0
+    running_at_end: int = 0  # of those, instances started (the simulated clouds take 3 minutes to start one)
     workdir: Path | None = None
 
     @property
@@ -83,7 +84,8 @@ class ReplicaReport:
             ("ticks per replica", " / ".join(str(n) for n in self.worker_ticks)),
             ("tick duration while placing (p50 / max)", _spread(self.placing_tick_seconds)),
             (
-                f"tick duration at full load, {self.live_placements_at_end} live placements (p50 / max)",
+                f"tick duration at full load, {self.live_placements_at_end} live placements, "
+                f"{self.running_at_end} running at the end (p50 / max)",
                 _spread(self.steady_tick_seconds),
             ),
             ("step errors (deadlocks, serialisation failures)", str(len(self.step_errors))),
@@ -228,6 +230,7 @@ def run_replicas(
     with Session(rt.engine) as s:
         placements = len(s.exec(select(Placement.id)).all())
         live = len(s.exec(select(Placement.id).where(col(Placement.ended_at).is_(None))).all())
+        running = len(s.exec(select(Placement.id).where(Placement.state == "running")).all())
     rt.engine.dispose()
     return ReplicaReport(
         jobs=jobs,
@@ -242,6 +245,7 @@ def run_replicas(
         placing_tick_seconds=[t for s in summaries for t in s.get("placing_tick_seconds", [])],
         steady_tick_seconds=[t for s in summaries for t in s.get("steady_tick_seconds", [])],
         live_placements_at_end=live,
+        running_at_end=running,
         workdir=workdir,
     )
 
