@@ -10,9 +10,12 @@ Contract (see providers/base.py):
   carrying the same token is returned as it is; one carrying another token is a collision (`InvalidRequest`).
   Otherwise it PUTs the VM and polls the long-running operation for up to `create_timeout` seconds (allocation
   failures only arrive in the operation), then reads the VM back. A create that fails in the operation leaves the VM
-  in provisioning state Failed: it is deleted (best effort) before the error is raised, and a VM of the token found
-  Failed is PUT again (ARM's way to retry a create). A 409 on the PUT that is not a capacity or quota error (a
-  create of the same name already in flight) is resolved by reading the VM back.
+  in provisioning state Failed: it is deleted (best effort) before the error is raised. A VM of the token found
+  Failed (its instance view says "ProvisioningState/failed/<code>") raises that code's error the same way when the
+  code is a capacity or quota answer (the answer arrived, only late: a poll was lost), and is otherwise PUT again
+  (ARM's way to retry a create). A poll of the operation that fails transiently (throttled, 5xx, timeout) says
+  nothing about the create: the VM is read back instead (still creating -> PENDING). A 409 on the PUT that is not
+  a capacity or quota error (a create of the same name already in flight) is resolved by reading the VM back.
 - Instance ids are VM names (the resource group is the provider's). `get` raises `NotFound` for an absent VM.
 - `terminate` issues the delete without waiting; a 404 is success. The OS disk and the NIC go with the VM
   (`deleteOption: Delete`).
@@ -50,6 +53,15 @@ TooManyRequests -> Throttled; 401 / 403 / AuthorizationFailed / AuthenticationFa
 (`ClientAuthenticationError`) -> AuthError; 404 -> NotFound;
 InvalidParameter and other 400s -> InvalidRequest; 5xx and transport failures -> Throttled.
 
+Retries: every ARM request the adapter makes (the GETs, the PUT, the DELETE, the lists) runs under `retry`
+(providers.retry.RetryPolicy; default 3 attempts, full-jitter backoff) and is retried only when `transient` says
+so: 429 (its `Retry-After` honoured up to the policy's cap, a longer one handed back to the broker), a 5xx that is
+not a capacity or quota answer, timeouts and dropped connections. Build the client with azure-core's own retries
+off (`retry_total=0`) and connection/read timeouts set, as `broker.providers_config` does, so the layers do not
+multiply. A retried PUT is safe: the VM name comes from the launch token and a PUT of an existing VM is an update
+of the same VM, never a second one. The long-running operation's polls are not retried one by one: a failed poll is
+followed by a read of the VM (above).
+
 Interruptions: the VM's agent relays its Scheduled Events document (or one event) to the broker, which calls
 `relay_scheduled_event`; a Preempt event naming the VM becomes an `InterruptionNotice` (once per EventId) queued for
 `poll_interruptions`, which hands the queue over and empties it.
@@ -68,9 +80,17 @@ from datetime import UTC, datetime
 from decimal import ROUND_DOWN, Decimal
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    IncompleteReadError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as m
 
@@ -88,7 +108,10 @@ from providers.base import (
     Throttled,
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, offering_key
+from providers.retry import RetryPolicy, retry_after_seconds
 from providers.startup import startup_script
+
+T = TypeVar("T")
 
 TOKEN_TAG: Final = LAUNCH_TOKEN_TAG
 INTERNAL_TAGS: Final = frozenset({TOKEN_TAG, OFFERING_TAG})
@@ -112,6 +135,7 @@ _TAG_NAME_FORBIDDEN: Final = re.compile(r"[<>%&\\?/]")
 _NOT_NAME: Final = re.compile(r"[^a-z0-9-]")
 _TAG_MAX: Final = 256
 _MAX_PRICE_STEP: Final = Decimal("0.00001")
+_FAILED_PREFIX: Final = "provisioningstate/failed/"
 
 
 def vm_name(launch_token: str) -> str:
@@ -159,7 +183,15 @@ def _codes(exc: HttpResponseError) -> tuple[set[str], str]:
 def _error(provider: str, exc: HttpResponseError, what: str) -> ProviderError:
     """The typed error for an ARM failure: error codes decide first, then the HTTP status."""
     codes, message = _codes(exc)
-    status = exc.status_code
+    return classify(
+        provider, codes, message, exc.status_code, what, credential_failed=isinstance(exc, ClientAuthenticationError)
+    )
+
+
+def classify(
+    provider: str, codes: set[str], message: str, status: int | None, what: str, *, credential_failed: bool = False
+) -> ProviderError:
+    """The typed error for ARM error `codes` (top level and details), `message` and HTTP `status`."""
     text = f"{what}: {message}"
     detail = ", ".join(sorted(codes))
     if codes & _CAPACITY:
@@ -168,7 +200,7 @@ def _error(provider: str, exc: HttpResponseError, what: str) -> ProviderError:
         return QuotaExceeded(text, provider=provider, detail=detail)
     if codes & _THROTTLE or status == 429:
         return Throttled(text, provider=provider, detail=detail)
-    if codes & _AUTH or status in (401, 403) or isinstance(exc, ClientAuthenticationError):
+    if codes & _AUTH or status in (401, 403) or credential_failed:
         return AuthError(text, provider=provider, detail=detail)
     if status == 404 or "ResourceNotFound" in codes:
         return NotFound(text, provider=provider, detail=detail)
@@ -177,6 +209,35 @@ def _error(provider: str, exc: HttpResponseError, what: str) -> ProviderError:
     if status == 400 or codes & {"InvalidParameter", "BadRequest", "InvalidRequestContent"}:
         return InvalidRequest(text, provider=provider, detail=detail)
     return ProviderError(text, provider=provider, detail=detail or f"HTTP {status}")
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying the same request after a pause: throttling, a 5xx that is not a capacity or quota answer,
+    a timeout or a dropped connection. A credential failure or any other ARM answer is not."""
+    if isinstance(exc, ClientAuthenticationError):
+        return False
+    if isinstance(exc, IncompleteReadError | ServiceRequestError | ServiceResponseError):
+        return True
+    if isinstance(exc, HttpResponseError):
+        return isinstance(_error("", exc, ""), Throttled)
+    return False
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The `Retry-After` of an ARM error answer (ARM sends one with every 429)."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    return retry_after_seconds(headers.get("Retry-After")) if headers is not None else None
+
+
+def failure_of(vm: m.VirtualMachine) -> tuple[str, str] | None:
+    """(code, message) of a VM whose instance view says "ProvisioningState/failed/<code>", else None."""
+    iv = vm.instance_view
+    for status in (iv.statuses or []) if iv is not None else []:
+        code = _text(status.code)
+        if code.lower().startswith(_FAILED_PREFIX):
+            return code[len(_FAILED_PREFIX) :], str(status.message or status.display_status or "provisioning failed")
+    return None
 
 
 def _text(value: object) -> str:
@@ -215,6 +276,7 @@ class AzureProvider:
         os_disk_gb: int | None = None,
         polling_interval: float | None = None,
         create_timeout: float = 900.0,
+        retry: RetryPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if eviction_policy not in EVICTION_POLICIES:
@@ -230,6 +292,7 @@ class AzureProvider:
         self.eviction_policy = eviction_policy
         self.os_disk_gb = os_disk_gb
         self.create_timeout = create_timeout
+        self.retry = retry or RetryPolicy()
         self._polling: dict[str, Any] = {} if polling_interval is None else {"polling_interval": polling_interval}
         self._vms = compute.virtual_machines
         self._clock = clock
@@ -248,9 +311,16 @@ class AzureProvider:
             view = self._adopt(existing, request.launch_token)
             if view.state is not InstanceState.FAILED:
                 return view
-            # An earlier attempt of this token failed to provision: PUT again, which is how ARM retries a create.
+            failed = self._failure(existing, name)
+            if isinstance(failed, InsufficientCapacity | QuotaExceeded):
+                self._delete_quietly(name)  # the capacity answer of an earlier attempt whose poll was lost
+                raise failed
+            # Any other provisioning failure: PUT again, which is how ARM retries a create.
+        body = self.vm_body(request)
         try:
-            poller = self._vms.begin_create_or_update(self.resource_group, name, self.vm_body(request), **self._polling)
+            poller = self._retried(
+                lambda: self._vms.begin_create_or_update(self.resource_group, name, body, **self._polling)
+            )
         except HttpResponseError as exc:
             err = _error(self.name, exc, f"create {name}")
             if exc.status_code != 409 or isinstance(err, InsufficientCapacity | QuotaExceeded):
@@ -264,22 +334,29 @@ class AzureProvider:
         try:
             poller.result(timeout=self.create_timeout)
         except HttpResponseError as exc:
-            # A failed create leaves the VM behind in provisioning state Failed; nothing would ever sweep it.
-            self._delete_quietly(name)
-            raise _error(self.name, exc, f"create {name}") from exc
-        except AzureError as exc:
-            raise Throttled(f"create {name}: {exc}", provider=self.name) from exc
+            if not transient(exc):
+                # The operation failed: the VM is left in provisioning state Failed; nothing would ever sweep it.
+                self._delete_quietly(name)
+                raise _error(self.name, exc, f"create {name}") from exc
+            # A poll was throttled or hit a 5xx: the create itself goes on. Read the VM back instead.
+        except AzureError:
+            pass  # a poll timed out or lost its connection: read the VM back instead
         vm = self._read(name)
         if vm is None:
             raise Throttled(f"create {name}: VM not visible yet; launch again to resume", provider=self.name)
-        return self._adopt(vm, request.launch_token)
+        view = self._adopt(vm, request.launch_token)
+        if view.state is InstanceState.FAILED:
+            failed = self._failure(vm, name)
+            self._delete_quietly(name)
+            raise failed
+        return view
 
     def terminate(self, instance_id: str) -> None:
         with self._lock:
             self._preempt_notices.pop(instance_id, None)
             self._last_seen.pop(instance_id, None)
         try:
-            self._vms.begin_delete(self.resource_group, instance_id, polling=False)
+            self._retried(lambda: self._vms.begin_delete(self.resource_group, instance_id, polling=False))
         except ResourceNotFoundError:
             return
         except HttpResponseError as exc:
@@ -309,7 +386,7 @@ class AzureProvider:
     def list_instances(self) -> list[Instance]:
         out: list[Instance] = []
         try:
-            vms = list(self._vms.list(self.resource_group))
+            vms = self._retried(lambda: list(self._vms.list(self.resource_group)))
         except HttpResponseError as exc:
             raise _error(self.name, exc, f"list {self.resource_group}") from exc
         except AzureError as exc:
@@ -318,7 +395,7 @@ class AzureProvider:
             if (vm.tags or {}).get(BROKER_TAG) != self.broker_id or not vm.name:
                 continue
             try:
-                view = self._vms.instance_view(self.resource_group, vm.name)
+                view = self._instance_view(vm.name)
             except ResourceNotFoundError:
                 continue  # deleted between the list and now
             except HttpResponseError as exc:
@@ -423,13 +500,28 @@ class AzureProvider:
             properties=properties,
         )
 
+    def _retried(self, fn: Callable[[], T]) -> T:
+        """`fn()` under the retry policy (transient failures only); raw SDK errors, for the callers to type."""
+        return self.retry.call(fn, transient, _retry_after)
+
+    def _instance_view(self, name: str) -> m.VirtualMachineInstanceView:
+        return self._retried(lambda: self._vms.instance_view(self.resource_group, name))
+
+    def _failure(self, vm: m.VirtualMachine, name: str) -> ProviderError:
+        """The typed error of a VM in provisioning state Failed, from the code its instance view gives."""
+        found = failure_of(vm)
+        if found is None:
+            return ProviderError(f"create {name}: provisioning failed", provider=self.name, detail="Failed")
+        code, message = found
+        return classify(self.name, {code}, message, None, f"create {name}")
+
     def _delete_quietly(self, name: str) -> None:
         with contextlib.suppress(AzureError):  # best effort: the caller is already failing with the real error
-            self._vms.begin_delete(self.resource_group, name, polling=False)
+            self._retried(lambda: self._vms.begin_delete(self.resource_group, name, polling=False))
 
     def _read(self, name: str) -> m.VirtualMachine | None:
         try:
-            return self._vms.get(self.resource_group, name, expand="instanceView")
+            return self._retried(lambda: self._vms.get(self.resource_group, name, expand="instanceView"))
         except ResourceNotFoundError:
             return None
         except HttpResponseError as exc:

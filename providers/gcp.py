@@ -48,7 +48,17 @@ and ErrorInfo details), then the HTTP status: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH
 -> InsufficientCapacity; QUOTA_EXCEEDED / quotaExceeded -> QuotaExceeded; rateLimitExceeded / 429 -> Throttled;
 401 / 403 -> AuthError; 404 -> NotFound; 400 -> InvalidRequest; 5xx and transport failures -> Throttled (transient).
 A 401 usually surfaces as a google-auth error instead (the session refreshes the credential and retries, and the
-refresh fails): any `GoogleAuthError` -> AuthError.
+refresh fails): a `GoogleAuthError` -> AuthError, except a token endpoint that could not be reached (google-auth's
+`TransportError`, or a refresh it marks retryable) -> Throttled.
+
+Retries: every Compute Engine call runs under `retry` (providers.retry.RetryPolicy; default 3 attempts, full-jitter
+backoff) and is retried only when `transient` says so: 429 / rateLimitExceeded, a 5xx that is not a capacity or
+quota answer (Google reports a stockout as HTTP 503 ZONE_RESOURCE_POOL_EXHAUSTED: that is an answer, not a
+hiccup), timeouts and dropped connections. The client library's own retries are off on every call (`retry=None`:
+the generated `get`, `aggregated_list` and `zoneOperations.get/list` would otherwise retry a 503 for up to 600 s)
+and each call carries `timeout` seconds (`zoneOperations.wait` gets two minutes more: Google holds a wait open for
+up to two minutes). A retried insert is safe: it resends the same `request_id` (Google answers with the first
+operation) for the same instance name (a second VM of that name cannot exist).
 
 Interruptions: `poll_interruptions` lists the "compute.instances.preempted" operations of every zone holding (or
 launched by this process into) one of our VMs, and returns each one not returned before by this object; at-least-once
@@ -66,7 +76,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import requests
 from google.api_core import exceptions as gexc
@@ -87,7 +97,10 @@ from providers.base import (
     Throttled,
 )
 from providers.model import BROKER_TAG, JOB_TAG, PLACEMENT_TAG, CapacityType, offering_key
+from providers.retry import RetryPolicy, retry_after_seconds
 from providers.startup import startup_script
+
+T = TypeVar("T")
 
 BROKER_LABEL: Final = "overspill-broker"
 TOKEN_LABEL: Final = "overspill-token"
@@ -97,6 +110,7 @@ META_OFFERING: Final = "overspill-offering"
 META_STARTUP: Final = "startup-script"
 PREEMPTED_OP: Final = "compute.instances.preempted"
 TERMINATION_ACTIONS: Final = ("STOP", "DELETE")
+WAIT_HOLD_SECONDS: Final = 120.0  # how long Compute Engine may hold a zoneOperations.wait call open
 
 _NAMESPACE: Final = uuid.UUID("6f0d4c1e-2b8a-5e9f-9c3d-7a1b2c3d4e5f")
 _LABEL_MAX: Final = 63
@@ -207,6 +221,26 @@ def _reasons(exc: gexc.GoogleAPICallError) -> set[str]:
     return out
 
 
+def transient(exc: BaseException) -> bool:
+    """Worth retrying the same call after a pause: throttling, a 5xx that is not a capacity or quota answer, a
+    timeout or a dropped connection, a token endpoint out of reach. Anything else is an answer to act on."""
+    if isinstance(exc, requests.RequestException | gauth_exceptions.TransportError):
+        return True
+    if isinstance(exc, gauth_exceptions.GoogleAuthError):
+        return bool(getattr(exc, "retryable", False))
+    if isinstance(exc, gexc.GoogleAPICallError):
+        status = int(exc.code) if exc.code is not None else None
+        return isinstance(_error("", _reasons(exc), status, ""), Throttled)
+    return False
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The `Retry-After` hint of an HTTP error answer, if it carried one."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    return retry_after_seconds(headers.get("Retry-After")) if headers is not None else None
+
+
 def _op_reasons(op: compute_v1.Operation) -> set[str]:
     out: set[str] = set()
     for err in op.error.errors:
@@ -241,6 +275,8 @@ class GcpProvider:
         boot_disk_gb: int = 100,
         external_ip: bool = True,
         operation_timeout: float = 300.0,
+        timeout: float | None = 60.0,
+        retry: RetryPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if termination_action not in TERMINATION_ACTIONS:
@@ -254,6 +290,8 @@ class GcpProvider:
         self.boot_disk_gb = boot_disk_gb
         self.external_ip = external_ip
         self.operation_timeout = operation_timeout
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
         self._instances = instances
         self._operations = zone_operations
         self._clock = clock
@@ -274,7 +312,7 @@ class GcpProvider:
         )
         with self._translated(f"insert {zone}/{name}"):
             try:
-                op = self._instances.insert_unary(request=insert)
+                op = self._retried(lambda: self._instances.insert_unary(request=insert, **self._per_call()))
             except gexc.GoogleAPICallError as exc:
                 reasons = _reasons(exc)
                 if not reasons & _EXISTS and not (exc.code == 409 and not reasons):
@@ -307,7 +345,7 @@ class GcpProvider:
         )
         with self._translated(f"delete {instance_id}"):
             try:
-                op = self._instances.delete_unary(request=delete)
+                op = self._retried(lambda: self._instances.delete_unary(request=delete, **self._per_call()))
             except gexc.NotFound:
                 return
         if _is_done(op) and op.error.errors and op.http_error_status_code != 404:
@@ -318,8 +356,10 @@ class GcpProvider:
         if parsed is None:
             raise NotFound(f"{instance_id!r} is not a GCP instance id (zone/name)", provider=self.name)
         zone, name = parsed
-        with self._translated(f"get {instance_id}"):
-            vm = self._instances.get(project=self.project, zone=zone, instance=name)
+        vm = self._call(
+            f"get {instance_id}",
+            lambda: self._instances.get(project=self.project, zone=zone, instance=name, **self._per_call()),
+        )
         return self._view(zone, vm, lambda: self._preemptions(zone, vm.self_link))
 
     def list_instances(self) -> list[Instance]:
@@ -422,17 +462,39 @@ class GcpProvider:
             status = int(exc.code) if exc.code is not None else None
             raise _error(self.name, _reasons(exc), status, f"{what}: {exc.message}") from exc
         except gauth_exceptions.GoogleAuthError as exc:  # e.g. a 401 whose credential refresh then fails
+            if transient(exc):  # the token endpoint was out of reach: not a verdict on the credentials
+                raise Throttled(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
             raise AuthError(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
         except requests.RequestException as exc:
             raise Throttled(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
+
+    def _per_call(self, extra_seconds: float = 0.0) -> dict[str, Any]:
+        """Keyword arguments of every client call: the library's own retries off, this adapter's timeout."""
+        return {"retry": None, "timeout": None if self.timeout is None else self.timeout + extra_seconds}
+
+    def _retried(self, fn: Callable[[], T]) -> T:
+        """`fn()` under the retry policy (transient failures only); raw SDK errors, for callers that inspect them."""
+        return self.retry.call(fn, transient, _retry_after)
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """`fn()` under the retry policy, its failure typed (see `_translated`)."""
+        with self._translated(what):
+            return self._retried(fn)
 
     def _wait(self, zone: str, op: compute_v1.Operation) -> compute_v1.Operation:
         """Wait (server-side `wait`, re-issued) for a zone operation until DONE or `operation_timeout`."""
         deadline = time.monotonic() + self.operation_timeout
         while not _is_done(op) and time.monotonic() < deadline:
-            with self._translated(f"wait for {op.name}"):
-                op = self._operations.wait(project=self.project, zone=zone, operation=op.name)
+            op = self._wait_once(zone, op.name)
         return op
+
+    def _wait_once(self, zone: str, name: str) -> compute_v1.Operation:
+        return self._call(
+            f"wait for {name}",
+            lambda: self._operations.wait(
+                project=self.project, zone=zone, operation=name, **self._per_call(WAIT_HOLD_SECONDS)
+            ),
+        )
 
     def _adopt(self, zone: str, name: str, launch_token: str) -> Instance:
         """The existing VM for a token; a VM of that name made for another token is a collision."""
@@ -450,8 +512,10 @@ class GcpProvider:
         listing = compute_v1.AggregatedListInstancesRequest(
             project=self.project, filter=f'labels.{BROKER_LABEL} = "{label_value(self.broker_id)}"'
         )
-        with self._translated("aggregated list of instances"):
-            scopes = list(self._instances.aggregated_list(request=listing))
+        scopes = self._call(
+            "aggregated list of instances",
+            lambda: list(self._instances.aggregated_list(request=listing, **self._per_call())),
+        )
         out: list[tuple[str, compute_v1.Instance, Instance]] = []
         by_zone = {} if by_zone is None else by_zone
 
@@ -476,8 +540,9 @@ class GcpProvider:
         if target_link:
             clauses.append(f'(targetLink = "{target_link}")')
         listing = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone, filter=" AND ".join(clauses))
-        with self._translated(f"list operations in {zone}"):
-            ops = list(self._operations.list(request=listing))
+        ops = self._call(
+            f"list operations in {zone}", lambda: list(self._operations.list(request=listing, **self._per_call()))
+        )
         # The filter is the server's job; check again so a server that ignores it cannot mislead us.
         return [
             op

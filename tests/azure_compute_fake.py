@@ -19,9 +19,16 @@ Contract:
   VMs as `{"value": [...]}`), 404 ResourceNotFound for an unknown VM.
 - `DELETE .../{name}` answers 204 for an unknown VM, else 202 with `Location` (+ `Azure-AsyncOperation`); the VM is
   "Deleting" until the operation ends, then gone. The Location monitor answers 202 while running, then 204.
-- Faults: `fail(call, status, code, message)` for "put", "get", "delete", "list", "instance_view";
+- Faults: `fail(call, status, code, message)` for "put", "get", "delete", "list", "instance_view" and "operation"
+  (a status poll of a long-running operation);
   `fail_async(code, message)` for the next PUT's operation; `drop_response("put")` carries out the next PUT but hangs
   up without answering.
+- A PUT carrying the header `X-Fake-Fault: <code>` (sent by tests/fault_proxy.py, which decides the faults of a
+  seeded run) is accepted like any other and its operation ends Failed with that ARM code and Azure's own message
+  (`allocation_error`: AllocationFailed for a regional VM, ZonalAllocationFailed for a zonal one), exactly as
+  `fail_async` arms it.
+- Bookkeeping: `created[name]` counts the VMs made under each name (a PUT answered 201; a PUT of an existing VM is
+  an update, answered 200, counted in `updated`), so a test can check a launch token never made two VMs.
 - `evict(name)` plays a spot eviction (evictionPolicy Deallocate: PowerState/deallocated; Delete: the VM is
   deleted); `guest_shutdown(name)` plays `shutdown -h now` inside the VM (PowerState/stopped); `add_vm` makes a VM
   the broker did not launch. Every request is appended to `requests` (method, path, query, headers, JSON body).
@@ -37,6 +44,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -55,6 +63,8 @@ _OP = re.compile(
     re.IGNORECASE,
 )
 _TAG_FORBIDDEN = re.compile(r"[<>%&\\?/]")
+FAULT_HEADER = "X-Fake-Fault"
+_ALLOCATION_GUIDANCE = "Read more about improving likelihood of allocation success at http://aka.ms/allocation-guidance"
 _POWER_DISPLAY = {
     "starting": "VM starting",
     "running": "VM running",
@@ -67,6 +77,14 @@ _POWER_DISPLAY = {
 
 def iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="microseconds")
+
+
+def allocation_error(code: str) -> str:
+    """Azure's message for an allocation failure code (what the failed operation's `error.message` says)."""
+    where = "zone" if code == "ZonalAllocationFailed" else "region"
+    return f"Allocation failed. We do not have sufficient capacity for the requested VM size in this {where}. " + (
+        _ALLOCATION_GUIDANCE
+    )
 
 
 def arm_error(status: int, code: str, message: str) -> tuple[int, dict[str, str], Any]:
@@ -116,6 +134,8 @@ class AzureComputeFake(LocalServer):
         self.faults: list[Fault] = []
         self.async_faults: list[Fault] = []
         self.drops: dict[str, int] = {}
+        self.created: Counter[str] = Counter()
+        self.updated: Counter[str] = Counter()
         self._lock = threading.RLock()
         self._serve(_Handler)
 
@@ -318,7 +338,7 @@ class AzureComputeFake(LocalServer):
             if m.group("iv"):
                 return self._get(rg, name, expand=False, instance_view_only=True)
             if method == "PUT":
-                return self._put(rg, name, body or {})
+                return self._put(rg, name, body or {}, headers.get(FAULT_HEADER.lower(), ""))
             if method == "GET":
                 return self._get(rg, name, expand=query.get("$expand", [""])[0].lower() == "instanceview")
             if method == "DELETE":
@@ -368,7 +388,7 @@ class AzureComputeFake(LocalServer):
             return arm_error(400, "InvalidParameter", msg)
         return None
 
-    def _put(self, rg: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    def _put(self, rg: str, name: str, body: dict[str, Any], allocation: str = "") -> tuple[int, dict[str, str], Any]:
         fault = self._fault("put")
         if fault is not None:
             return fault
@@ -382,6 +402,7 @@ class AzureComputeFake(LocalServer):
             msg = f"Operation 'PUT' is not allowed on VM '{name}' since the VM is marked for deletion."
             return arm_error(409, "OperationNotAllowed", msg)
         status = 200 if existing is not None else 201
+        (self.updated if existing is not None else self.created)[name.lower()] += 1
         vm = self._new_vm(rg, name, body, now)
         if existing is not None:
             vm["properties"]["vmId"] = existing["properties"]["vmId"]
@@ -390,9 +411,12 @@ class AzureComputeFake(LocalServer):
         self.vms[key] = vm
         self.power.setdefault(key, "starting")
         op = Operation(str(uuid.uuid4()), "put", key, now + self.op_seconds, now)
-        async_fault = self._take(self.async_faults, "put")
-        if async_fault is not None:
+        async_fault = None if allocation else self._take(self.async_faults, "put")
+        if allocation:
+            op.error = {"code": allocation, "message": allocation_error(allocation)}
+        elif async_fault is not None:
             op.error = {"code": async_fault.code, "message": async_fault.message}
+        if op.error is not None:
             self.power.pop(key, None)
         self.operations[op.id] = op
         headers = self._op_headers(op, str(body["location"]), monitor=False)
@@ -438,6 +462,9 @@ class AzureComputeFake(LocalServer):
         return 202, self._op_headers(op, str(vm["location"]), monitor=True), None
 
     def _operation(self, op_id: str, monitor: bool) -> tuple[int, dict[str, str], Any]:
+        fault = self._fault("operation")
+        if fault is not None:
+            return fault
         op = self.operations.get(op_id)
         if op is None:
             return arm_error(404, "NotFound", f"operation {op_id} not found")

@@ -26,7 +26,17 @@ Contract:
   VM the broker did not launch.
 - `drop_response("insert")` carries out the next insert but hangs up without answering (the caller crashed or lost
   the answer); `forget_request_ids()` plays the end of Google's requestId idempotency window.
-- Every request is appended to `requests` (method, path, query, parsed JSON body).
+- An insert carrying the header `X-Fake-Fault: <code>` (sent by tests/fault_proxy.py, which decides the faults of a
+  seeded run) fails the way Google reports a stockout: the insert is accepted (200, an operation) and the
+  operation ends DONE with `error.errors[0].code` = the code (ZONE_RESOURCE_POOL_EXHAUSTED or
+  ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS), Google's message and `errorDetails` (help link, localized message),
+  `httpErrorStatusCode` 503 "SERVICE UNAVAILABLE", and no VM (`operation_error`). A retried insert of a requestId
+  already seen gets its first operation, as on Google, whatever the header says.
+- `adc_file(path, token)` writes an Application Default Credentials file for google-auth that holds `token`, so
+  clients built with google.auth.default send `Authorization: Bearer <token>` here and never call Google.
+- Bookkeeping: every request is appended to `requests` (method, path, query, parsed JSON body, headers);
+  `created[name]` counts the VMs made under each name (a launch token never makes two), `replayed` the inserts
+  answered from a known requestId.
 """
 
 from __future__ import annotations
@@ -37,9 +47,11 @@ import re
 import threading
 import time
 import zlib
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -58,6 +70,8 @@ _ROUTE = re.compile(
     r"zones/(?P<zone>[^/]+)/(?:instances(?:/(?P<instance>[^/]+))?|operations(?:/(?P<op>[^/]+)(?P<wait>/wait)?)?)$)"
 )
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+FAULT_HEADER = "X-Fake-Fault"
+CAPACITY_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
 
 
 def stamp(at: float) -> str:
@@ -103,12 +117,53 @@ def error_body(status: int, reason: str, message: str) -> dict[str, Any]:
     return {"error": body}
 
 
+def operation_error(code: str, project: str, zone: str) -> dict[str, Any]:
+    """The `error` of an insert operation that hit a stockout, as Compute Engine writes it."""
+    where = f"projects/{project}/zones/{zone}"
+    lacking = f"The zone '{where}' does not have enough resources available to fulfill the request."
+    if code == "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS":
+        message = f"{lacking}  '(resource type:compute)'."
+    else:
+        message = f"{lacking}  Try a different zone, or try again later."
+    details = [
+        {
+            "help": {
+                "links": [
+                    {
+                        "description": "Troubleshooting documentation",
+                        "url": "https://cloud.google.com/compute/docs/resource-error",
+                    }
+                ]
+            }
+        },
+        {"localizedMessage": {"locale": "en-US", "message": message}},
+    ]
+    return {"errors": [{"code": code, "message": message, "errorDetails": details}]}
+
+
+def adc_file(path: Path, token: str) -> Path:
+    """An Application Default Credentials file (authorized_user) that already holds a current access token, so
+    google-auth uses it as it is for a day instead of refreshing it at Google (nothing leaves the machine)."""
+    expiry = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    info = {
+        "type": "authorized_user",
+        "client_id": "overspill-faults.apps.googleusercontent.com",
+        "client_secret": "not-a-secret",
+        "refresh_token": "1//overspill-faults",
+        "token": token,
+        "expiry": expiry,
+    }
+    path.write_text(json.dumps(info))
+    return path
+
+
 @dataclass
 class Recorded:
     method: str
     path: str
     query: dict[str, list[str]]
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -149,6 +204,8 @@ class GcpComputeFake(LocalServer):
         self.faults: list[Fault] = []
         self.op_faults: list[OperationFault] = []
         self.drops: dict[str, int] = {}
+        self.created: Counter[str] = Counter()
+        self.replayed = 0
         self._boot_at: dict[tuple[str, str], float] = {}
         self._done_at: dict[tuple[str, str], float] = {}
         self._request_ids: dict[str, tuple[str, str]] = {}
@@ -351,10 +408,20 @@ class GcpComputeFake(LocalServer):
 
     # -------------------------------------------------------------------------------------------- handlers
 
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+    def handle(
+        self, method: str, path: str, query: dict[str, list[str]], body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        headers = headers or {}
         with self._lock:
-            self.requests.append(Recorded(method, path, query, body))
+            self.requests.append(Recorded(method, path, query, body, headers))
             self._advance()
+            if path == "/token" and method == "POST":
+                self.tokens_issued += 1
+                return 200, {
+                    "access_token": f"ya29.fake-{self.tokens_issued}",
+                    "expires_in": 3599,
+                    "token_type": "Bearer",
+                }
             m = _ROUTE.match(path)
             if m is None or m.group("project") != self.project:
                 return 404, error_body(404, "notFound", f"The resource '{path}' was not found")
@@ -366,7 +433,7 @@ class GcpComputeFake(LocalServer):
                     return self._list_operations(zone, query)
                 return self._operation(zone, op, bool(wait))
             if method == "POST" and instance is None:
-                return self._insert(zone, query, body)
+                return self._insert(zone, query, body, headers.get(FAULT_HEADER.lower(), ""))
             if method == "GET" and instance is not None:
                 return self._get(zone, instance)
             if method == "DELETE" and instance is not None:
@@ -377,13 +444,14 @@ class GcpComputeFake(LocalServer):
         fault = self._take_fault(call)
         return None if fault is None else (fault.status, error_body(fault.status, fault.reason, fault.message))
 
-    def _insert(self, zone: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+    def _insert(self, zone: str, query: dict[str, list[str]], body: Any, stockout: str = "") -> tuple[int, Any]:
         refused = self._fault_response("insert")
         if refused is not None:
             return refused
         rid = query.get("requestId", [""])[0]
         if rid and rid in self._request_ids:
-            return 200, self.operations[self._request_ids[rid]]
+            self.replayed += 1
+            return (-1 if self._take_drop("insert") else 200), self.operations[self._request_ids[rid]]
         name = str(body.get("name", ""))
         if not _NAME.match(name):
             msg = f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'"  # noqa: E501
@@ -403,22 +471,33 @@ class GcpComputeFake(LocalServer):
             return 409, error_body(409, "alreadyExists", msg)
         now = time.time()
         vm = self._new_instance(zone, body, now)
-        for failing in self.op_faults:
-            if failing.count > 0:
-                failing.count -= 1
-                op = self._new_operation(zone, "insert", vm, now, done=True)
-                op["error"] = {"errors": [{"code": failing.code, "message": failing.message}]}
-                op["httpErrorStatusCode"] = failing.http_status
-                op["httpErrorMessage"] = {403: "FORBIDDEN", 503: "SERVICE UNAVAILABLE"}.get(failing.http_status, "")
-                break
-        else:
+        failure = self._operation_failure(zone, stockout)
+        if failure is None:
             self.instances[(zone, name)] = vm
             self._boot_at[(zone, name)] = now + self.boot_seconds
+            self.created[name] += 1
             op = self._new_operation(zone, "insert", vm, now)
+        else:
+            error, http_status = failure
+            op = self._new_operation(zone, "insert", vm, now, done=True)
+            op["error"] = error
+            op["httpErrorStatusCode"] = http_status
+            op["httpErrorMessage"] = {403: "FORBIDDEN", 503: "SERVICE UNAVAILABLE"}.get(http_status, "")
         if rid:
             self._request_ids[rid] = (zone, op["name"])
         self._advance()
         return (-1 if self._take_drop("insert") else 200), op
+
+    def _operation_failure(self, zone: str, stockout: str) -> tuple[dict[str, Any], int] | None:
+        """(error, HTTP status) an insert operation ends with: the stockout the header asked for, else the next
+        armed `fail_operation` fault, else None (the insert succeeds)."""
+        if stockout:
+            return operation_error(stockout, self.project, zone), 503
+        for failing in self.op_faults:
+            if failing.count > 0:
+                failing.count -= 1
+                return {"errors": [{"code": failing.code, "message": failing.message}]}, failing.http_status
+        return None
 
     def _get(self, zone: str, name: str) -> tuple[int, Any]:
         fault = self._fault_response("get")
@@ -513,7 +592,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        status, payload = self.owner.handle(method, parts.path, parse_qs(parts.query, keep_blank_values=True), body)
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        query = parse_qs(parts.query, keep_blank_values=True)
+        status, payload = self.owner.handle(method, parts.path, query, body, headers)
         if status < 0:  # done, but the client never hears back
             self.close_connection = True
             return

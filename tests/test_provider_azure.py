@@ -2,14 +2,16 @@
 over plain http, `retry_total=0`) against the in-memory ARM in `tests.azure_compute_fake`.
 
 Covers the provider contract suite, the spot fields, custom data and tags on the wire, idempotent create across a
-lost answer, the typed error mapping (synchronous and in the long-running operation) and spot eviction end to end
-under both eviction policies, with relayed Scheduled Events.
+lost answer, the typed error mapping (synchronous and in the long-running operation), the adapter's bounded
+retries (transient failures only, Retry-After honoured, a lost poll never mistaken for a failed create) and spot
+eviction end to end under both eviction policies, with relayed Scheduled Events.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import random
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -37,6 +39,7 @@ from providers.base import (
     Throttled,
 )
 from providers.model import CapacityType, Offering, Price, Tags
+from providers.retry import RetryPolicy
 from providers.startup import startup_script
 from tests.azure_compute_fake import AzureComputeFake
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract, contract_spec
@@ -100,6 +103,16 @@ def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
         polling_interval=0,
         **kwargs,
     )
+
+
+def no_retries() -> RetryPolicy:
+    return RetryPolicy(attempts=1)
+
+
+def recorded_retries(attempts: int = 3) -> tuple[RetryPolicy, list[float]]:
+    """A retry policy that records its pauses instead of sleeping them."""
+    slept: list[float] = []
+    return RetryPolicy(attempts=attempts, sleep=slept.append, rng=random.Random(7)), slept
 
 
 @pytest.fixture
@@ -202,9 +215,9 @@ def test_create_is_idempotent_across_a_lost_answer(fake: AzureComputeFake) -> No
     env = ContractEnv(provider=make_provider(fake), offering=offering())
     req = env.request()
 
-    fake.drop_response("put")  # the PUT is carried out, but the broker crashes before it hears back
+    fake.drop_response("put")  # the PUT is carried out, but the broker crashes before it hears back (no retry)
     with pytest.raises(Throttled):
-        make_provider(fake).launch(req)
+        make_provider(fake, retry=no_retries()).launch(req)
 
     again = make_provider(fake).launch(req)  # a fresh process finds the VM by name and token: no second PUT
     assert again.id == vm_name(req.launch_token) and again.launch_token == req.launch_token
@@ -249,7 +262,7 @@ def test_synchronous_errors_are_typed(
 ) -> None:
     fake.fail("put", status, code, message)
     with pytest.raises(expected) as caught:
-        env.provider.launch(env.request())
+        make_provider(fake, retry=no_retries()).launch(env.request())
     assert type(caught.value) is expected and caught.value.detail == code and message in str(caught.value)
     assert not fake.vms
 
@@ -271,6 +284,98 @@ def test_allocation_failures_in_the_operation_are_capacity_and_clean_up(
     assert caught.value.detail == code and message in str(caught.value) and caught.value.scope is Scope.ZONE
     assert fake.recorded("DELETE"), "the VM left in provisioning state Failed is deleted"
     assert not fake.vms
+
+
+def test_a_lost_put_answer_is_retried_at_once_as_an_update_of_the_same_vm(fake: AzureComputeFake) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    fake.drop_response("put")  # carried out, answer lost: the PUT is repeated, and a PUT of that name is an update
+
+    inst = provider.launch(req)
+
+    name = vm_name(req.launch_token)
+    assert len(fake.recorded("PUT")) == 2 and fake.created == {name: 1} and fake.updated == {name: 1}
+    assert inst.id == name and inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    assert retry.retries_made == 1 and len(slept) == 1
+
+
+TRANSIENT = [
+    (500, "InternalExecutionError", "An internal execution error occurred. Please retry later."),
+    (504, "GatewayTimeout", "The gateway did not receive a response from 'Microsoft.Compute'."),
+]
+
+
+@pytest.mark.parametrize(("status", "code", "message"), TRANSIENT)
+def test_transient_failures_are_retried_with_backoff_and_bounded(
+    fake: AzureComputeFake, status: int, code: str, message: str
+) -> None:
+    retry, slept = recorded_retries(attempts=3)
+    provider = make_provider(fake, retry=retry)
+    fake.fail("put", status, code, message, count=2)
+    assert provider.launch(ContractEnv(provider=provider, offering=offering()).request()).state is InstanceState.RUNNING
+    assert len(fake.recorded("PUT")) == 3 and retry.retries_made == 2 and len(slept) == 2
+
+    fake.fail("put", status, code, message, count=3)  # one more than the policy allows: the broker gets it, typed
+    with pytest.raises(Throttled):
+        provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert len(fake.recorded("PUT")) == 6
+
+
+def test_a_429_waits_at_least_its_retry_after(fake: AzureComputeFake) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    fake.fail("put", 429, "SubscriptionRequestsThrottled", "Please try again after '1' seconds.")  # Retry-After: 1
+    provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert slept and slept[0] >= 1.0, "ARM's Retry-After is the floor of the pause"
+
+
+def test_definitive_answers_are_never_retried(fake: AzureComputeFake, env: ContractEnv) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    fake.fail("put", 409, "SkuNotAvailable", "The requested size is currently not available in location 'eastus'.")
+    with pytest.raises(InsufficientCapacity):
+        provider.launch(env.request())
+    fake.fail("put", 409, "QuotaExceeded", "Operation results in exceeding quota limits of Core.")
+    with pytest.raises(QuotaExceeded):
+        provider.launch(env.request())
+    fake.fail_async("AllocationFailed", "Allocation failed.")
+    with pytest.raises(InsufficientCapacity):
+        provider.launch(env.request())
+    assert len(fake.recorded("PUT")) == 3 and retry.retries_made == 0 and not slept
+
+
+def test_a_failed_status_poll_is_not_a_failed_create(fake: AzureComputeFake) -> None:
+    """A 5xx on the operation's status poll says nothing about the create: the VM is read back, not deleted."""
+    fake.op_seconds = 0.3
+    provider = make_provider(fake, retry=no_retries())
+    fake.fail("operation", 500, "InternalExecutionError", count=1)
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert inst.state is InstanceState.PENDING and not fake.recorded("DELETE")
+    time.sleep(0.35)
+    assert provider.get(inst.id).state is InstanceState.RUNNING
+
+
+def test_an_allocation_failure_learnt_late_is_still_a_capacity_answer(fake: AzureComputeFake) -> None:
+    """The operation failed with AllocationFailed but its poll was lost: the VM, read back (now or at the next
+    launch of the token), says "ProvisioningState/failed/AllocationFailed", which is raised as capacity."""
+    provider = make_provider(fake, retry=no_retries())
+    fake.fail_async("AllocationFailed", "Allocation failed. We do not have sufficient capacity in this region.")
+    fake.fail("operation", 500, "InternalExecutionError", count=1)
+    with pytest.raises(InsufficientCapacity) as now:
+        provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert now.value.detail == "AllocationFailed" and len(fake.recorded("DELETE")) == 1
+
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    fake.fail_async("AllocationFailed", "Allocation failed. We do not have sufficient capacity in this region.")
+    fake.drop_response("put")  # the broker never hears of the create at all
+    with pytest.raises(Throttled):
+        provider.launch(req)
+    with pytest.raises(InsufficientCapacity) as later:
+        make_provider(fake).launch(req)  # the next tick: the token's VM is there, Failed for lack of capacity
+    assert later.value.detail == "AllocationFailed" and later.value.scope is Scope.ZONE
+    assert len(fake.recorded("PUT")) == 2, "no PUT again into a region that has just said no"
+    assert len(fake.recorded("DELETE")) == 2
 
 
 def test_eviction_with_deallocate_policy_end_to_end(fake: AzureComputeFake) -> None:

@@ -2,13 +2,17 @@
 anonymous credentials) against the in-memory Compute Engine in `tests.gcp_compute_fake`.
 
 Covers the provider contract suite, the spot fields and labels on the wire, idempotent insert across a lost answer,
-the typed error mapping (synchronous and in the insert operation) and a spot preemption end to end.
+the typed error mapping (synchronous and in the insert operation), the adapter's bounded retries (transient failures
+only, the client library's own retries off, a timeout on every call) and a spot preemption end to end.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
+import socket
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -41,6 +45,7 @@ from providers.gcp import (
     request_id,
 )
 from providers.model import CapacityType, Offering, Price, Tags
+from providers.retry import RetryPolicy
 from providers.startup import startup_script
 from tests.gcp_compute_fake import GcpComputeFake
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
@@ -75,8 +80,8 @@ def fake_link(instance_id: str) -> str:
     return f"https://www.googleapis.com/compute/v1/projects/proj/zones/{zone}/instances/{name}"
 
 
-def make_provider(fake: GcpComputeFake, **kwargs: Any) -> GcpProvider:
-    options = ClientOptions(api_endpoint=fake.endpoint)
+def make_provider(fake: GcpComputeFake, *, endpoint: str | None = None, **kwargs: Any) -> GcpProvider:
+    options = ClientOptions(api_endpoint=endpoint or fake.endpoint)
     creds = AnonymousCredentials()
     return GcpProvider(
         compute_v1.InstancesClient(transport="rest", client_options=options, credentials=creds),
@@ -86,6 +91,16 @@ def make_provider(fake: GcpComputeFake, **kwargs: Any) -> GcpProvider:
         image=IMAGE,
         **kwargs,
     )
+
+
+def no_retries() -> RetryPolicy:
+    return RetryPolicy(attempts=1)
+
+
+def recorded_retries(attempts: int = 3) -> tuple[RetryPolicy, list[float]]:
+    """A retry policy that records its pauses instead of sleeping them."""
+    slept: list[float] = []
+    return RetryPolicy(attempts=attempts, sleep=slept.append, rng=random.Random(7)), slept
 
 
 @pytest.fixture
@@ -202,9 +217,9 @@ def test_insert_is_idempotent_across_a_lost_answer(fake: GcpComputeFake) -> None
     env = ContractEnv(provider=make_provider(fake), offering=offering())
     req = env.request()
 
-    fake.drop_response("insert")  # the VM is made, but the broker crashes before it hears back
+    fake.drop_response("insert")  # the VM is made, but the broker crashes before it hears back (no retry)
     with pytest.raises(Throttled):
-        make_provider(fake).launch(req)
+        make_provider(fake, retry=no_retries()).launch(req)
 
     again = make_provider(fake).launch(req)  # a fresh process: same requestId -> Google answers the same operation
     inserts = fake.recorded("POST", "/instances")
@@ -252,12 +267,93 @@ def test_synchronous_errors_are_typed(
 ) -> None:
     fake.fail("insert", status, reason, message)
     with pytest.raises(expected) as caught:
-        env.provider.launch(env.request())
+        make_provider(fake, retry=no_retries()).launch(env.request())
     assert type(caught.value) is expected and caught.value.provider == "gcp"
     if status == 401:  # google-auth refreshes the credential on a 401 first; that failure is what surfaces
         assert caught.value.detail == "InvalidOperation"
     else:
         assert message in str(caught.value)
+
+
+def test_a_lost_insert_answer_is_retried_at_once_with_the_same_request_id(fake: GcpComputeFake) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    fake.drop_response("insert")  # carried out, answer lost: the adapter retries, Google answers from the requestId
+
+    inst = provider.launch(req)
+
+    inserts = fake.recorded("POST", "/instances")
+    assert [c.query["requestId"] for c in inserts] == [[request_id(req.launch_token)]] * 2
+    assert fake.created == {instance_name(req.launch_token): 1} and fake.replayed == 1
+    assert inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    assert retry.retries_made == 1 and len(slept) == 1
+
+
+TRANSIENT = [(429, "rateLimitExceeded"), (503, "backendError"), (500, "backendError")]
+
+
+@pytest.mark.parametrize(("status", "reason"), TRANSIENT)
+def test_transient_failures_are_retried_with_backoff_and_bounded(
+    fake: GcpComputeFake, status: int, reason: str
+) -> None:
+    retry, slept = recorded_retries(attempts=3)
+    provider = make_provider(fake, retry=retry)
+    fake.fail("insert", status, reason, count=2)
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert inst.state is InstanceState.RUNNING
+    assert len(fake.recorded("POST", "/instances")) == 3 and retry.retries_made == 2
+    assert len(slept) == 2 and all(
+        0 <= p <= min(retry.cap_seconds, retry.base_seconds * 2**n) for n, p in enumerate(slept)
+    )
+
+    fake.fail("insert", status, reason, count=3)  # one more than the policy allows: the broker gets it, typed
+    with pytest.raises(Throttled):
+        provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert len(fake.recorded("POST", "/instances")) == 6
+
+
+def test_definitive_answers_are_never_retried(fake: GcpComputeFake) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    env = ContractEnv(provider=provider, offering=offering())
+    fake.fail_operation("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough resources.", 503)
+    with pytest.raises(InsufficientCapacity):
+        provider.launch(env.request())
+    fake.fail("insert", 403, "quotaExceeded", "Quota 'NVIDIA_T4_GPUS' exceeded.")
+    with pytest.raises(QuotaExceeded):
+        provider.launch(env.request())
+    fake.fail("insert", 403, "forbidden", "Required 'compute.instances.create' permission")
+    with pytest.raises(AuthError):
+        provider.launch(env.request())
+    assert len(fake.recorded("POST", "/instances")) == 3 and retry.retries_made == 0 and not slept
+
+
+def test_the_client_librarys_own_retries_are_off(fake: GcpComputeFake) -> None:
+    """The generated `instances.get` retries a 503 for up to 600 s by default; the adapter passes retry=None, so
+    one policy attempt is one request."""
+    provider = make_provider(fake, retry=no_retries())
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    fake.fail("get", 503, "backendError", count=5)
+    before = len(fake.recorded("GET", "/instances/" + inst.id.split("/")[1]))
+    with pytest.raises(Throttled):
+        provider.get(inst.id)
+    assert len(fake.recorded("GET", "/instances/" + inst.id.split("/")[1])) == before + 1
+
+
+def test_every_call_has_a_timeout(fake: GcpComputeFake) -> None:
+    """An endpoint that accepts the connection and never answers costs `timeout` per attempt, not forever."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes the handshakes; nobody ever reads or answers
+        host, port = silent.getsockname()
+        retry, _ = recorded_retries(attempts=2)
+        provider = make_provider(fake, endpoint=f"http://{host}:{port}", timeout=0.3, retry=retry)
+        started = time.monotonic()
+        with pytest.raises(Throttled):
+            provider.get(f"{ZONE}/ovs-anything")
+        assert time.monotonic() - started < 5
+    assert retry.attempts_made == 2
 
 
 OPERATION_ERRORS = [
