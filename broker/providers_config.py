@@ -2,22 +2,52 @@
 
 - `OVERSPILL_AWS_LAUNCH=true` with `OVERSPILL_AWS_REGIONS` and `OVERSPILL_AWS_IMAGE_ID`: launch on EC2 (spot and
   on-demand); `OVERSPILL_AWS_INTERRUPTION_QUEUE_URL` to receive EventBridge spot warnings through SQS.
+- `OVERSPILL_GCP_LAUNCH=true` with `OVERSPILL_GCP_PROJECT`, `OVERSPILL_GCP_REGIONS` and `OVERSPILL_GCP_IMAGE`: launch
+  on Compute Engine (Spot and standard VMs) in the zones of those regions, with Application Default Credentials
+  (google.auth.default) and the REST transport; `OVERSPILL_GCP_ENDPOINT` points the clients elsewhere (the same
+  override the GCP price feed uses).
+- `OVERSPILL_AZURE_LAUNCH=true` with `OVERSPILL_AZURE_SUBSCRIPTION_ID`, `_RESOURCE_GROUP`, `_LOCATION`,
+  `_SUBNET_ID`, `_IMAGE_REFERENCE` and `_SSH_PUBLIC_KEY`: launch Azure VMs (Spot and regular) in that one location,
+  with DefaultAzureCredential; `OVERSPILL_AZURE_ENDPOINT` points the ARM client elsewhere. One provider serves one
+  location, so `OVERSPILL_AZURE_REGIONS` (the prices the broker places on) may name no other.
 - `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud.
 - `OVERSPILL_SLURM_PARTITIONS={...}`: the on-prem Slurm cluster (its pools, pressure and queue), priced at each
   partition's internal $/GPU-hour.
 The built-in simulated providers are wired in `broker.runtime`.
+
+Every cloud adapter retries transient failures itself (`OVERSPILL_CLOUD_RETRY_ATTEMPTS` calls at most, jittered
+backoff, never a capacity or quota answer: providers/retry.py), so each SDK's own retries are off (botocore
+`total_max_attempts=1`, google-api-core `retry=None` on every call, azure-core `retry_total=0`) and every call has
+`OVERSPILL_CLOUD_TIMEOUT_SECONDS` to connect and to answer.
+
+Test credentials: `OVERSPILL_GCP_ANONYMOUS_CREDENTIALS=true` (no Google credentials at all) and
+`OVERSPILL_AZURE_STATIC_TEST_TOKEN=true` (a fixed bearer token, sent over plain http too) exist for tests against
+local stand-ins; each is refused unless its endpoint override is set, and in production.
+A setting missing for an enabled provider raises `ValueError` naming the variable.
+
+`gcp_credentials(settings)` and `azure_compute_client(settings)` are the credential and ARM client wiring on their
+own, for other code that talks to the same clouds (the price feeds) to share.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.settings import Settings
 from providers.base import ComputeProvider
+
+GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+ARM_SCOPE = "https://management.azure.com/.default"
 
 
 def build_providers(settings: Settings) -> list[ComputeProvider]:
     out: list[ComputeProvider] = []
     if settings.aws_launch:
         out.append(_aws(settings))
+    if settings.gcp_launch:
+        out.append(_gcp(settings))
+    if settings.azure_launch:
+        out.append(_azure(settings))
     if settings.libcloud_provider:
         out.append(_libcloud(settings))
     if settings.slurm_partitions:
@@ -82,6 +112,144 @@ def _aws(settings: Settings) -> ComputeProvider:
         subnet_for=(lambda off: subnets.get(off.zone)) if subnets else None,
         retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
         redeliver_after=timedelta(seconds=settings.aws_interruption_redeliver_seconds),
+    )
+
+
+def _test_only(settings: Settings, flag: str, endpoint: str | None, endpoint_var: str) -> None:
+    """A test-credentials flag is honoured only against an endpoint override, and never in production."""
+    if not endpoint:
+        raise ValueError(f"{flag} is for tests against a local endpoint: it needs {endpoint_var}")
+    if settings.env == "production":
+        raise ValueError(f"{flag} is for tests: refused with OVERSPILL_ENV=production")
+
+
+def gcp_credentials(settings: Settings) -> Any:
+    """The Google credentials the settings call for: Application Default Credentials (google.auth.default), or
+    anonymous ones for tests (`OVERSPILL_GCP_ANONYMOUS_CREDENTIALS`, only with `OVERSPILL_GCP_ENDPOINT`)."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if settings.gcp_anonymous_credentials:
+        _test_only(settings, "OVERSPILL_GCP_ANONYMOUS_CREDENTIALS", settings.gcp_endpoint, "OVERSPILL_GCP_ENDPOINT")
+        return AnonymousCredentials()
+    try:
+        credentials, _ = google.auth.default(scopes=[GCP_SCOPE])
+    except DefaultCredentialsError as exc:
+        raise ValueError(
+            "Google Application Default Credentials are needed (GOOGLE_APPLICATION_CREDENTIALS, "
+            f"`gcloud auth application-default login` or an attached service account): {exc}"
+        ) from exc
+    return credentials
+
+
+def azure_compute_client(settings: Settings) -> Any:
+    """The ARM compute client the settings describe: `OVERSPILL_AZURE_SUBSCRIPTION_ID`, DefaultAzureCredential (or
+    the static test token with `OVERSPILL_AZURE_ENDPOINT`), azure-core's retries off (`retry_total=0`: callers
+    retry transient failures themselves) and `OVERSPILL_CLOUD_TIMEOUT_SECONDS` to connect and to read."""
+    import time
+
+    from azure.core.credentials import AccessToken, TokenCredential
+    from azure.mgmt.compute import ComputeManagementClient
+    from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy
+
+    client_options: dict[str, Any] = {
+        "retry_total": 0,
+        "connection_timeout": settings.cloud_timeout_seconds,
+        "read_timeout": settings.cloud_timeout_seconds,
+    }
+    if settings.azure_endpoint:
+        client_options["base_url"] = settings.azure_endpoint
+        client_options["credential_scopes"] = [ARM_SCOPE]
+    credential: TokenCredential
+    if settings.azure_static_test_token:
+        _test_only(settings, "OVERSPILL_AZURE_STATIC_TEST_TOKEN", settings.azure_endpoint, "OVERSPILL_AZURE_ENDPOINT")
+
+        class StaticTestToken:
+            """A fixed bearer token for a local ARM stand-in."""
+
+            def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+                return AccessToken("overspill-static-test-token", int(time.time()) + 3600)
+
+        class PlainHttpBearer(ARMChallengeAuthenticationPolicy):
+            """azure-core refuses a bearer token over http unless `enforce_https` is off (a local stand-in)."""
+
+            def on_request(self, request: Any) -> None:
+                request.context["enforce_https"] = False
+                super().on_request(request)
+
+        credential = StaticTestToken()
+        if str(settings.azure_endpoint).startswith("http://"):
+            client_options["authentication_policy"] = PlainHttpBearer(credential, ARM_SCOPE)
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return ComputeManagementClient(credential, settings.azure_subscription_id, **client_options)
+
+
+def _gcp(settings: Settings) -> ComputeProvider:
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    from providers.gcp import GcpProvider
+    from providers.retry import RetryPolicy
+
+    if not settings.gcp_project or not settings.gcp_regions or not settings.gcp_image:
+        raise ValueError(
+            "OVERSPILL_GCP_LAUNCH needs OVERSPILL_GCP_PROJECT, OVERSPILL_GCP_REGIONS and OVERSPILL_GCP_IMAGE"
+        )
+    credentials = gcp_credentials(settings)
+    options = ClientOptions(api_endpoint=settings.gcp_endpoint) if settings.gcp_endpoint else None
+    # one credential for both clients (one token); the adapter passes retry=None and a timeout on every call
+    instances = compute_v1.InstancesClient(transport="rest", client_options=options, credentials=credentials)
+    operations = compute_v1.ZoneOperationsClient(transport="rest", client_options=options, credentials=credentials)
+    return GcpProvider(
+        instances,
+        operations,
+        project=settings.gcp_project,
+        broker_id=settings.broker_id,
+        image=settings.gcp_image,
+        network=settings.gcp_network,
+        termination_action=settings.gcp_termination_action,
+        timeout=settings.cloud_timeout_seconds,
+        retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
+    )
+
+
+def _azure(settings: Settings) -> ComputeProvider:
+    from providers.azure import AzureProvider
+    from providers.retry import RetryPolicy
+
+    required = {
+        "OVERSPILL_AZURE_SUBSCRIPTION_ID": settings.azure_subscription_id,
+        "OVERSPILL_AZURE_RESOURCE_GROUP": settings.azure_resource_group,
+        "OVERSPILL_AZURE_LOCATION": settings.azure_location,
+        "OVERSPILL_AZURE_SUBNET_ID": settings.azure_subnet_id,
+        "OVERSPILL_AZURE_IMAGE_REFERENCE": settings.azure_image_reference,
+        "OVERSPILL_AZURE_SSH_PUBLIC_KEY": settings.azure_ssh_public_key,
+    }
+    missing = [name for name, value in required.items() if not value]
+    if missing:
+        raise ValueError(f"OVERSPILL_AZURE_LAUNCH needs {', '.join(missing)}")
+    elsewhere = sorted({r for r in settings.azure_regions if r.lower() != settings.azure_location.lower()})
+    if elsewhere:
+        raise ValueError(
+            f"OVERSPILL_AZURE_REGIONS prices {', '.join(elsewhere)}, where OVERSPILL_AZURE_LOCATION="
+            f"{settings.azure_location} cannot launch: one Azure provider launches in one location"
+        )
+    return AzureProvider(
+        azure_compute_client(settings),
+        resource_group=settings.azure_resource_group,
+        location=settings.azure_location,
+        broker_id=settings.broker_id,
+        subnet_id=settings.azure_subnet_id,
+        image_reference=settings.azure_image_reference,
+        admin_username=settings.azure_admin_username,
+        ssh_public_key=settings.azure_ssh_public_key,
+        eviction_policy=settings.azure_eviction_policy,
+        polling_interval=settings.azure_polling_interval_seconds,
+        retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
     )
 
 

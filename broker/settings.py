@@ -75,6 +75,40 @@ class Settings(BaseSettings):
     aws_interruption_redeliver_seconds: int = Field(
         default=60, ge=0, le=43200, description="an unacknowledged spot warning comes back after this"
     )
+    gcp_launch: bool = Field(
+        default=False, description="launch jobs on Compute Engine in gcp_project, in the zones of gcp_regions"
+    )
+    gcp_image: str = Field(default="", description="boot image with Docker and NVIDIA drivers (URL or family path)")
+    gcp_network: str = Field(default="global/networks/default", description="VPC network of the VMs")
+    gcp_termination_action: Literal["STOP", "DELETE"] = Field(
+        default="STOP", description="what Google does to a preempted Spot VM (STOP keeps the evidence)"
+    )
+    gcp_anonymous_credentials: bool = Field(
+        default=False, description="tests only: no Google credentials, honoured only with gcp_endpoint set"
+    )
+    azure_launch: bool = Field(
+        default=False, description="launch jobs on Azure VMs in azure_subscription_id / azure_resource_group"
+    )
+    azure_resource_group: str = Field(default="", description="resource group the VMs are created in")
+    azure_location: str = Field(default="", description="the one location VMs are created in (e.g. eastus)")
+    azure_subnet_id: str = Field(default="", description="ARM id of the subnet the VMs' NICs join")
+    azure_image_reference: dict[str, str] = Field(
+        default_factory=dict,
+        description='e.g. {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", '
+        '"version": "latest"} or {"id": "/subscriptions/.../images/..."}',
+    )
+    azure_admin_username: str = Field(default="overspill", description="the VMs' admin user (SSH key only)")
+    azure_ssh_public_key: str = Field(default="", description="the admin user's SSH public key")
+    azure_eviction_policy: Literal["Delete", "Deallocate"] = Field(
+        default="Delete", description="what Azure does to an evicted Spot VM"
+    )
+    azure_polling_interval_seconds: float | None = Field(
+        default=None, ge=0, description="poll a VM create this often when ARM sends no Retry-After (SDK: 30 s)"
+    )
+    azure_endpoint: str | None = Field(default=None, description="ARM endpoint override for tests")
+    azure_static_test_token: bool = Field(
+        default=False, description="tests only: a fixed bearer token, honoured only with azure_endpoint set"
+    )
     slurm_partitions: dict[str, dict[str, str]] = Field(
         default_factory=dict,
         description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '
