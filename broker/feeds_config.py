@@ -85,13 +85,15 @@ def _gcp(settings: Settings) -> OfferingSource:
     from google.api_core.client_options import ClientOptions
     from google.cloud import billing_v1, compute_v1
 
+    from broker.providers_config import gcp_credentials
     from pricing.feeds.gcp import GcpPriceFeed
 
     options = ClientOptions(api_endpoint=settings.gcp_endpoint) if settings.gcp_endpoint else None
+    credentials = gcp_credentials(settings)  # the launch adapter's: ADC, or the test endpoint's anonymous ones
     feed = GcpPriceFeed(
-        billing_v1.CloudCatalogClient(transport="rest", client_options=options),
-        compute_v1.MachineTypesClient(transport="rest", client_options=options),
-        compute_v1.AcceleratorTypesClient(transport="rest", client_options=options),
+        billing_v1.CloudCatalogClient(transport="rest", client_options=options, credentials=credentials),
+        compute_v1.MachineTypesClient(transport="rest", client_options=options, credentials=credentials),
+        compute_v1.AcceleratorTypesClient(transport="rest", client_options=options, credentials=credentials),
         settings.gcp_project,
         regions=settings.gcp_regions or None,
     )
@@ -106,10 +108,11 @@ def _azure(settings: Settings) -> OfferingSource:
 
     compute = None
     if settings.azure_subscription_id:
-        from azure.identity import DefaultAzureCredential
-        from azure.mgmt.compute import ComputeManagementClient
+        from broker.providers_config import azure_compute_client
 
-        compute = ComputeManagementClient(DefaultAzureCredential(), settings.azure_subscription_id)
+        # the launch adapter's client: its credential, endpoint override and timeouts (a failed VM-size read
+        # keeps the built-in sizes until the next refresh)
+        compute = azure_compute_client(settings)
     feed = AzurePriceFeed(
         httpx.Client(timeout=60), settings.azure_regions, compute=compute, base_url=settings.azure_prices_url
     )

@@ -89,3 +89,35 @@ def test_configured_feeds_fill_the_pools(moto_endpoint: str, tmp_path: Path, mon
         assert not failed["prices:azure"]["ok"] and "500" in failed["prices:azure"]["error"]
         kept = api.get("/v1/pools", params={"provider": "azure"}).json()
         assert kept and all(p["stale"] for p in kept)
+
+
+@pytest.mark.integration
+def test_the_azure_feed_sizes_pools_through_the_configured_arm_client(tmp_path: Path) -> None:
+    """The feed's ARM client is the launch adapter's (`azure_compute_client`): the endpoint override and its
+    credential reach the vmSizes call, so a configured broker never sizes pools against another ARM."""
+    from datetime import UTC, datetime
+
+    from broker.db import make_engine
+    from broker.feeds_config import build_price_feeds
+    from tests.azure_fake import default_vm_sizes
+
+    sizes = default_vm_sizes()
+    for s in sizes["eastus"]:
+        if s["name"] == "Standard_NC24ads_A100_v4":
+            s["memoryInMB"] = 230400  # 225 GiB: only ARM says so (the built-in table has 220)
+    with AzureFake(vm_sizes=sizes) as azure:
+        settings = Settings(
+            database_url=f"sqlite:///{tmp_path / 'feeds.db'}",
+            simulated=False,
+            azure_regions=["eastus"],
+            azure_prices_url=azure.prices_url,
+            azure_subscription_id="00000000-0000-0000-0000-000000000001",
+            azure_endpoint=azure.arm_url,
+            azure_static_test_token=True,
+        )
+        [feed] = build_price_feeds(settings, make_engine(settings))
+        offerings = feed.offerings(datetime.now(UTC))
+        calls = azure.recorded("vmsizes")
+    [a100] = [o for o in offerings if o.instance_type == "Standard_NC24ads_A100_v4" and o.capacity_type.value == "spot"]
+    assert a100.memory_gib == 225
+    assert len(calls) == 1 and calls[0].headers["Authorization"].startswith("Bearer ")
