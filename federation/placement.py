@@ -74,8 +74,9 @@ class PlacementParams:
 
 @dataclass(frozen=True, slots=True)
 class PlacementContext:
-    """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region` and
-    `provider/region/zone` keys to avoid; `checkpoint_at` is `(provider, region)` of the latest checkpoint."""
+    """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region`,
+    `provider/region/zone` and pool keys to avoid (see `blocked`); `checkpoint_at` is `(provider, region)` of the
+    latest checkpoint."""
 
     now: datetime
     remaining_work_hours: Decimal
@@ -193,6 +194,17 @@ def _cost(off: Offering, run_hours: float, transfer: Decimal) -> Decimal:
     return (off.price.hourly_usd * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
 
 
+def blocked(off: Offering, blocklist: frozenset[str]) -> bool:
+    """Whether a blocklist entry covers the pool: its provider, `provider/region`, `provider/region/zone`, or the
+    pool's own key (a pool that refused one job's launch is avoided for that job only)."""
+    return bool(blocklist) and (
+        off.provider in blocklist
+        or f"{off.provider}/{off.region}" in blocklist
+        or f"{off.provider}/{off.region}/{off.zone}" in blocklist
+        or off.key in blocklist
+    )
+
+
 def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | RejectReason:
     """The verdict on one pool without building an explanation (the per-decision hot path)."""
     reason = _shape_reason(job, off)
@@ -200,11 +212,7 @@ def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rej
         return reason
     if not off.available:
         return RejectReason.UNAVAILABLE
-    if ctx.blocklist and (
-        off.provider in ctx.blocklist
-        or f"{off.provider}/{off.region}" in ctx.blocklist
-        or f"{off.provider}/{off.region}/{off.zone}" in ctx.blocklist
-    ):
+    if ctx.blocklist and blocked(off, ctx.blocklist):
         return RejectReason.BLOCKLISTED
     if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
         return RejectReason.OVER_HOURLY_CEILING
@@ -228,7 +236,7 @@ def explain(reason: RejectReason, job: JobSpec, off: Offering, ctx: PlacementCon
     if reason is RejectReason.UNAVAILABLE:
         return "provider reports no capacity"
     if reason is RejectReason.BLOCKLISTED:
-        return "recent launch failure here"
+        return "a recent launch failure or reclaim here, or this pool refused this job's launch request"
     if reason is RejectReason.OVER_HOURLY_CEILING:
         return f"${off.price.hourly_usd}/h is over max_hourly_usd ${job.max_hourly_usd}/h"
     run_hours = _run_hours(off, ctx)

@@ -47,7 +47,15 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
-from federation.placement import Candidate, PlacementContext, PlacementParams, ever_feasible, judge, quote
+from federation.placement import (
+    Candidate,
+    PlacementContext,
+    PlacementParams,
+    blocked,
+    ever_feasible,
+    judge,
+    quote,
+)
 from pricing.book import PriceBook
 from providers.model import ZERO_USD, CapacityType, JobSpec, Offering
 
@@ -205,14 +213,6 @@ def pools(
                 out.append(off)
     out.sort(key=lambda o: (o.price.hourly_usd, o.key))
     return out
-
-
-def blocked(off: Offering, blocklist: frozenset[str]) -> bool:
-    return bool(blocklist) and (
-        off.provider in blocklist
-        or f"{off.provider}/{off.region}" in blocklist
-        or f"{off.provider}/{off.region}/{off.zone}" in blocklist
-    )
 
 
 def recent_blocklist(state: RunState, hours: float, scope: str = "zone") -> frozenset[str]:

@@ -21,6 +21,7 @@ from providers.base import (
     InstanceState,
     InsufficientCapacity,
     InterruptionNotice,
+    InvalidRequest,
     LaunchRequest,
     NotFound,
 )
@@ -54,6 +55,7 @@ class ScriptedCloud:
         self.prices: dict[str, Decimal] = {z: Decimal("10") for z in zones}
         self.on_demand: dict[str, Decimal] = {}  # zones that also offer on-demand capacity, at these prices
         self.no_capacity: set[str] = set()
+        self.invalid: set[str] = set()  # zones that refuse every launch request as invalid
         self.vms: dict[str, _Vm] = {}
         self.launch_calls = 0
         self.notices: list[InterruptionNotice] = []
@@ -101,6 +103,8 @@ class ScriptedCloud:
                 return vm.instance
         if request.offering.zone in self.no_capacity:
             raise InsufficientCapacity(f"no capacity in {request.offering.zone}", provider=self.name)
+        if request.offering.zone in self.invalid:
+            raise InvalidRequest(f"{request.offering.instance_type} is not supported here", provider=self.name)
         now = self.clock()
         pending = request.offering.zone in self.slow_start
         inst = Instance(

@@ -216,6 +216,30 @@ def test_job_cancelled_between_record_and_launch_launches_nothing(
     assert _ledger(srt, job_id) == []
 
 
+def test_a_pool_that_refuses_a_jobs_launch_as_invalid_is_not_tried_again_for_it(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    """z1 is the cheapest pool, but refuses this job's configuration (EC2 `Unsupported`, say): the job moves to z2
+    for good, without a launch attempt at z1 every tick; another job is still free to try z1."""
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("11")}
+    cloud.invalid = {"z1"}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock.advance(minutes=1))  # placed on z1, refused
+    tick(srt, clock.advance(minutes=1))  # placed on z2
+    for _ in range(3):
+        tick(srt, clock.advance(minutes=10))
+    first, second = _placements(srt, job_id)
+    assert (first.zone, first.state) == ("z1", "failed") and first.detail.startswith("InvalidRequest:")
+    assert (second.zone, second.state) == ("z2", "running")
+    assert [r.offering.zone for r in cloud.requests] == ["z1", "z2"]
+    cloud.invalid = set()
+    other = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock.advance(minutes=1))
+    [placement] = _placements(srt, other)
+    assert placement.zone == "z1", "the refusal was about the first job's request, not the pool for everyone"
+
+
 def test_interruption_notice_replaces_before_the_reclaim(
     srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
 ) -> None:

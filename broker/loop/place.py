@@ -40,7 +40,7 @@ from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, tr
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
-from federation.placement import Candidate, PlacementContext, evaluate, place, quote
+from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
 from federation.strategies import Move, Preemption, RunState, decide, make_strategy
 from pricing.book import PriceBook
 from providers.base import (
@@ -53,7 +53,7 @@ from providers.base import (
     Scope,
     Throttled,
 )
-from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, Tags
+from providers.model import CapacityType, JobSpec, JobState, PlacementState, Tags
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _place_one(
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
         bind_job(job)
-        ctx = placement_context(rt, job, now, blocklist)
+        ctx = placement_context(rt, job, now, blocklist | refused_pools(session, job))
         best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets)
         if best is None:
             if pause:
@@ -208,6 +208,22 @@ def choose_pool(
     return best, reason, pause
 
 
+def refused_pools(session: Session, job: Job) -> frozenset[str]:
+    """The pools that refused this job's launch request as invalid (`InvalidRequest`: a configuration the pool
+    does not support, a pool no longer offered, a request the cloud rejects): placing the job there again would be
+    refused again, so they are out of this job's choices for good; other jobs may still use them."""
+    if job.attempts == 0:
+        return frozenset()
+    keys = session.exec(
+        select(Placement.offering_key).where(
+            Placement.job_id == job.id,
+            Placement.state == PlacementState.FAILED.value,
+            col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
+        )
+    ).all()
+    return frozenset(keys)
+
+
 def _not_before_previous(session: Session, job: Job, now: datetime) -> datetime:
     """`now`, or the end of the job's previous placement if that is later.
 
@@ -280,16 +296,9 @@ def _without_blocked(book: PriceBook, spec: JobSpec, blocklist: frozenset[str], 
         item.offering
         for group in book.for_accelerators(spec.accelerators)
         for item in group
-        if not (
-            {item.offering.provider, f"{item.offering.provider}/{item.offering.region}", _zone_key(item.offering)}
-            & blocklist
-        )
+        if not blocked(item.offering, blocklist)
     ]
     return PriceBook.build(keep, now, book.feed_observed_at)
-
-
-def _zone_key(off: Offering) -> str:
-    return f"{off.provider}/{off.region}/{off.zone}"
 
 
 def _refresh_provider(rt: Runtime, book: PriceBook, provider: str, now: datetime) -> PriceBook:

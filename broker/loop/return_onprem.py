@@ -26,7 +26,7 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, locked
-from broker.loop.place import choose_pool, placement_context
+from broker.loop.place import choose_pool, placement_context, refused_pools
 from broker.loop.sync import stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
@@ -160,7 +160,9 @@ def _decide(
         done = inst.checkpointed_work_hours
     remaining = max(Decimal("0"), p.work_hours_at_start - done)
     spec = spec_of(job)
-    ctx = replace(placement_context(rt, job, now, blocklist), remaining_work_hours=remaining)
+    ctx = replace(
+        placement_context(rt, job, now, blocklist | refused_pools(session, job)), remaining_work_hours=remaining
+    )
     best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
