@@ -214,6 +214,56 @@ def submit(
         console.print(f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}")
 
 
+@app.command()
+def update(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    max_total_usd: Annotated[str | None, typer.Option(help="new total ceiling, USD")] = None,
+    max_hourly_usd: Annotated[str | None, typer.Option(help="new hourly ceiling, USD ('none' removes it)")] = None,
+    deadline: Annotated[str | None, typer.Option(help="new deadline, ISO 8601 with a zone ('none' removes it)")] = None,
+    priority: Annotated[int | None, typer.Option(help="new priority (-1000..1000)")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Change a job's ceilings, deadline or priority; a paused job resumes under the new limits."""
+    changes: dict[str, object] = {}
+    if max_total_usd is not None:
+        changes["max_total_usd"] = max_total_usd
+    for name, value in (("max_hourly_usd", max_hourly_usd), ("deadline", deadline)):
+        if value is not None:
+            changes[name] = None if value.lower() == "none" else value
+    if priority is not None:
+        changes["priority"] = priority
+    try:
+        job = BrokerClient(url, api_key).update(job_id, changes)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(job))
+    else:
+        console.print(f"updated [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}")
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a job; the next tick stops any instance it holds."""
+    try:
+        job = BrokerClient(url, api_key).cancel(job_id)
+    except ApiError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(job))
+    else:
+        console.print(f"cancelled [bold]{job['id']}[/bold]")
+
+
 @app.command(name="jobs")
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="filter by state")] = None,

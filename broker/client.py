@@ -1,4 +1,4 @@
-"""A small HTTP client for the CLI's user commands (submit, jobs, quote, pools)."""
+"""A small HTTP client for the CLI's user commands (submit, update, cancel, jobs, quote, pools)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ class BrokerClient:
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._call("POST", "/v1/jobs", json=spec, headers=headers)  # type: ignore[no-any-return]
+
+    def update(self, job_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/jobs/{job_id}", json=changes)  # type: ignore[no-any-return]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
     def jobs(self, **params: Any) -> dict[str, Any]:
         return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})  # type: ignore[no-any-return]

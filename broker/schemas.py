@@ -71,6 +71,27 @@ class JobCreate(BaseModel):
         return self
 
 
+class JobUpdate(BaseModel):
+    """New limits or priority for a job that has not ended. Only the fields sent change; `null` removes
+    `max_hourly_usd` or `deadline`. A paused job goes back to pending, to be placed under the new limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_total_usd: Usd | None = None
+    max_hourly_usd: Usd | None = None
+    deadline: Annotated[datetime | None, AfterValidator(_aware)] = None
+    priority: int | None = Field(default=None, ge=-1000, le=1000)
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> JobUpdate:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of max_total_usd, max_hourly_usd, deadline, priority")
+        for name in ("max_total_usd", "priority"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} cannot be removed, only changed")
+        return self
+
+
 class PlacementPublic(BaseModel):
     id: str
     offering_key: str

@@ -178,6 +178,50 @@ def test_cancel_is_idempotent_and_recorded(client: TestClient) -> None:
     assert kinds == ["submitted", "cancelled"]
 
 
+def test_update_changes_limits_and_records_each_change(client: TestClient, rt: Runtime) -> None:
+    job = client.post("/v1/jobs", json=job_body(max_hourly_usd="9")).json()
+    resp = client.patch(f"/v1/jobs/{job['id']}", json={"max_total_usd": "80", "max_hourly_usd": None, "priority": 5})
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    assert (got["max_total_usd"], got["state"]) == ("80", "pending")
+    assert got["spec"]["max_hourly_usd"] is None and got["spec"]["priority"] == 5
+    with Session(rt.engine) as s:
+        stored = s.get(Job, job["id"])
+        assert stored is not None
+        assert (stored.max_total_usd, stored.max_hourly_usd, stored.priority) == (80, None, 5)
+    [updated] = [e for e in client.get(f"/v1/jobs/{job['id']}/events").json() if e["kind"] == "updated"]
+    assert "max_total_usd 50 -> 80" in updated["message"] and "priority 0 -> 5" in updated["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({}, 422, "max_total_usd"),  # nothing to change: the message lists what may change
+        ({"max_total_usd": None}, 422, "max_total_usd"),
+        ({"max_total_usd": "-5"}, 422, "max_total_usd"),
+        ({"deadline": "2020-01-01T00:00:00Z"}, 422, "deadline"),
+        ({"deadline": "2030-01-01T00:00:00"}, 422, "deadline"),  # no time zone
+        ({"gpu_count": 2}, 422, "gpu_count"),  # the job's shape is fixed at submission
+        ({"priority": 5000}, 422, "priority"),
+    ],
+)
+def test_update_refuses_bad_changes_naming_the_field(
+    client: TestClient, body: dict[str, object], status: int, field: str
+) -> None:
+    job = client.post("/v1/jobs", json=job_body()).json()
+    resp = client.patch(f"/v1/jobs/{job['id']}", json=body)
+    assert resp.status_code == status, resp.text
+    assert field in resp.json()["message"]
+    assert client.get(f"/v1/jobs/{job['id']}").json()["max_total_usd"] == "50"
+
+
+def test_update_of_an_ended_job_conflicts(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json=job_body()).json()
+    client.post(f"/v1/jobs/{job['id']}/cancel")
+    resp = client.patch(f"/v1/jobs/{job['id']}", json={"max_total_usd": "80"})
+    assert resp.status_code == 409 and "cancelled" in resp.json()["message"]
+
+
 def test_body_size_limit(client: TestClient) -> None:
     resp = client.post("/v1/jobs", content=b"{" + b" " * 2_000_000 + b"}", headers={"Content-Type": "application/json"})
     assert resp.status_code == 413

@@ -63,6 +63,15 @@ def test_submit_jobs_quote_pools_against_a_server(server: str, tmp_path: Path) -
     bad.write_text(json.dumps(job_body(gpu_count=0)))
     failed = runner.invoke(app, ["submit", str(bad)], env=env)
     assert failed.exit_code == 1 and "gpu_count" in failed.output
+    raised = runner.invoke(
+        app, ["update", job["id"], "--max-total-usd", "75", "--max-hourly-usd", "none", "--json"], env=env
+    )
+    assert raised.exit_code == 0, raised.output
+    assert json.loads(raised.output)["max_total_usd"] == "75"
+    refused = runner.invoke(app, ["update", job["id"], "--deadline", "2020-01-01T00:00:00Z"], env=env)
+    assert refused.exit_code == 1 and "deadline" in refused.output
+    cancelled = runner.invoke(app, ["cancel", job["id"], "--json"], env=env)
+    assert cancelled.exit_code == 0 and json.loads(cancelled.output)["state"] == "cancelled"
 
 
 def test_cli_reports_unreachable_broker(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/quotes"): job_body(name="b-quote"),
     ("POST", "/v1/keys"): {"role": "submitter", "name": "b"},
     ("PATCH", "/v1/budgets/{budget_id}"): {"amount_usd": "1"},
+    ("PATCH", "/v1/jobs/{job_id}"): {"max_total_usd": "1"},
     ("PATCH", "/v1/report-schedules/{schedule_id}"): {"name": "b"},
 }
 
@@ -157,4 +158,5 @@ def test_no_route_shows_or_touches_another_tenants_data(
     with Session(rt.engine) as s:
         after = s.get(Job, ids["job"])
     assert after is not None and after.state == before.state and after.state != "cancelled"
+    assert (after.max_total_usd, after.spec) == (before.max_total_usd, before.spec)
     assert any("{job_id}" in c for c in checked) and any("{placement_id}" in c for c in checked)

@@ -134,6 +134,31 @@ def test_price_spike_pauses_job_before_it_overspends(
     assert cloud.running() == []
 
 
+def test_a_job_paused_at_its_ceiling_resumes_when_the_ceiling_is_raised(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    cloud.prices = {"z1": Decimal("10"), "z2": Decimal("10")}
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="3", max_total_usd="36")).json()["id"]
+    tick(srt, clock())
+    _run(srt, clock, 6)
+    cloud.prices = {"z1": Decimal("30"), "z2": Decimal("30")}
+    _run(srt, clock, 12)
+    assert _job(srt, job_id).state == "paused"
+    spent = _job(srt, job_id).spent_usd
+    too_low = api.patch(f"/v1/jobs/{job_id}", json={"max_total_usd": str(spent - 1)})
+    assert too_low.status_code == 422 and "already spent" in too_low.json()["message"]
+    resp = api.patch(f"/v1/jobs/{job_id}", json={"max_total_usd": "120"})
+    assert resp.status_code == 200 and resp.json()["state"] == "pending"
+    _run(srt, clock, 20)
+    job = _job(srt, job_id)
+    assert job.state == "succeeded"
+    total = sum((e.usd for e in _ledger(srt, job_id)), Decimal("0"))
+    assert total == job.spent_usd <= Decimal("120")
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job_id}/events").json()]
+    assert kinds.index("paused") < kinds.index("updated") < kinds.index("resumed") < kinds.index("finished")
+
+
 def test_preemption_replaces_job_elsewhere_with_remaining_work(
     srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
 ) -> None:

@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, read, list, cancel, events."""
+"""/v1/jobs: submit, read, list, update (limits, priority; resumes a paused job), cancel, events."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from broker.deps import RuntimeDep, Submitter
 from broker.logging_setup import current_context
-from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic
+from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate
 from broker.services import jobs as svc
 from providers.model import JobState
 
@@ -62,6 +62,15 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
+    job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
+    return svc.job_public(job, placement)
+
+
+@router.patch("/{job_id}", response_model=JobPublic)
+def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitter) -> JobPublic:
+    """Raise (or lower) a job's ceilings, move its deadline or change its priority. A job paused to honour its
+    ceiling goes back to pending and is placed under the new limits."""
+    svc.update_job(rt.engine, principal.tenant, job_id, body, rt.clock())
     job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
     return svc.job_public(job, placement)
 

@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from broker.catalog import CatalogCache
 from broker.errors import Conflict, NotFoundError, Unprocessable
-from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, PlacementPublic
+from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import ever_feasible
 from providers.model import JobSpec, JobState
@@ -236,6 +236,51 @@ def cancel_job(engine: Engine, tenant: str, job_id: str, now: datetime) -> Job:
         job.finished_at = now
         session.add(job)
         add_event(session, job, now, "cancelled", "cancelled by request")
+        session.commit()
+        return job
+
+
+def update_job(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now: datetime) -> Job:
+    """Apply new limits or priority to a job that has not ended (`JobUpdate`), under the job's row lock, with an
+    `updated` event naming each change. A paused job goes back to pending (a `resumed` event): the next placement
+    round judges it under the new limits, and it waits or pauses again, with the reason, if they still do not fit.
+
+    Raises NotFoundError (not this tenant's), Conflict (the job has ended) and Unprocessable naming the field: a
+    ceiling below what the job has already spent, a deadline in the past."""
+    changes = update.model_dump(mode="json", include=update.model_fields_set)
+    with Session(engine, expire_on_commit=False) as session:
+        job = session.exec(select(Job).where(Job.id == job_id).with_for_update()).first()
+        if job is None or job.tenant != tenant:
+            raise NotFoundError("job", job_id)
+        if JobState(job.state).terminal:
+            raise Conflict("state", f"job already {job.state}: nothing left to change")
+        if update.max_total_usd is not None and update.max_total_usd < job.spent_usd:
+            raise Unprocessable(
+                "max_total_usd", f"${update.max_total_usd} is below the ${job.spent_usd} this job has already spent"
+            )
+        if update.deadline is not None and update.deadline <= now:
+            raise Unprocessable("deadline", "the deadline is in the past")
+        said = []
+        spec = dict(job.spec)
+        for name, value in changes.items():
+            said.append(f"{name} {spec.get(name)} -> {value}")
+            spec[name] = value
+        job.spec = spec  # a new dict: the JSON column sees the change
+        if "max_total_usd" in changes:
+            job.max_total_usd = update.max_total_usd  # type: ignore[assignment]
+        if "max_hourly_usd" in changes:
+            job.max_hourly_usd = update.max_hourly_usd
+        if "deadline" in changes:
+            job.deadline_at = update.deadline
+        if "priority" in changes:
+            job.priority = update.priority  # type: ignore[assignment]
+        job.updated_at = now
+        add_event(session, job, now, "updated", "; ".join(said), **changes)
+        if job.state == JobState.PAUSED.value:
+            job.state = JobState.PENDING.value
+            job.wait_reason = "resumed after an update: waiting for the next placement round"
+            add_event(session, job, now, "resumed", job.wait_reason)
+        session.add(job)
         session.commit()
         return job
 
