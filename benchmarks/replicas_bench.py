@@ -18,6 +18,8 @@ Run (from the repository root, in the environment where the project is installed
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tick-seconds", type=float, default=0.5, help="pause between one replica's ticks")
     parser.add_argument("--steady-ticks", type=int, default=3, help="ticks per replica once every job is placed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     pg = start_postgres()
@@ -53,6 +56,10 @@ def main() -> None:
         )
     finally:
         pg.stop()
+    if args.json:
+        figures = {k: v for k, v in dataclasses.asdict(report).items() if k != "workdir"}
+        print(json.dumps({**figures, "placements_per_second": report.placements_per_second}))
+        sys.exit(0 if not report.step_errors and not report.violations else 1)
     print(report.table(args.tick_procs, args.api_procs))
     print(
         f"load average (1/5/15 min) at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
