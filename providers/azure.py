@@ -21,6 +21,25 @@ Contract (see providers/base.py):
   (`deleteOption: Delete`).
 - `list_instances` lists the resource group and keeps VMs whose "overspill:broker" tag is this broker, reading each
   one's instance view for its power state.
+- `get_many(ids)` (the `BatchDescriber` the broker's sync step calls every tick) answers for any number of VMs with
+  two paged lists instead of one GET each. ARM has no single list call that returns both a VM's model (tags,
+  priority, zones, size, timeCreated, provisioningState) and its power state: `$expand=instanceView` on the VM
+  lists "can only be specified if a valid $filter option is specified", and the only `$filter` there is
+  `virtualMachineScaleSet/id`; `statusOnly=true` on the subscription list returns each VM's `instanceView.statuses`
+  (the same "ProvisioningState/..." and "PowerState/..." codes, with times) but only `id`, `name`, `location` and a
+  bare `properties` beside them (no tags). So: `virtualMachines.list(resource_group)` (the models; one request per
+  page, following `nextLink`), keeping the VMs asked for whose "overspill:broker" tag is this broker, then, when any
+  is left, `virtualMachines.list_all(status_only="true")` (the statuses; one request per page of the
+  subscription's VMs), joined on the resource id. Each VM then gets exactly the view `get` gives (the same `_view`,
+  so the same power-state, eviction and Preempt-event handling). A VM in the first list but missing from the second
+  (deleted or created between the two reads) has its instance view read alone (`instance_view`; a 404 there means
+  gone). An id absent from the answer is gone, as `get` raising `NotFound`, except that, as in `get`, an evicted
+  and deleted VM with a relayed Preempt event answers its last view as PREEMPTED, and a VM launched by this object
+  less than `consistency_grace` (60 s) ago that the list does not show is read alone with `get` (ARM documents no
+  read-after-write guarantee for lists; `launch` itself reads the VM back by name), its launch-time view answering
+  if that read fails too. A VM without this broker's tag is absent (`get` reads any VM by name). A failure of
+  either list after the retries raises a `ProviderError` for the whole batch; a 404 on a list (a resource group
+  that is not there) is a `ProviderError`, not `NotFound` for every id.
 
 Networking without azure-mgmt-network: the NIC is VM-managed (`networkProfile.networkApiVersion` "2020-11-01" +
 `networkInterfaceConfigurations` on `subnet_id`), so only the compute client is needed. The subnet must give the VM
@@ -75,8 +94,8 @@ import dataclasses
 import hashlib
 import re
 import threading
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 from email.utils import parsedate_to_datetime
 from enum import Enum
@@ -277,6 +296,7 @@ class AzureProvider:
         polling_interval: float | None = None,
         create_timeout: float = 900.0,
         retry: RetryPolicy | None = None,
+        consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if eviction_policy not in EVICTION_POLICIES:
@@ -301,6 +321,8 @@ class AzureProvider:
         self._event_ids: set[str] = set()
         self._preempt_notices: dict[str, InterruptionNotice] = {}  # VM name -> relayed Preempt notice
         self._last_seen: dict[str, Instance] = {}
+        self._grace = consistency_grace
+        self._recent: dict[str, tuple[datetime, Instance]] = {}  # VM name -> (launched at, launch-time view)
 
     # ----------------------------------------------------------------------------------------------- contract
 
@@ -349,12 +371,15 @@ class AzureProvider:
             failed = self._failure(vm, name)
             self._delete_quietly(name)
             raise failed
+        with self._lock:
+            self._recent[view.id] = (self._clock(), view)
         return view
 
     def terminate(self, instance_id: str) -> None:
         with self._lock:
             self._preempt_notices.pop(instance_id, None)
             self._last_seen.pop(instance_id, None)
+            self._recent.pop(instance_id, None)
         try:
             self._retried(lambda: self._vms.begin_delete(self.resource_group, instance_id, polling=False))
         except ResourceNotFoundError:
@@ -371,17 +396,68 @@ class AzureProvider:
         vm = self._read(instance_id)
         if vm is not None:
             return self._view(vm, vm.instance_view)
-        with self._lock:
-            notice = self._preempt_notices.get(instance_id)
-            last = self._last_seen.get(instance_id)
-        if notice is not None and last is not None:
-            return dataclasses.replace(
-                last,
-                state=InstanceState.PREEMPTED,
-                ended_at=notice.action_at or notice.at,
-                detail="evicted (Preempt scheduled event relayed) and deleted by evictionPolicy Delete",
-            )
+        evicted = self._evicted(instance_id)
+        if evicted is not None:
+            return evicted
         raise NotFound(f"VM {instance_id} not found in {self.resource_group}", provider=self.name)
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        """The view `get` gives of each VM asked for that exists and is this broker's, keyed by the id asked for,
+        from the resource group's VM list joined with the subscription's status-only list (see the module
+        docstring); ids absent are gone. Raises a `ProviderError` when a list fails after the retries."""
+        wanted: dict[str, list[str]] = {}
+        for iid in dict.fromkeys(instance_ids):
+            if iid:
+                wanted.setdefault(iid.lower(), []).append(iid)
+        models: list[m.VirtualMachine] = []
+        if wanted:
+            models = [
+                vm
+                for vm in self._listing(f"list {self.resource_group}", lambda: self._vms.list(self.resource_group))
+                if vm.name and vm.name.lower() in wanted and (vm.tags or {}).get(BROKER_TAG) == self.broker_id
+            ]
+        statuses: dict[str, m.VirtualMachineInstanceView | None] = {}
+        if models:
+            for vm in self._listing(
+                "list statuses of the subscription's VMs", lambda: self._vms.list_all(status_only="true")
+            ):
+                statuses[_text(vm.id).lower()] = vm.instance_view
+        out: dict[str, Instance] = {}
+        for vm in models:
+            name = str(vm.name)
+            iv = statuses.get(_text(vm.id).lower())
+            if iv is None:  # deleted or created between the two lists: ask this one VM
+                try:
+                    iv = self._instance_view(name)
+                except ResourceNotFoundError:
+                    continue
+                except HttpResponseError as exc:
+                    err = _error(self.name, exc, f"instance view of {name}")
+                    if isinstance(err, NotFound):
+                        continue
+                    raise err from exc
+                except AzureError as exc:
+                    raise Throttled(f"instance view of {name}: {exc}", provider=self.name) from exc
+            out.update(dict.fromkeys(wanted[name.lower()], self._view(vm, iv)))
+        now = self._clock()
+        with self._lock:
+            self._recent = {k: v for k, v in self._recent.items() if now - v[0] < self._grace}
+            recent = dict(self._recent)
+        for iid in dict.fromkeys(instance_ids):
+            if iid in out:
+                continue
+            if iid in recent:  # launched moments ago and not listed (yet?): ask for this one VM, as `get` does
+                try:
+                    out[iid] = self.get(iid)
+                except NotFound:
+                    pass
+                except ProviderError:
+                    out[iid] = recent[iid][1]
+                continue
+            evicted = self._evicted(iid)
+            if evicted is not None:
+                out[iid] = evicted
+        return out
 
     def list_instances(self) -> list[Instance]:
         out: list[Instance] = []
@@ -503,6 +579,34 @@ class AzureProvider:
     def _retried(self, fn: Callable[[], T]) -> T:
         """`fn()` under the retry policy (transient failures only); raw SDK errors, for the callers to type."""
         return self.retry.call(fn, transient, _retry_after)
+
+    def _listing(self, what: str, pages: Callable[[], Iterable[m.VirtualMachine]]) -> list[m.VirtualMachine]:
+        """Every item of a paged VM list (each page one request; the whole list retried on a transient failure),
+        its failure typed. A 404 is the container's (resource group, subscription), not the VMs': a
+        `ProviderError`, so that it never reads as every VM gone."""
+        try:
+            return self._retried(lambda: list(pages()))
+        except HttpResponseError as exc:
+            err = _error(self.name, exc, what)
+            if isinstance(err, NotFound):
+                raise ProviderError(str(err), provider=self.name, detail=err.detail or "HTTP 404") from exc
+            raise err from exc
+        except AzureError as exc:
+            raise Throttled(f"{what}: {exc}", provider=self.name) from exc
+
+    def _evicted(self, instance_id: str) -> Instance | None:
+        """The last view of a VM gone after a relayed Preempt event (evictionPolicy Delete), as PREEMPTED."""
+        with self._lock:
+            notice = self._preempt_notices.get(instance_id)
+            last = self._last_seen.get(instance_id)
+        if notice is None or last is None:
+            return None
+        return dataclasses.replace(
+            last,
+            state=InstanceState.PREEMPTED,
+            ended_at=notice.action_at or notice.at,
+            detail="evicted (Preempt scheduled event relayed) and deleted by evictionPolicy Delete",
+        )
 
     def _instance_view(self, name: str) -> m.VirtualMachineInstanceView:
         return self._retried(lambda: self._vms.instance_view(self.resource_group, name))

@@ -17,6 +17,25 @@ Contract (see providers/base.py):
 - `terminate` issues the delete and does not wait for it; a 404 (or a malformed id) is success.
 - `list_instances` runs one aggregated list filtered on `labels.overspill-broker`, then keeps only VMs whose exact
   tags (from metadata, below) name this broker.
+- `get_many(ids)` (the `BatchDescriber` the broker's sync step calls every tick) answers for any number of VMs with
+  that same aggregated list (all its pages: 500 VMs a page by default), keeping the ids asked for: one request per
+  page, however many VMs, instead of one `instances.get` each. Each VM found gets exactly the view `get` gives (same
+  state mapping, tags, timestamps); the preemption check of a stopped spot VM reads its zone's preemption operations
+  once for all the zone's stopped spot VMs (one `zoneOperations.list` per zone that has one, none when every VM
+  runs). An id absent from the answer is gone, as `get` raising `NotFound`; so is a malformed id, and a VM that does
+  not carry this broker's tags (the list is this broker's VMs; `get` reads any VM by name). The list is not asked
+  for partial success, and a zone it reports it could not reach (an UNREACHABLE warning on the zone's scope, or
+  the zone in `unreachables`) while an id asked for lives there fails the whole call (`Throttled`) rather than
+  making that zone's VMs look gone; a 404 on the list itself (a project that is not there) is a `ProviderError`,
+  not `NotFound` for every id.
+  Consistency: Compute Engine documents no read-after-write guarantee for `instances.list`/`aggregatedList` (its API
+  best practices cover paging and list filters, not freshness; Cloud Storage is the Google service that documents
+  strongly consistent listing), while `instances.get` of a VM whose insert operation is DONE finds it (launch reads
+  the VM back that way). So a VM launched by this object less than `consistency_grace` (60 s) ago that the list
+  does not show is read alone with `get` (one request for each such VM, none when the list is up to date): its
+  answer is the answer, a 404 meaning gone (a spot VM reclaimed at once with termination action DELETE), and a
+  failed read gives its launch-time view (as the AWS adapter answers for DescribeInstances' lag). After the grace,
+  or once `terminate` is called for it, absent from the list means gone.
 
 Spot: `scheduling.provisioningModel = "SPOT"`, `instanceTerminationAction = termination_action` (default "STOP"),
 `automaticRestart = False`, `onHostMaintenance = "TERMINATE"` (GPUs cannot live-migrate; on-demand VMs get the same
@@ -74,8 +93,8 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 import requests
@@ -277,6 +296,7 @@ class GcpProvider:
         operation_timeout: float = 300.0,
         timeout: float | None = 60.0,
         retry: RetryPolicy | None = None,
+        consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if termination_action not in TERMINATION_ACTIONS:
@@ -297,6 +317,8 @@ class GcpProvider:
         self._clock = clock
         self._zones: set[str] = set()  # zones this object launched into (poll_interruptions looks there too)
         self._delivered: set[str] = set()  # preemption operation ids already returned by poll_interruptions
+        self._grace = consistency_grace
+        self._recent: dict[str, tuple[datetime, Instance]] = {}  # id -> (launched at, launch-time view)
 
     # ----------------------------------------------------------------------------------------------- contract
 
@@ -326,7 +348,7 @@ class GcpProvider:
             status = op.http_error_status_code or None
             raise _error(self.name, reasons, status, f"insert {zone}/{name}: {_op_message(op)}")
         try:
-            return self._adopt(zone, name, request.launch_token)
+            view = self._adopt(zone, name, request.launch_token)
         except NotFound:
             if _is_done(op):
                 raise
@@ -334,8 +356,11 @@ class GcpProvider:
                 f"insert {zone}/{name} still running after {self.operation_timeout:g}s; launch again to resume",
                 provider=self.name,
             ) from None
+        self._recent[view.id] = (self._clock(), view)
+        return view
 
     def terminate(self, instance_id: str) -> None:
+        self._recent.pop(instance_id, None)
         parsed = _parse_id(instance_id)
         if parsed is None:
             return
@@ -361,6 +386,49 @@ class GcpProvider:
             lambda: self._instances.get(project=self.project, zone=zone, instance=name, **self._per_call()),
         )
         return self._view(zone, vm, lambda: self._preemptions(zone, vm.self_link))
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        """The view `get` gives of each VM asked for that exists and is this broker's, keyed by the id asked for,
+        from one paged aggregated list (see the module docstring); ids absent are gone. A VM launched by this
+        object within `consistency_grace` that the list does not show is read alone (`get`). Raises a
+        `ProviderError` when the list (or a zone's preemption query) fails after the retries."""
+        wanted: dict[tuple[str, str], list[str]] = {}
+        for iid in dict.fromkeys(instance_ids):
+            parsed = _parse_id(iid)
+            if parsed is not None:
+                wanted.setdefault(parsed, []).append(iid)
+        out: dict[str, Instance] = {}
+        if wanted:
+            by_zone: dict[str, list[compute_v1.Operation]] = {}
+            unreachable: set[str] = set()
+            listed = self._listed(unreachable)
+            blind = sorted(unreachable & {zone for zone, _ in wanted})
+            if blind:  # their VMs are missing from the answer, not gone
+                raise Throttled(
+                    f"aggregated list of instances could not reach {', '.join(blind)}",
+                    provider=self.name,
+                    detail="UNREACHABLE",
+                )
+            for zone, vm in listed:
+                asked = wanted.get((zone, vm.name))
+                if not asked:
+                    continue
+                view = self._view(zone, vm, functools.partial(self._zone_preemptions, by_zone, zone, vm.self_link))
+                if view.tags.get(BROKER_TAG) == self.broker_id:
+                    out.update(dict.fromkeys(asked, view))
+        now = self._clock()
+        self._recent = {k: v for k, v in self._recent.items() if now - v[0] < self._grace}
+        for iid in dict.fromkeys(instance_ids):
+            recent = self._recent.get(iid)
+            if iid in out or recent is None:
+                continue
+            try:  # launched moments ago and not listed (yet?): `get` is read-after-write consistent
+                out[iid] = self.get(iid)
+            except NotFound:
+                continue
+            except ProviderError:
+                out[iid] = recent[1]
+        return out
 
     def list_instances(self) -> list[Instance]:
         return [view for _, _, view in self._ours()]
@@ -509,30 +577,50 @@ class GcpProvider:
         self, by_zone: dict[str, list[compute_v1.Operation]] | None = None
     ) -> list[tuple[str, compute_v1.Instance, Instance]]:
         """(zone, VM, view) of this broker's VMs; `by_zone` caches each zone's preemption operations."""
+        out: list[tuple[str, compute_v1.Instance, Instance]] = []
+        by_zone = {} if by_zone is None else by_zone
+        for zone, vm in self._listed():
+            view = self._view(zone, vm, functools.partial(self._zone_preemptions, by_zone, zone, vm.self_link))
+            if view.tags.get(BROKER_TAG) == self.broker_id:
+                out.append((zone, vm, view))
+        return out
+
+    def _listed(self, unreachable: set[str] | None = None) -> list[tuple[str, compute_v1.Instance]]:
+        """(zone, VM) of every VM labelled as this broker's, from one aggregated list (every page, one request each,
+        under the retry policy). A 404 on the list is the project's, not the VMs': a `ProviderError`. Zones the
+        list says it could not reach (a scope's UNREACHABLE warning, or `unreachables`) are added to `unreachable`.
+        """
         listing = compute_v1.AggregatedListInstancesRequest(
             project=self.project, filter=f'labels.{BROKER_LABEL} = "{label_value(self.broker_id)}"'
         )
-        scopes = self._call(
-            "aggregated list of instances",
-            lambda: list(self._instances.aggregated_list(request=listing, **self._per_call())),
-        )
-        out: list[tuple[str, compute_v1.Instance, Instance]] = []
-        by_zone = {} if by_zone is None else by_zone
-
-        def preempted(zone: str, link: str) -> list[compute_v1.Operation]:
-            if zone not in by_zone:  # one operations query per zone, only when a stopped spot VM needs it
-                by_zone[zone] = self._preemptions(zone, None)
-            return [op for op in by_zone[zone] if op.target_link == link]
-
-        for scope, scoped in scopes:
-            if not scope.startswith("zones/"):
-                continue
-            zone = scope.removeprefix("zones/")
-            for vm in scoped.instances:
-                view = self._view(zone, vm, functools.partial(preempted, zone, vm.self_link))
-                if view.tags.get(BROKER_TAG) == self.broker_id:
-                    out.append((zone, vm, view))
+        try:
+            pages = self._call(
+                "aggregated list of instances",
+                lambda: list(self._instances.aggregated_list(request=listing, **self._per_call()).pages),
+            )
+        except NotFound as exc:
+            raise ProviderError(str(exc), provider=self.name, detail=exc.detail or "HTTP 404") from exc
+        out: list[tuple[str, compute_v1.Instance]] = []
+        for page in pages:
+            if unreachable is not None:
+                unreachable.update(u.rsplit("/", 1)[-1] for u in page.unreachables)
+            for scope, scoped in page.items.items():
+                if not scope.startswith("zones/"):
+                    continue
+                zone = scope.removeprefix("zones/")
+                if unreachable is not None and scoped.warning.code == "UNREACHABLE":
+                    unreachable.add(zone)
+                out.extend((zone, vm) for vm in scoped.instances)
         return out
+
+    def _zone_preemptions(
+        self, by_zone: dict[str, list[compute_v1.Operation]], zone: str, link: str
+    ) -> list[compute_v1.Operation]:
+        """The preemption operations targeting `link`, from one query of `zone` cached in `by_zone` (made only when a
+        stopped spot VM needs it)."""
+        if zone not in by_zone:
+            by_zone[zone] = self._preemptions(zone, None)
+        return [op for op in by_zone[zone] if op.target_link == link]
 
     def _preemptions(self, zone: str, target_link: str | None) -> list[compute_v1.Operation]:
         """The zone's retained preemption operations, for one VM (`target_link`) or all."""

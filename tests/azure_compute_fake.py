@@ -15,12 +15,25 @@ Contract:
   is InProgress for `op_seconds`, then Succeeded (the VM: provisioning Succeeded, PowerState/running) or, when a
   `fail_async` fault is armed, Failed with that ARM error, leaving the VM in provisioning state Failed with a
   "ProvisioningState/failed/{code}" status, as Azure does.
-- `GET .../{name}[?$expand=instanceView]`, `GET .../{name}/instanceView`, `GET .../virtualMachines` (the group's
-  VMs as `{"value": [...]}`), 404 ResourceNotFound for an unknown VM.
+- `GET .../{name}[?$expand=instanceView]`, `GET .../{name}/instanceView`, 404 ResourceNotFound for an unknown VM.
+- Lists, paged as ARM pages them: `{"value": [...]}` of at most `page_size` VMs (200 by default: ARM does not
+  document the VM lists' page size; clients follow `nextLink` whatever it is) and, while more remain, an absolute
+  `nextLink` (built from the request's Host, carrying `api-version` and a `$skiptoken`, as ARM's do).
+  `GET /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.Compute/virtualMachines` (call "list") is the
+  group's VM models without instance views; `GET /subscriptions/{s}/providers/Microsoft.Compute/virtualMachines`
+  (call "list_all") the subscription's, and with `statusOnly=true` each VM in the status-only shape ARM answers:
+  `name`, `id`, `type`, `location` and `properties` holding only `vmId`, `provisioningState`, an empty
+  `hardwareProfile` and `instanceView.statuses` (no tags: those come only from the model lists). On either list
+  `$expand=instanceView` is refused (400 InvalidParameter) without a `$filter`, as documented ("can only be
+  specified if a valid $filter option is specified"); the one `$filter` accepted is
+  `'virtualMachineScaleSet/id' eq '<id>'` (no VM here belongs to a scale set). `list_lag` plays list reads lagging
+  behind writes: a VM created less than `list_lag` seconds ago is missing from both lists, while a GET finds it.
 - `DELETE .../{name}` answers 204 for an unknown VM, else 202 with `Location` (+ `Azure-AsyncOperation`); the VM is
   "Deleting" until the operation ends, then gone. The Location monitor answers 202 while running, then 204.
-- Faults: `fail(call, status, code, message)` for "put", "get", "delete", "list", "instance_view" and "operation"
-  (a status poll of a long-running operation);
+- Faults: `fail(call, status, code, message)` for "put", "get", "delete", "list", "list_all", "instance_view" and
+  "operation" (a status poll of a long-running operation), each page of a list being one request;
+  `then(call, action)` runs `action()` right after the next "list" or "list_all" request is answered (a change
+  racing between two reads);
   `fail_async(code, message)` for the next PUT's operation; `drop_response("put")` carries out the next PUT but hangs
   up without answering.
 - A PUT carrying the header `X-Fake-Fault: <code>` (sent by tests/fault_proxy.py, which decides the faults of a
@@ -45,11 +58,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from tests.local_server import LocalServer
 
@@ -57,6 +71,11 @@ _VM = re.compile(
     r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/virtualMachines"
     r"(?:/(?P<name>[^/]+)(?P<iv>/instanceView)?)?$",
     re.IGNORECASE,
+)
+_SUB_VMS = re.compile(r"^/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/virtualMachines$", re.IGNORECASE)
+_SCALE_SET_FILTER = re.compile(r"^\s*'?virtualMachineScaleSet/id'?\s+eq\s+'(?P<id>[^']+)'\s*$", re.IGNORECASE)
+_EXPAND_NEEDS_FILTER = (
+    "The expand expression 'instanceView' can only be specified if a valid $filter option is specified."
 )
 _OP = re.compile(
     r"^/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/operations/(?P<id>[^/]+)$",
@@ -85,6 +104,11 @@ def allocation_error(code: str) -> str:
     return f"Allocation failed. We do not have sufficient capacity for the requested VM size in this {where}. " + (
         _ALLOCATION_GUIDANCE
     )
+
+
+def _created_at(vm: dict[str, Any]) -> float:
+    created = vm["properties"].get("timeCreated")
+    return datetime.fromisoformat(created).timestamp() if created else 0.0
 
 
 def arm_error(status: int, code: str, message: str) -> tuple[int, dict[str, str], Any]:
@@ -123,10 +147,21 @@ class Operation:
 class AzureComputeFake(LocalServer):
     """In-memory ARM virtual machines behind a stdlib HTTP server (see the module docstring)."""
 
-    def __init__(self, subscription: str, *, op_seconds: float = 0.0, api_version_required: bool = True) -> None:
+    def __init__(
+        self,
+        subscription: str,
+        *,
+        op_seconds: float = 0.0,
+        api_version_required: bool = True,
+        page_size: int = 200,
+        list_lag: float = 0.0,
+    ) -> None:
         self.subscription = subscription
         self.op_seconds = op_seconds
         self.api_version_required = api_version_required
+        self.page_size = page_size
+        self.list_lag = list_lag
+        self.hooks: dict[str, list[Callable[[], None]]] = {}
         self.vms: dict[tuple[str, str], dict[str, Any]] = {}  # (resource group lower, name lower) -> VM
         self.power: dict[tuple[str, str], str] = {}
         self.operations: dict[str, Operation] = {}
@@ -154,6 +189,11 @@ class AzureComputeFake(LocalServer):
     def drop_response(self, call: str, count: int = 1) -> None:
         with self._lock:
             self.drops[call] = self.drops.get(call, 0) + count
+
+    def then(self, call: str, action: Callable[[], None]) -> None:
+        """Run `action()` (under the fake's lock) right after the next `call` ("list" or "list_all") is answered."""
+        with self._lock:
+            self.hooks.setdefault(call, []).append(action)
 
     def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
         with self._lock:
@@ -329,12 +369,19 @@ class AzureComputeFake(LocalServer):
             op_match = _OP.match(path)
             if op_match is not None:
                 return self._operation(op_match.group("id"), "monitor" in query)
+            sub_match = _SUB_VMS.match(path)
+            if sub_match is not None and sub_match.group("sub") == self.subscription:
+                if method != "GET":
+                    return arm_error(405, "MethodNotAllowed", method)
+                return self._paged("list_all", None, path, query, headers)
             m = _VM.match(path)
             if m is None or m.group("sub") != self.subscription:
                 return arm_error(404, "NotFound", f"no route for {path}")
             rg, name = m.group("rg"), m.group("name")
             if name is None:
-                return self._list(rg) if method == "GET" else arm_error(405, "MethodNotAllowed", method)
+                if method != "GET":
+                    return arm_error(405, "MethodNotAllowed", method)
+                return self._paged("list", rg, path, query, headers)
             if m.group("iv"):
                 return self._get(rg, name, expand=False, instance_view_only=True)
             if method == "PUT":
@@ -439,12 +486,61 @@ class AzureComputeFake(LocalServer):
             return 200, {}, self._instance_view(key)
         return 200, {}, self._public(key, expand)
 
-    def _list(self, rg: str) -> tuple[int, dict[str, str], Any]:
-        fault = self._fault("list")
+    def _paged(
+        self, call: str, rg: str | None, path: str, query: dict[str, list[str]], headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], Any]:
+        """One page of the group's ("list", `rg`) or the subscription's ("list_all") VMs (see the module docstring)."""
+        fault = self._fault(call)
         if fault is not None:
             return fault
-        found = [self._public(k, expand=False) for k in sorted(self.vms) if k[0] == rg.lower()]
-        return 200, {}, {"value": found}
+        status_only = call == "list_all" and query.get("statusOnly", [""])[0].lower() == "true"
+        expand = query.get("$expand", [""])[0]
+        text = query.get("$filter", [""])[0]
+        scale_set = _SCALE_SET_FILTER.match(text) if text else None
+        if text and scale_set is None:
+            return arm_error(400, "InvalidParameter", f"The $filter '{text}' is not supported.")
+        if expand and (expand.lower() != "instanceview" or scale_set is None):
+            return arm_error(400, "InvalidParameter", _EXPAND_NEEDS_FILTER)
+        token = query.get("$skiptoken", ["0"])[0]
+        if not token.isdigit():
+            return arm_error(400, "InvalidParameter", f"The $skiptoken '{token}' is not valid.")
+        start = int(token)
+        now = time.time()
+        keys = [
+            k
+            for k in sorted(self.vms)
+            if (rg is None or k[0] == rg.lower())
+            and scale_set is None
+            and now - _created_at(self.vms[k]) >= self.list_lag
+        ]
+        page = keys[start : start + self.page_size]
+        body: dict[str, Any] = {
+            "value": [self._status_only(k) if status_only else self._public(k, expand=bool(expand)) for k in page]
+        }
+        if start + self.page_size < len(keys):
+            host = headers.get("host") or self.url.removeprefix("http://")
+            params = {k: v[0] for k, v in query.items() if k != "$skiptoken"}
+            params["$skiptoken"] = str(start + self.page_size)
+            body["nextLink"] = f"http://{host}{path}?{urlencode(params)}"
+        for action in self.hooks.pop(call, []):
+            action()
+        return 200, {}, body
+
+    def _status_only(self, key: tuple[str, str]) -> dict[str, Any]:
+        """A VM as a `statusOnly=true` list shows it: identity, provisioning state and instance-view statuses."""
+        vm = self.vms[key]
+        return {
+            "name": vm["name"],
+            "id": vm["id"],
+            "type": vm["type"],
+            "location": vm["location"],
+            "properties": {
+                "vmId": vm["properties"].get("vmId"),
+                "hardwareProfile": {},
+                "provisioningState": vm["properties"].get("provisioningState"),
+                "instanceView": {"statuses": self._instance_view(key)["statuses"]},
+            },
+        }
 
     def _delete(self, rg: str, name: str) -> tuple[int, dict[str, str], Any]:
         fault = self._fault("delete")

@@ -17,6 +17,12 @@ Contract:
   with the real NO_RESULTS_ON_PAGE warning), `GET .../zones/{z}/operations[/{op}]`, `POST .../operations/{op}/wait`
   (blocks until done, at most 2 s). List filters accept `(field = "value")` clauses joined by AND or spaces, on
   dotted paths (`labels.overspill-broker`, `operationType`, `targetLink`); anything else is a 400.
+- The aggregated list pages as Compute Engine does: at most `maxResults` VMs a page (default `page_size`, 500 like
+  the API), a `nextPageToken` while more remain, the next page asked with `pageToken` (and the same filter: a
+  token from another filter is a 400). `list_lag` plays list reads lagging behind writes: a VM inserted less than
+  `list_lag` seconds ago is missing from aggregated lists, while `instances.get` finds it at once. A zone in
+  `unreachable` plays a zone the list cannot reach: its scope holds no VMs and an UNREACHABLE warning (a code of the
+  API's Warning enum, "a given scope cannot be reached"; the message text is this fake's).
 - Faults: `fail(call, status, reason)` makes the next request(s) of a call ("insert", "get", "delete", "list",
   "operations") answer the Google error body; `fail_operation(code, message, http_status)` makes the next insert's
   operation finish with that error and no VM.
@@ -193,11 +199,16 @@ class GcpComputeFake(LocalServer):
         zones: tuple[str, ...] = ("us-central1-a", "us-central1-b", "us-east1-b"),
         op_seconds: float = 0.0,
         boot_seconds: float = 0.0,
+        page_size: int = 500,
+        list_lag: float = 0.0,
     ) -> None:
         self.project = project
         self.zones = zones
         self.op_seconds = op_seconds
         self.boot_seconds = boot_seconds
+        self.page_size = page_size
+        self.list_lag = list_lag
+        self.unreachable: set[str] = set()
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}
         self.operations: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[Recorded] = []
@@ -207,6 +218,7 @@ class GcpComputeFake(LocalServer):
         self.created: Counter[str] = Counter()
         self.replayed = 0
         self._boot_at: dict[tuple[str, str], float] = {}
+        self._inserted_at: dict[tuple[str, str], float] = {}
         self._done_at: dict[tuple[str, str], float] = {}
         self._request_ids: dict[str, tuple[str, str]] = {}
         self._seq = 0
@@ -475,6 +487,7 @@ class GcpComputeFake(LocalServer):
         if failure is None:
             self.instances[(zone, name)] = vm
             self._boot_at[(zone, name)] = now + self.boot_seconds
+            self._inserted_at[(zone, name)] = now
             self.created[name] += 1
             op = self._new_operation(zone, "insert", vm, now)
         else:
@@ -531,25 +544,57 @@ class GcpComputeFake(LocalServer):
         fault = self._fault_response("list")
         if fault is not None:
             return fault
-        clauses = parse_filter(query.get("filter", [""])[0])
+        text = query.get("filter", [""])[0]
+        clauses = parse_filter(text)
         if clauses is None:
             return 400, error_body(400, "invalid", f"Invalid value for field 'filter': '{query.get('filter')}'")
+        try:
+            size = int(query.get("maxResults", [str(self.page_size)])[0])
+        except ValueError:
+            size = -1
+        if not 0 <= size <= 500:
+            return 400, error_body(400, "invalid", f"Invalid value for field 'maxResults': '{query.get('maxResults')}'")
+        size = size or 500
+        token = query.get("pageToken", [""])[0]
+        start = 0
+        if token:
+            offset, _, filtered = token.partition(":")
+            if not offset.isdigit() or filtered != str(zlib.crc32(text.encode())):
+                return 400, error_body(400, "invalid", f"Invalid value for field 'pageToken': '{token}'")
+            start = int(offset)
+        now = time.time()
+        listed = [
+            (zone, vm)
+            for (zone, name), vm in sorted(self.instances.items())
+            if matches(vm, clauses)
+            and now - self._inserted_at.get((zone, name), 0.0) >= self.list_lag
+            and zone not in self.unreachable
+        ]
+        page = listed[start : start + size]
         items: dict[str, Any] = {}
         for zone in sorted(set(self.zones) | {z for z, _ in self.instances}):
-            found = [vm for (z, _), vm in sorted(self.instances.items()) if z == zone and matches(vm, clauses)]
+            found = [vm for z, vm in page if z == zone]
             scope = f"zones/{zone}"
-            if found:
+            if zone in self.unreachable:
+                message = f"Scope '{scope}' is unreachable."
+                items[scope] = {
+                    "warning": {"code": "UNREACHABLE", "message": message, "data": [{"key": "scope", "value": scope}]}
+                }
+            elif found:
                 items[scope] = {"instances": found}
             else:
                 message = f"There are no results for scope '{scope}' on this page."
                 warning = {"code": "NO_RESULTS_ON_PAGE", "message": message, "data": [{"key": "scope", "value": scope}]}
                 items[scope] = {"warning": warning}
-        return 200, {
+        body: dict[str, Any] = {
             "kind": "compute#instanceAggregatedList",
             "id": f"projects/{self.project}/aggregated/instances",
             "items": items,
             "selfLink": f"{BASE}/projects/{self.project}/aggregated/instances",
         }
+        if start + size < len(listed):
+            body["nextPageToken"] = f"{start + size}:{zlib.crc32(text.encode())}"
+        return 200, body
 
     def _list_operations(self, zone: str, query: dict[str, list[str]]) -> tuple[int, Any]:
         fault = self._fault_response("operations")

@@ -3,8 +3,10 @@ over plain http, `retry_total=0`) against the in-memory ARM in `tests.azure_comp
 
 Covers the provider contract suite, the spot fields, custom data and tags on the wire, idempotent create across a
 lost answer, the typed error mapping (synchronous and in the long-running operation), the adapter's bounded
-retries (transient failures only, Retry-After honoured, a lost poll never mistaken for a failed create) and spot
-eviction end to end under both eviction policies, with relayed Scheduled Events.
+retries (transient failures only, Retry-After honoured, a lost poll never mistaken for a failed create), spot
+eviction end to end under both eviction policies, with relayed Scheduled Events, and the batched read the sync step
+makes every tick (`get_many`: the view `get` gives, from the group's VM list joined with the subscription's
+status-only list, counted on the fake's recorded requests; retries; races between the two reads; VMs just launched).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import dataclasses
 import random
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from azure.core.credentials import AccessToken
+from azure.core.exceptions import HttpResponseError
 from azure.core.pipeline import PipelineRequest
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy
@@ -27,6 +30,7 @@ from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy
 from providers.azure import NETWORK_API_VERSION, OFFERING_TAG, TOKEN_TAG, AzureProvider, vm_name
 from providers.base import (
     AuthError,
+    BatchDescriber,
     ComputeProvider,
     InstanceState,
     InsufficientCapacity,
@@ -37,6 +41,7 @@ from providers.base import (
     QuotaExceeded,
     Scope,
     Throttled,
+    describe,
 )
 from providers.model import CapacityType, Offering, Price, Tags
 from providers.retry import RetryPolicy
@@ -82,9 +87,9 @@ def offering(capacity: CapacityType = CapacityType.SPOT) -> Offering:
     )
 
 
-def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
+def make_client(fake: AzureComputeFake) -> ComputeManagementClient:
     cred = FakeCredential()
-    client = ComputeManagementClient(
+    return ComputeManagementClient(
         cred,
         SUB,
         base_url=fake.url,
@@ -92,8 +97,11 @@ def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
         retry_total=0,
         authentication_policy=PlainHttpBearerPolicy(cred, SCOPE),
     )
+
+
+def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
     return AzureProvider(
-        client,
+        make_client(fake),
         resource_group=RG,
         location="eastus",
         broker_id=BROKER_ID,
@@ -446,3 +454,220 @@ def test_a_guest_shutdown_is_terminated_not_preempted(fake: AzureComputeFake, pr
     inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
     fake.guest_shutdown(RG, inst.id)
     assert provider.get(inst.id).state is InstanceState.TERMINATED
+
+
+# ------------------------------------------------------------------------------------ batched reads (get_many)
+
+GROUP_LIST = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines"
+SUBSCRIPTION_LIST = f"/subscriptions/{SUB}/providers/Microsoft.Compute/virtualMachines"
+
+
+def launch(provider: AzureProvider, capacity: CapacityType = CapacityType.SPOT) -> str:
+    return provider.launch(ContractEnv(provider=provider, offering=offering(capacity)).request()).id
+
+
+def requests_since(fake: AzureComputeFake, before: int) -> list[tuple[str, str]]:
+    """(method, path) of every request the fake answered since it had answered `before` (all calls have returned)."""
+    return [(r.method, r.path) for r in fake.requests[before:]]
+
+
+def fail_provisioning(fake: AzureComputeFake, name: str, code: str, message: str) -> None:
+    """Leave VM `name` in provisioning state Failed with that code and no power state (as a failed create does)."""
+    with fake._lock:
+        key = (RG.lower(), name.lower())
+        fake.vms[key]["properties"]["provisioningState"] = "Failed"
+        fake.vms[key]["_failure"] = {"code": code, "message": message}
+        fake.power.pop(key, None)
+
+
+def test_get_many_answers_as_get_does_in_every_state(fake: AzureComputeFake, provider: AzureProvider) -> None:
+    assert isinstance(provider, BatchDescriber)
+    running = launch(provider)
+    deallocated = launch(make_provider(fake, eviction_policy="Deallocate"))
+    shut_down = launch(provider)
+    on_demand = launch(provider, CapacityType.ON_DEMAND)
+    failed = launch(provider)
+    evicted = launch(provider)  # evictionPolicy Delete, its Preempt event relayed: PREEMPTED after it is gone
+    vanished = launch(provider)  # evictionPolicy Delete, no event relayed: gone
+    deleting = launch(provider)
+    deleted = launch(provider)
+    fake.evict(RG, deallocated)
+    fake.guest_shutdown(RG, shut_down)
+    fail_provisioning(
+        fake, failed, "VMExtensionProvisioningError", "VM has reported a failure when processing extension."
+    )
+    provider.relay_scheduled_event(evicted, scheduled_events(evicted))
+    fake.evict(RG, evicted)
+    fake.evict(RG, vanished)
+    provider.terminate(deleted)
+    fake.op_seconds = 60.0  # this delete runs on: the VM shows provisioning state Deleting
+    provider.terminate(deleting)
+    foreign = fake.add_vm(RG, "someone-elses", "eastus", {"overspill:broker": "another-broker"})
+    untagged = fake.add_vm(RG, "untagged-vm", "eastus")
+    present = [running, deallocated, shut_down, on_demand, failed, evicted, deleting]
+    unknown = [vanished, deleted, foreign, untagged, "ovs-never-issued-0"]
+
+    many = provider.get_many([*present, *unknown, running])
+
+    assert set(many) == set(present), "gone, foreign and unknown ids are absent"
+    for iid in present:
+        assert many[iid] == provider.get(iid)  # the very same view: state, tags, offering, token, timestamps
+    assert {iid: many[iid].state for iid in present} == {
+        running: InstanceState.RUNNING,
+        deallocated: InstanceState.PREEMPTED,
+        shut_down: InstanceState.TERMINATED,
+        on_demand: InstanceState.RUNNING,
+        failed: InstanceState.FAILED,
+        evicted: InstanceState.PREEMPTED,
+        deleting: InstanceState.TERMINATED,
+    }
+    assert "VMExtensionProvisioningError" in many[failed].detail and "evicted" in many[deallocated].detail
+    assert many[evicted].ended_at == datetime(2026, 11, 2, 8, 0, 30, tzinfo=UTC)
+    assert many[running].tags == provider.get(running).tags and TOKEN_TAG not in many[running].tags
+    assert provider.get(foreign).tags.get("overspill:broker") == "another-broker"  # get reads any VM; get_many ours
+
+    views = describe(provider, [*present, *unknown])
+    assert {iid: v for iid, v in views.items() if iid in present} == many
+    assert all(isinstance(views[iid], NotFound) for iid in unknown)
+
+
+def test_get_many_costs_one_request_per_page_of_the_two_lists(fake: AzureComputeFake) -> None:
+    fake.page_size = 5
+    provider = make_provider(fake)
+    ids = [launch(provider) for _ in range(12)]
+    for n in range(4):  # VMs in another resource group of the subscription: the status-only list pages them too
+        fake.add_vm("someone-elses-group", f"vm-{n}", "eastus")
+
+    before = len(fake.requests)
+    many = provider.get_many(ids)
+    calls = requests_since(fake, before)
+    assert [many[i].state for i in ids] == [InstanceState.RUNNING] * 12
+    assert calls == [("GET", GROUP_LIST)] * 3 + [("GET", SUBSCRIPTION_LIST)] * 4, "12 + 4 VMs, 5 a page"
+    recorded = fake.requests[before:]
+    assert all(r.query.get("statusOnly") == ["true"] for r in recorded[3:])
+    assert not any("$expand" in r.query for r in recorded)
+    assert [bool(r.query.get("$skiptoken")) for r in recorded] == [False, True, True, False, True, True, True]
+
+    before = len(fake.requests)
+    assert provider.get_many(["ovs-never-issued-0"]) == {}
+    assert requests_since(fake, before) == [("GET", GROUP_LIST)] * 3, "nothing asked for is listed: no status list"
+
+    before = len(fake.requests)
+    for iid in ids:  # what the sync step cost before get_many: one GET per VM
+        provider.get(iid)
+    assert len(fake.requests) - before == 12
+
+
+def test_the_status_only_list_carries_no_tags_and_expand_needs_a_filter(fake: AzureComputeFake) -> None:
+    """The fake answers in ARM's shapes, so what the adapter must not rely on is not there: a status-only item has
+    no tags, no priority, an empty hardware profile; a model has no instance view; `$expand=instanceView` needs a
+    `$filter` (and the only one, a scale set's id, matches no standalone VM)."""
+    name = launch(make_provider(fake))
+    vms = make_client(fake).virtual_machines
+    (status_only,) = list(vms.list_all(status_only="true"))
+    assert (status_only.name, status_only.tags, status_only.priority) == (name, None, None)
+    assert status_only.hardware_profile is not None and status_only.hardware_profile.vm_size is None
+    codes = [s.code for s in status_only.instance_view.statuses]
+    assert codes == ["ProvisioningState/succeeded", "PowerState/running"]
+    (model,) = list(vms.list(RG))
+    assert model.tags and model.priority == "Spot" and model.instance_view is None
+    with pytest.raises(HttpResponseError, match="can only be specified if a valid \\$filter") as refused:
+        list(vms.list(RG, expand="instanceView"))
+    assert refused.value.status_code == 400
+    scale_set = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachineScaleSets/ss"
+    assert list(vms.list(RG, filter=f"'virtualMachineScaleSet/id' eq '{scale_set}'", expand="instanceView")) == []
+
+
+def test_get_many_retries_transient_failures_and_raises_a_definitive_one_for_the_whole_batch(
+    fake: AzureComputeFake,
+) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    ids = [launch(provider) for _ in range(3)]
+
+    fake.fail("list", 500, "InternalExecutionError", "An internal execution error occurred. Please retry later.")
+    assert set(provider.get_many(ids)) == set(ids)
+    assert retry.retries_made == 1
+    fake.fail("list_all", 429, "SubscriptionRequestsThrottled", "Please try again after '1' seconds.")
+    assert set(provider.get_many(ids)) == set(ids)
+    assert retry.retries_made == 2 and slept[-1] >= 1.0, "ARM's Retry-After is the floor of the pause"
+
+    fake.fail("list_all", 504, "GatewayTimeout", count=3)  # one more than the policy allows
+    with pytest.raises(Throttled):
+        provider.get_many(ids)
+
+    retries = retry.retries_made
+    fake.fail("list_all", 403, "AuthorizationFailed", "The client does not have authorization to perform action.")
+    with pytest.raises(AuthError):
+        provider.get_many(ids)
+    assert retry.retries_made == retries, "a definitive answer is not retried"
+    fake.fail("list", 403, "AuthorizationFailed", "The client does not have authorization to perform action.")
+    views = describe(provider, ids)
+    assert all(isinstance(v, AuthError) for v in views.values()), "the sync step learns nothing, loses nothing"
+
+    fake.fail("list", 404, "ResourceGroupNotFound", f"Resource group '{RG}' could not be found.")
+    with pytest.raises(ProviderError) as caught:
+        provider.get_many(ids)
+    assert not isinstance(caught.value, NotFound), "a missing resource group is not every VM gone"
+
+
+def test_a_vm_deleted_between_the_two_lists_is_read_alone_and_gone(fake: AzureComputeFake) -> None:
+    launcher = make_provider(fake)
+    kept, removed = launch(launcher), launch(launcher)
+    provider = make_provider(fake)  # a fresh process: nothing launched moments ago to fall back on
+
+    def delete_removed() -> None:
+        fake.vms.pop((RG.lower(), removed.lower()))
+        fake.power.pop((RG.lower(), removed.lower()), None)
+
+    fake.then("list", delete_removed)
+    before = len(fake.requests)
+    many = provider.get_many([kept, removed])
+    assert requests_since(fake, before) == [
+        ("GET", GROUP_LIST),
+        ("GET", SUBSCRIPTION_LIST),
+        ("GET", f"{GROUP_LIST}/{removed}/instanceView"),  # listed, but no status: asked alone, 404
+    ]
+    assert set(many) == {kept} and many[kept] == provider.get(kept)
+
+
+def test_a_vm_just_launched_that_the_list_does_not_show_yet_is_not_reported_gone(fake: AzureComputeFake) -> None:
+    now = [NOW]
+    provider = make_provider(fake, clock=lambda: now[0])
+    fake.list_lag = 60.0  # list reads lag behind the PUT; a GET does not
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert provider.list_instances() == []
+
+    before = len(fake.requests)
+    many = provider.get_many([inst.id])
+    assert requests_since(fake, before) == [("GET", GROUP_LIST), ("GET", f"{GROUP_LIST}/{inst.id}")]
+    assert many == {inst.id: provider.get(inst.id)}
+
+    fake.fail("get", 500, "InternalExecutionError", count=3)  # the one VM's read fails too: its launch-time view
+    assert provider.get_many([inst.id]) == {inst.id: inst}
+
+    now[0] += timedelta(seconds=61)  # past the grace, absent from the list is gone
+    assert provider.get_many([inst.id]) == {}
+    fake.list_lag = 0.0
+    assert provider.get_many([inst.id]) == {inst.id: provider.get(inst.id)}
+
+    fake.list_lag = 60.0
+    second = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert set(provider.get_many([second.id])) == {second.id}
+    provider.terminate(second.id)  # ends the grace at once
+    assert provider.get_many([second.id]) == {}
+
+
+def test_an_evicted_and_deleted_vm_with_a_relayed_preempt_event_stays_preempted_after_the_grace(
+    fake: AzureComputeFake,
+) -> None:
+    now = [NOW]
+    provider = make_provider(fake, clock=lambda: now[0])
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    provider.relay_scheduled_event(inst.id, scheduled_events(inst.id))
+    fake.evict(RG, inst.id)
+    now[0] += timedelta(seconds=61)
+    many = provider.get_many([inst.id])
+    assert many == {inst.id: provider.get(inst.id)} and many[inst.id].state is InstanceState.PREEMPTED
+    provider.terminate(inst.id)
+    assert provider.get_many([inst.id]) == {}

@@ -3,7 +3,9 @@ anonymous credentials) against the in-memory Compute Engine in `tests.gcp_comput
 
 Covers the provider contract suite, the spot fields and labels on the wire, idempotent insert across a lost answer,
 the typed error mapping (synchronous and in the insert operation), the adapter's bounded retries (transient failures
-only, the client library's own retries off, a timeout on every call) and a spot preemption end to end.
+only, the client library's own retries off, a timeout on every call), a spot preemption end to end, and the batched
+read the sync step makes every tick (`get_many`: the view `get` gives, from one paged aggregated list and at most
+one preemption query per zone, counted on the fake's recorded requests; retries; VMs just launched).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -25,6 +27,7 @@ from google.cloud import compute_v1
 
 from providers.base import (
     AuthError,
+    BatchDescriber,
     ComputeProvider,
     InstanceState,
     InsufficientCapacity,
@@ -35,6 +38,7 @@ from providers.base import (
     QuotaExceeded,
     Scope,
     Throttled,
+    describe,
 )
 from providers.gcp import (
     BROKER_LABEL,
@@ -42,6 +46,7 @@ from providers.gcp import (
     instance_name,
     label_key,
     label_value,
+    region_of,
     request_id,
 )
 from providers.model import CapacityType, Offering, Price, Tags
@@ -439,3 +444,188 @@ def test_malformed_ids_are_not_found_and_terminate_converges(provider: GcpProvid
     with pytest.raises(NotFound):
         provider.get("no-zone-here")
     provider.terminate("no-zone-here")
+
+
+# ------------------------------------------------------------------------------------ batched reads (get_many)
+
+AGGREGATED = "/compute/v1/projects/proj/aggregated/instances"
+ZONE_B = "us-central1-b"
+
+
+def offering_in(
+    zone: str, instance_type: str = "n1-standard-8+2xnvidia-tesla-t4", capacity: CapacityType = CapacityType.SPOT
+) -> Offering:
+    return dataclasses.replace(offering(instance_type, capacity), zone=zone, region=region_of(zone))
+
+
+def launch_in(provider: GcpProvider, zone: str = ZONE, **kwargs: Any) -> str:
+    return provider.launch(ContractEnv(provider=provider, offering=offering_in(zone, **kwargs)).request()).id
+
+
+def requests_since(fake: GcpComputeFake, before: int) -> list[tuple[str, str]]:
+    """(method, path) of every request the fake answered since it had answered `before` (all calls have returned)."""
+    return [(r.method, r.path) for r in fake.requests[before:]]
+
+
+def test_get_many_answers_as_get_does_in_every_state(fake: GcpComputeFake, provider: GcpProvider) -> None:
+    assert isinstance(provider, BatchDescriber)
+    running = launch_in(provider)
+    preempted = launch_in(provider)
+    shut_down = launch_in(provider)
+    on_demand = launch_in(provider, ZONE_B, instance_type="a2-highgpu-1g", capacity=CapacityType.ON_DEMAND)
+    deleted = launch_in(provider)
+    fake.preempt(preempted)
+    fake.guest_shutdown(shut_down)
+    provider.terminate(deleted)
+    foreign = fake.add_instance(ZONE_B, "someone-elses", {BROKER_LABEL: "another-broker"})
+    unlabelled = fake.add_instance(ZONE, "unlabelled-vm")
+    present = [running, preempted, shut_down, on_demand]
+    unknown = [deleted, foreign, unlabelled, f"{ZONE}/ovs-never-issued-0", "no-zone-here"]
+
+    many = provider.get_many([*present, *unknown, running])
+
+    assert set(many) == set(present), "gone, foreign, unknown and malformed ids are absent"
+    for iid in present:
+        assert many[iid] == provider.get(iid)  # the very same view: state, tags, offering, token, timestamps
+    states = {iid: many[iid].state for iid in present}
+    assert states == {
+        running: InstanceState.RUNNING,
+        preempted: InstanceState.PREEMPTED,
+        shut_down: InstanceState.TERMINATED,
+        on_demand: InstanceState.RUNNING,
+    }
+    assert many[preempted].ended_at is not None and many[on_demand].offering_key.endswith("/on_demand")
+    with pytest.raises(NotFound):
+        provider.get(deleted)
+    assert provider.get(foreign).tags.get("overspill:broker") != BROKER_ID  # get reads any VM; get_many only ours
+
+    views = describe(provider, [*present, *unknown])
+    assert {iid: v for iid, v in views.items() if iid in present} == many
+    assert all(isinstance(views[iid], NotFound) for iid in unknown)
+
+
+def test_get_many_costs_one_request_per_list_page_and_one_preemption_query_per_zone_that_needs_it(
+    fake: GcpComputeFake,
+) -> None:
+    fake.page_size = 5
+    provider = make_provider(fake)
+    ids = [launch_in(provider, (ZONE, ZONE_B)[n % 2]) for n in range(12)]
+
+    before = len(fake.requests)
+    many = provider.get_many(ids)
+    calls = requests_since(fake, before)
+    assert [many[i].state for i in ids] == [InstanceState.RUNNING] * 12
+    assert calls == [("GET", AGGREGATED)] * 3, "12 VMs, 5 a page: 3 list requests, no per-VM GET, no operations"
+    tokens = [r.query.get("pageToken") for r in fake.requests[before:]]
+    assert tokens[0] is None and all(tokens[1:])
+    assert all(
+        r.query["filter"] == [f'labels.{BROKER_LABEL} = "{label_value(BROKER_ID)}"'] for r in fake.requests[before:]
+    )
+
+    fake.preempt(ids[0])  # zone a
+    fake.preempt(ids[2])  # zone a
+    fake.preempt(ids[1])  # zone b
+    fake.guest_shutdown(ids[3])  # zone b, stopped spot VM: answered by zone b's query too
+    before = len(fake.requests)
+    many = provider.get_many(ids)
+    calls = requests_since(fake, before)
+    operations = [path for method, path in calls if path.endswith("/operations")]
+    assert sorted(operations) == [
+        f"/compute/v1/projects/proj/zones/{ZONE}/operations",
+        f"/compute/v1/projects/proj/zones/{ZONE_B}/operations",
+    ]
+    assert len(calls) == 3 + 2
+    assert [many[i].state for i in ids[:4]] == [InstanceState.PREEMPTED] * 3 + [InstanceState.TERMINATED]
+    assert all(many[i] == provider.get(i) for i in ids[:4])
+
+    before = len(fake.requests)
+    for iid in ids:  # what the sync step cost before get_many: one GET per VM, and a query per stopped spot VM
+        provider.get(iid)
+    assert len(fake.requests) - before == 12 + 4
+
+
+def test_get_many_retries_transient_failures_and_raises_a_definitive_one_for_the_whole_batch(
+    fake: GcpComputeFake,
+) -> None:
+    retry, slept = recorded_retries()
+    provider = make_provider(fake, retry=retry)
+    ids = [launch_in(provider) for _ in range(3)]
+    fake.page_size = 2
+
+    fake.fail("list", 503, "backendError")
+    assert set(provider.get_many(ids)) == set(ids)
+    assert retry.retries_made == 1 and len(slept) == 1
+
+    fake.fail("list", 503, "backendError", count=3)  # one more than the policy allows
+    with pytest.raises(Throttled):
+        provider.get_many(ids)
+
+    retries = retry.retries_made
+    fake.fail("list", 403, "forbidden", "Required 'compute.instances.list' permission for 'projects/proj'")
+    with pytest.raises(AuthError):
+        provider.get_many(ids)
+    assert retry.retries_made == retries, "a definitive answer is not retried"
+    fake.fail("list", 403, "forbidden", "Required 'compute.instances.list' permission for 'projects/proj'")
+    views = describe(provider, ids)
+    assert all(isinstance(v, AuthError) for v in views.values()), "the sync step learns nothing, loses nothing"
+
+    fake.fail("list", 404, "notFound", "The resource 'projects/proj' was not found")
+    with pytest.raises(ProviderError) as caught:
+        provider.get_many(ids)
+    assert not isinstance(caught.value, NotFound), "a missing project is not every VM gone"
+
+    fake.unreachable = {ZONE}  # the list answers, but could not see the zone our VMs are in
+    with pytest.raises(Throttled, match=ZONE):
+        provider.get_many(ids)
+    fake.unreachable = {ZONE_B}  # another zone: what we asked about is all there
+    assert set(provider.get_many(ids)) == set(ids)
+    fake.unreachable = set()
+
+    fake.preempt(ids[0])
+    fake.fail("operations", 429, "rateLimitExceeded")
+    assert provider.get_many(ids)[ids[0]].state is InstanceState.PREEMPTED
+    fake.fail("operations", 403, "forbidden", "Required 'compute.zoneOperations.list' permission")
+    with pytest.raises(AuthError):
+        provider.get_many(ids)
+
+
+def test_a_vm_just_launched_that_the_list_does_not_show_yet_is_not_reported_gone(fake: GcpComputeFake) -> None:
+    now = [NOW]
+    provider = make_provider(fake, clock=lambda: now[0])
+    fake.list_lag = 60.0  # list reads lag behind the insert; instances.get does not
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert provider.list_instances() == []
+
+    before = len(fake.requests)
+    many = provider.get_many([inst.id])
+    zone, name = inst.id.split("/")
+    assert requests_since(fake, before) == [
+        ("GET", AGGREGATED),
+        ("GET", f"/compute/v1/projects/proj/zones/{zone}/instances/{name}"),  # the one unlisted VM, read alone
+    ]
+    assert many == {inst.id: provider.get(inst.id)}
+
+    fake.fail("get", 503, "backendError", count=3)  # the one VM's read fails too: its launch-time view answers
+    assert provider.get_many([inst.id]) == {inst.id: inst}
+
+    now[0] += timedelta(seconds=61)  # past the grace, absent from the list is gone
+    assert provider.get_many([inst.id]) == {}
+    fake.list_lag = 0.0
+    assert provider.get_many([inst.id]) == {inst.id: provider.get(inst.id)}
+
+    fake.list_lag = 60.0
+    second = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert set(provider.get_many([second.id])) == {second.id}
+    provider.terminate(second.id)  # ends the grace at once
+    assert provider.get_many([second.id]) == {}
+
+
+def test_a_spot_vm_reclaimed_with_termination_action_delete_is_gone_even_within_the_grace(
+    fake: GcpComputeFake,
+) -> None:
+    provider = make_provider(fake, termination_action="DELETE")
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    fake.preempt(inst.id)
+    assert provider.get_many([inst.id]) == {}
+    with pytest.raises(NotFound):
+        provider.get(inst.id)
