@@ -21,7 +21,8 @@ One proxy, one seeded decision per request, three dialects (what a request is, a
   allocation failure. `throttle`: 429 with `Retry-After` (1, 5 or 30 s) and either the Compute resource provider's
   body (`OperationNotAllowed` with a `TooManyRequests` detail naming the operation group) or ARM's
   `SubscriptionRequestsThrottled`; `server`: 500 `InternalExecutionError` or 504 `GatewayTimeout`. ARM's absolute
-  `Azure-AsyncOperation` / `Location` URLs are rewritten to point at the proxy, so status polls meet faults too.
+  `Azure-AsyncOperation` / `Location` URLs (and a JSON page's `nextLink`) are rewritten to point at the proxy, so
+  status polls and later pages meet faults too.
 Every dialect: `timeout` holds the connection for `hold_seconds` (longer than the client's read timeout) and closes
 it unanswered; half of the timeouts are "lost responses": the request IS forwarded first, so a launch may have
 happened that its caller never hears about. A capacity fault is only drawn for a launch whose idempotency key
@@ -240,10 +241,12 @@ _ARM_VM = re.compile(
 _ARM_OP = re.compile(
     r"^/subscriptions/[^/]+/providers/Microsoft\.Compute/locations/[^/]+/operations/[^/]+$", re.IGNORECASE
 )
+_ARM_VM_ALL = re.compile(r"^/subscriptions/[^/]+/providers/Microsoft\.Compute/virtualMachines$", re.IGNORECASE)
 _OPERATION_GROUP = {
     "virtualMachines.createOrUpdate": "PutVM3Min",
     "virtualMachines.delete": "DeleteVM3Min",
     "virtualMachines.list": "HighCostGet3Min",
+    "virtualMachines.listAll": "HighCostGet3Min",
 }
 
 
@@ -257,6 +260,8 @@ class ArmDialect:
         parts = urlsplit(path)
         if _ARM_OP.match(parts.path):
             return Call("operations.get")
+        if _ARM_VM_ALL.match(parts.path):  # the subscription's VMs (statusOnly: the power states of a sync batch)
+            return Call("virtualMachines.listAll")
         m = _ARM_VM.match(parts.path)
         if m is None:
             return None
@@ -398,8 +403,11 @@ class FaultProxy:
             conn.request(method, path, body=body, headers=keep)
             resp = conn.getresponse()
             data = resp.read()
-            # a reverse proxy's duty: absolute URLs the upstream hands out (ARM's operation monitors) lead back here
+            # a reverse proxy's duty: absolute URLs the upstream hands out (ARM's operation monitors in headers,
+            # the nextLink of a JSON page) lead back here
             answer_headers = [(k, v.replace(upstream, self.url)) for k, v in resp.getheaders()]
+            if "json" in (resp.getheader("Content-Type") or "") and upstream.encode() in data:
+                data = data.replace(upstream.encode(), self.url.encode())
             return resp.status, answer_headers, data
         finally:
             conn.close()
