@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -203,15 +204,24 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit a job."""
+    _job_command(
+        lambda: BrokerClient(url, api_key).submit(_load_spec(file), idempotency_key),
+        as_json,
+        lambda job: f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}",
+    )
+
+
+def _job_command(call: Callable[[], dict[str, Any]], as_json: bool, said: Callable[[dict[str, Any]], str]) -> None:
+    """Run a job command against the broker: the job as JSON, or one line about it; an API error exits 1."""
     try:
-        job = BrokerClient(url, api_key).submit(_load_spec(file), idempotency_key)
+        job = call()
     except ApiError as exc:
         _fail(exc)
         return
     if as_json:
         print(json.dumps(job))
     else:
-        console.print(f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}")
+        console.print(said(job))
 
 
 @app.command()
@@ -234,15 +244,11 @@ def update(
             changes[name] = None if value.lower() == "none" else value
     if priority is not None:
         changes["priority"] = priority
-    try:
-        job = BrokerClient(url, api_key).update(job_id, changes)
-    except ApiError as exc:
-        _fail(exc)
-        return
-    if as_json:
-        print(json.dumps(job))
-    else:
-        console.print(f"updated [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}")
+    _job_command(
+        lambda: BrokerClient(url, api_key).update(job_id, changes),
+        as_json,
+        lambda job: f"updated [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}",
+    )
 
 
 @app.command()
@@ -253,15 +259,9 @@ def cancel(
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel a job; the next tick stops any instance it holds."""
-    try:
-        job = BrokerClient(url, api_key).cancel(job_id)
-    except ApiError as exc:
-        _fail(exc)
-        return
-    if as_json:
-        print(json.dumps(job))
-    else:
-        console.print(f"cancelled [bold]{job['id']}[/bold]")
+    _job_command(
+        lambda: BrokerClient(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
+    )
 
 
 @app.command(name="jobs")
