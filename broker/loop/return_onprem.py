@@ -27,13 +27,13 @@ from sqlmodel import Session, col, select
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, locked
 from broker.loop.place import choose_pool, placement_context, refused_pools
-from broker.loop.sync import stop_placement
+from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
 from pricing.book import PriceBook
-from providers.base import ComputeProvider, Instance, NotFound, ProviderError, describe
+from providers.base import ComputeProvider, Instance, NotFound, ProviderError
 from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,11 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
         ).all()
         blocklist = active_blocklist(session, now)
     rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
-    views = _instances(rt, [p for p, _ in rows])
+    views = observe_instances(rt, [p for p, _ in rows])
     returned = 0
     budgets = HardBudgetGate(rt.engine, now)
     for p, job in rows:
-        view = views.get(p.id)
+        view = views.get(p.instance_id or "")
         current = book.get(p.offering_key)
         if not isinstance(view, Instance) or current is None:
             continue
@@ -90,21 +90,6 @@ def _open_onprem(book: PriceBook, max_wait_hours: float) -> set[str]:
         for o in book
         if o.capacity_type is CapacityType.ON_PREM and o.expected_wait_hours <= max_wait_hours
     }
-
-
-def _instances(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
-    """Each placement's instance by placement id, one batched read per provider."""
-    by_provider: dict[str, list[Placement]] = {}
-    for p in placements:
-        by_provider.setdefault(p.provider, []).append(p)
-    out: dict[str, Instance | ProviderError] = {}
-    for name, ps in by_provider.items():
-        provider = rt.provider(name)
-        if provider is None:
-            continue
-        views = describe(provider, [p.instance_id for p in ps if p.instance_id])
-        out.update({p.id: views[p.instance_id] for p in ps if p.instance_id in views})
-    return out
 
 
 def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: datetime) -> int:

@@ -49,7 +49,7 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
         rows = session.exec(
             select(Placement, Job).join(Job, col(Job.id) == Placement.job_id).where(col(Placement.state).in_(_LIVE))
         ).all()
-    views = _observe(rt, [p for p, _ in rows])
+    views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
         if p.instance_id is None:
@@ -74,8 +74,10 @@ def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
     return 1
 
 
-def _observe(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
-    """Each launched placement's instance as its provider sees it now, one batched read per provider."""
+def observe_instances(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
+    """Each launched placement's instance as its provider sees it now, by instance id: one batched read per
+    provider (`providers.base.describe`). Providers this process does not have are left out; failures are
+    logged once per provider."""
     by_provider: dict[str, list[str]] = defaultdict(list)
     for p in placements:
         if p.instance_id is not None:
@@ -98,9 +100,9 @@ def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError
     (starting, or running with its start recorded) and the ceiling guard passing. Read on the unlocked snapshot,
     so it only ever lets the step skip work; anything else is decided under the row locks.
 
-    An instance its provider could not answer for (`ProviderError`, logged by `_observe`) is left for the next
-    tick, as the locked path would leave it, unless its job was cancelled (terminating needs no answer); so is one
-    whose provider this process does not have (`None`)."""
+    An instance its provider could not answer for (`ProviderError`, logged by `observe_instances`) is left for the
+    next tick, as the locked path would leave it, unless its job was cancelled (terminating needs no answer); so is
+    one whose provider this process does not have (`None`)."""
     if view is None:
         return True
     if job.state == JobState.CANCELLED.value or isinstance(view, NotFound):
@@ -124,7 +126,7 @@ def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
         placements, jobs = lock_batch(session, ids, lambda p: p.state in _LIVE and p.instance_id is not None)
         if not placements:
             return 0
-        views = _observe(rt, placements)
+        views = observe_instances(rt, placements)
         changed = 0
         for p in placements:
             job, provider = jobs[p.job_id], rt.provider(p.provider)
