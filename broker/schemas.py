@@ -73,7 +73,9 @@ class JobCreate(BaseModel):
 
 class JobUpdate(BaseModel):
     """New limits or priority for a job that has not ended. Only the fields sent change; `null` removes
-    `max_hourly_usd` or `deadline`. A paused job goes back to pending, to be placed under the new limits."""
+    `max_hourly_usd` or `deadline`. A paused job goes back to pending, to be placed under the new limits. A running
+    placement keeps its pool: the new `max_total_usd` binds it at once (the ceiling guard), the other limits apply
+    from the job's next placement."""
 
     model_config = ConfigDict(extra="forbid")
 
