@@ -98,9 +98,9 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         if placement_id:
             placed.append(placement_id)
             crashpoint("place.after_commit")
-            blocked = launch_placement(rt, placement_id, now)
-            if blocked:  # the rest of this tick avoids it too: no hammering a pool that just said no
-                blocklist = blocklist | {blocked}
+            scope = launch_placement(rt, placement_id, now)
+            if scope:  # the rest of this tick avoids it too: no hammering a pool that just said no
+                blocklist = blocklist | {scope}
     return len(placed)
 
 
@@ -196,15 +196,15 @@ def choose_pool(
     return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
     `budgets` gate for all of them."""
     spec = spec_of(job)
-    blocked = (budgets or HardBudgetGate(session, now)).block_reason(job)
-    if blocked:
+    over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
+    if over_budget:
         book = onprem_only(book, now)
     if spec.deadline_at is not None:
         best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
-        reason = blocked or reason or quote(spec, book, ctx).wait_reason()
+        reason = over_budget or reason or quote(spec, book, ctx).wait_reason()
     return best, reason, pause
 
 
@@ -351,9 +351,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
             return None
         if provider is None or offering is None:
             gone = InvalidRequest(f"pool {p.offering_key} is no longer offered", provider=p.provider)
-            blocked = _launch_failed(session, p, job, gone, now)
+            scope = _launch_failed(session, p, job, gone, now)
             session.commit()
-            return blocked
+            return scope
         p.launch_attempts += 1
         try:
             instance = provider.launch(
@@ -377,9 +377,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
                 session.commit()
                 log.info("launch of %s on %s unanswered, retrying next tick: %s", p.id, p.offering_key, exc)
                 return None
-            blocked = _launch_failed(session, p, job, exc, now)
+            scope = _launch_failed(session, p, job, exc, now)
             session.commit()
-            return blocked
+            return scope
         crashpoint("launch.after_cloud_call")
         p.instance_id = instance.id
         p.detail = instance.detail
