@@ -18,7 +18,7 @@ from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 from broker.tables import Job
 from tests.conftest import MovableClock
-from tests.scripted import ScriptedCloud
+from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
 
 
@@ -127,3 +127,37 @@ def test_failed_burst_releases_the_slurm_job_which_then_runs_once(slurm: Any, tm
     slurm.run(["scancel", *map(str, fillers)])
     wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the released job to run on-prem", timeout=30)
     assert sum(1 for j in provider.squeue() if j.job_id == slurm_id) == 1
+
+
+@pytest.mark.integration
+def test_a_burst_paused_at_its_ceiling_goes_back_on_prem_and_cannot_be_resumed_in_the_cloud(
+    slurm: Any, tmp_path: Path
+) -> None:
+    """The cloud side paused (a price spike would break its ceiling): the held Slurm job is released and runs
+    on-prem, so the broker's job ends as cancelled and a later PATCH cannot send it to the cloud a second time."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    fillers = fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm, max_total="20")
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    tick(rt, clock())  # burst: held on-prem, pending in the broker
+    tick(rt, clock())  # placed and running in the cloud
+    assert _broker_job(rt, slurm_id).state == "running"
+    clock.advance(minutes=30)
+    cloud.prices = {"z1": Decimal("60"), "z2": Decimal("60")}  # 1.5 h left at $60/h cannot fit $20
+    tick(rt, clock())  # the ceiling guard pauses the cloud side
+    assert _broker_job(rt, slurm_id).state == "paused"
+    tick(rt, clock())  # the burst step settles: the Slurm job is released
+    back = _broker_job(rt, slurm_id)
+    assert back.state == "cancelled" and back.origin_settled
+    assert not job(provider, slurm_id).state_reason.startswith("JobHeld")
+    answer = admin_api(rt).patch(f"/v1/jobs/{back.id}", json={"max_total_usd": "500"})
+    assert answer.status_code == 409, answer.text
+    for _ in range(3):
+        tick(rt, clock.advance(minutes=1))
+    assert _broker_job(rt, slurm_id).state == "cancelled" and cloud.running() == []
+    slurm.run(["scancel", *map(str, fillers)])
+    wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the released job to run on-prem", timeout=30)

@@ -193,7 +193,8 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         with Session(rt.engine) as session:
             row = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
             row.origin_settled = True
-            if action == "release" and row.state == JobState.PENDING.value:
+            if action == "release" and row.state in (JobState.PENDING.value, JobState.PAUSED.value):
+                # the job now runs on-prem: the cloud side must never be resumed or placed again
                 row.state = JobState.CANCELLED.value
                 row.finished_at = now
                 row.wait_reason = "returned to the on-prem queue"

@@ -254,6 +254,8 @@ def update_job(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now:
             raise NotFoundError("job", job_id)
         if JobState(job.state).terminal:
             raise Conflict("state", f"job already {job.state}: nothing left to change")
+        if job.origin and job.origin_settled:
+            raise Conflict("state", f"job handed back to its on-prem queue ({job.origin}): it runs there")
         if update.max_total_usd is not None and update.max_total_usd < job.spent_usd:
             raise Unprocessable(
                 "max_total_usd", f"${update.max_total_usd} is below the ${job.spent_usd} this job has already spent"
