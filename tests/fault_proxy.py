@@ -8,7 +8,7 @@ One proxy, one seeded decision per request, three dialects (what a request is, a
   if left to itself); `throttle`: 503 `RequestLimitExceeded`; `server`: 500 `InternalError` or 503 `Unavailable`.
   Requests of other services (SQS's JSON protocol, S3...) pass through untouched. moto ignores RunInstances'
   `ClientToken`; real EC2 returns the first call's result for a repeated token, so the proxy does (it remembers each
-  token's successful answer).
+  token's successful answer, and a repeat that arrives while the first call is still in flight waits for it).
 - `GceDialect` (in front of tests/gcp_compute_fake.py): Compute Engine instance and zone-operation calls. `capacity`
   (instances.insert only) is forwarded with the header `X-Fake-Fault: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]`:
   Google accepts the insert and its operation ends DONE with that error code and HTTP status 503, which is where
@@ -366,6 +366,7 @@ class FaultProxy:
         self.stats = FaultStats()
         self.lock = threading.Lock()
         self.token_answers: dict[str, Answer] = {}
+        self._token_locks: dict[str, threading.Lock] = {}
         self.port = free_port()
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self.server.daemon_threads = True
@@ -386,6 +387,11 @@ class FaultProxy:
             kind = self.rng.choice(kinds)
             self.stats.faults[(kind, call.action)] += 1
             return kind
+
+    def token_lock(self, token: str) -> threading.Lock:
+        """The lock that makes launches with one idempotency token happen one at a time."""
+        with self.lock:
+            return self._token_locks.setdefault(token, threading.Lock())
 
     def _upstream_for(self, path: str) -> str:
         for pattern, url in self.routes:
@@ -472,23 +478,27 @@ class FaultProxy:
             def _answer(self, call: Call, headers: list[tuple[str, str]], body: bytes) -> None:
                 token = call.token
                 if token and proxy.dialect.replays_tokens:
-                    with proxy.lock:
-                        cached = proxy.token_answers.get(token)
-                    if cached is not None:  # EC2 answers a repeated ClientToken with the first result
+                    # EC2 answers a repeated ClientToken with the first call's result, also when the repeat comes
+                    # while the first call is still in flight (a client whose read timed out on a slow answer):
+                    # calls with one token are carried out one at a time, the later ones from the first's answer
+                    with proxy.token_lock(token):
                         with proxy.lock:
-                            proxy.stats.replayed_tokens += 1
-                        self._send(*cached)
-                        return
+                            cached = proxy.token_answers.get(token)
+                            if cached is not None:
+                                proxy.stats.replayed_tokens += 1
+                        if cached is None:
+                            answer = proxy._forward(self.command, self.path, headers, body)
+                            if answer[0] == 200:
+                                with proxy.lock:
+                                    proxy.token_answers.setdefault(token, answer)
+                    self._send(*(cached or answer))
+                    return
                 if token and not proxy.dialect.replays_tokens:
                     with proxy.lock:
                         if token in proxy.stats.forwarded_tokens:  # the cloud answers it from the first launch
                             proxy.stats.replayed_tokens += 1
                         proxy.stats.forwarded_tokens.add(token)
-                status, resp_headers, data = proxy._forward(self.command, self.path, headers, body)
-                if token and status == 200 and proxy.dialect.replays_tokens:
-                    with proxy.lock:
-                        proxy.token_answers.setdefault(token, (status, resp_headers, data))
-                self._send(status, resp_headers, data)
+                self._send(*proxy._forward(self.command, self.path, headers, body))
 
             def do_POST(self) -> None:
                 self._handle()

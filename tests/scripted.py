@@ -56,6 +56,7 @@ class ScriptedCloud:
         self.on_demand: dict[str, Decimal] = {}  # zones that also offer on-demand capacity, at these prices
         self.no_capacity: set[str] = set()
         self.invalid: set[str] = set()  # zones that refuse every launch request as invalid
+        self.remembers_tokens = True  # False: a repeated launch token starts another instance (an expired token)
         self.vms: dict[str, _Vm] = {}
         self.launch_calls = 0
         self.notices: list[InterruptionNotice] = []
@@ -99,7 +100,7 @@ class ScriptedCloud:
         self.launch_calls += 1
         self.requests.append(request)
         for vm in self.vms.values():
-            if vm.instance.launch_token == request.launch_token:
+            if self.remembers_tokens and vm.instance.launch_token == request.launch_token:
                 return vm.instance
         if request.offering.zone in self.no_capacity:
             raise InsufficientCapacity(f"no capacity in {request.offering.zone}", provider=self.name)

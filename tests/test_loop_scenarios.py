@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.loop.interrupts import sweep_orphans
 from broker.loop.place import _place_one
 from broker.loop.tick import tick
 from broker.runtime import Runtime
@@ -311,6 +312,52 @@ def test_orphan_instances_are_terminated_after_the_grace_period(
     report = tick(srt, clock())
     assert report.count("sweep_orphans") == 1
     assert cloud.get(orphan.id).state.value == "terminated"
+
+
+def test_a_second_instance_of_a_recorded_launch_token_is_swept_as_an_orphan(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    """A cloud that forgot a token's first launch (an expired idempotency window) starts a duplicate on a retry: the
+    token spares only the launch its placement has not recorded yet, never a second instance beside it."""
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    [p] = _placements(srt, job_id)
+    assert p.instance_id is not None
+    cloud.remembers_tokens = False
+    duplicate = cloud.launch(cloud.requests[-1])
+    assert duplicate.id != p.instance_id and duplicate.launch_token == p.launch_token
+    clock.advance(minutes=11)
+    srt.marks.clear()
+    report = tick(srt, clock())
+    assert report.count("sweep_orphans") == 1
+    assert cloud.get(duplicate.id).state.value == "terminated"
+    assert cloud.get(p.instance_id).state.value == "running"
+    [still] = _placements(srt, job_id)
+    assert still.state == "running" and still.instance_id == p.instance_id
+
+
+def test_an_unrecorded_launch_is_spared_by_its_token(
+    srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
+) -> None:
+    """The instance of a live placement whose answer never arrived (no instance id recorded) is not an orphan."""
+    tick(srt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="100")).json()["id"]
+    tick(srt, clock())
+    [p] = _placements(srt, job_id)
+    with Session(srt.engine) as session:  # as if the launch's answer was lost before its record
+        row = session.get(Placement, p.id)
+        assert row is not None
+        row.instance_id = None
+        row.state = "launching"
+        session.add(row)
+        session.commit()
+    clock.advance(minutes=11)
+    srt.marks.clear()
+    instance_id = p.instance_id
+    assert instance_id is not None
+    assert sweep_orphans(srt, clock()) == 0
+    assert cloud.get(instance_id).state.value == "running"
 
 
 def test_reported_exit_status_decides_the_verdict(

@@ -147,7 +147,16 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
                 select(Placement.provider, Placement.instance_id).where(col(Placement.state).in_(_LIVE))
             ).all()
         }
-        live_tokens = set(session.exec(select(Placement.launch_token).where(col(Placement.state).in_(_LIVE))).all())
+        # a launch not yet recorded (crash or lost answer between the request and the record) is known by its token;
+        # once the placement records its instance, another instance with the same token is a duplicate (a cloud
+        # that forgot the token's first launch) and is swept like any orphan
+        unrecorded_tokens = set(
+            session.exec(
+                select(Placement.launch_token).where(
+                    col(Placement.state).in_(_LIVE), col(Placement.instance_id).is_(None)
+                )
+            ).all()
+        )
     for provider in rt.providers.values():
         try:
             instances = provider.list_instances()
@@ -158,7 +167,7 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
             if (
                 inst.state is InstanceState.TERMINATED
                 or (provider.name, inst.id) in live
-                or inst.launch_token in live_tokens
+                or inst.launch_token in unrecorded_tokens
             ):
                 continue  # a preempted or finished VM may still exist (stopped, holding its disk): it is swept too
             if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
