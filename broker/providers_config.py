@@ -10,14 +10,17 @@
   `_SUBNET_ID`, `_IMAGE_REFERENCE` and `_SSH_PUBLIC_KEY`: launch Azure VMs (Spot and regular) in that one location,
   with DefaultAzureCredential; `OVERSPILL_AZURE_ENDPOINT` points the ARM client elsewhere. One provider serves one
   location, so `OVERSPILL_AZURE_REGIONS` (the prices the broker places on) may name no other.
-- `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud.
+- `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud,
+  offering the sizes `OVERSPILL_LIBCLOUD_PRICES` prices (GPUs from `OVERSPILL_LIBCLOUD_GPUS` or the flavor's extra
+  specs) in `OVERSPILL_LIBCLOUD_ZONES` of `OVERSPILL_LIBCLOUD_REGION`.
 - `OVERSPILL_SLURM_PARTITIONS={...}`: the on-prem Slurm cluster (its pools, pressure and queue), priced at each
   partition's internal $/GPU-hour.
 The built-in simulated providers are wired in `broker.runtime`.
 
 Every cloud adapter retries transient failures itself (`OVERSPILL_CLOUD_RETRY_ATTEMPTS` calls at most, jittered
 backoff, never a capacity or quota answer: providers/retry.py), so each SDK's own retries are off (botocore
-`total_max_attempts=1`, google-api-core `retry=None` on every call, azure-core `retry_total=0`) and every call has
+`total_max_attempts=1`, google-api-core `retry=None` on every call, azure-core `retry_total=0`, libcloud's by
+default) and every call has
 `OVERSPILL_CLOUD_TIMEOUT_SECONDS` to connect and to answer.
 
 Test credentials: `OVERSPILL_GCP_ANONYMOUS_CREDENTIALS=true` (no Google credentials at all) and
@@ -254,8 +257,19 @@ def _azure(settings: Settings) -> ComputeProvider:
 
 
 def _libcloud(settings: Settings) -> ComputeProvider:
-    from providers.libcloud import LibcloudProvider
+    """The libcloud cloud: on-demand offerings for the sizes given a price (and GPUs), in the configured zones,
+    launched there; transient failures retried like the other clouds' (`cloud_retry_attempts`), each call bounded
+    by `cloud_timeout_seconds` unless the driver options set their own `timeout`."""
+    from providers.libcloud import GpuSpec, LibcloudProvider
+    from providers.retry import RetryPolicy
 
+    gpus: dict[str, GpuSpec] = {}
+    for size, text in settings.libcloud_gpus.items():
+        try:
+            gpus[size] = GpuSpec.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"OVERSPILL_LIBCLOUD_GPUS[{size!r}]: {exc}") from exc
+    zones = tuple(settings.libcloud_zones)
     return LibcloudProvider.from_config(
         settings.libcloud_provider,
         settings.libcloud_key,
@@ -263,5 +277,11 @@ def _libcloud(settings: Settings) -> ComputeProvider:
         name=settings.libcloud_provider.lower(),
         broker_id=settings.broker_id,
         image_id=settings.libcloud_image_id,
-        **settings.libcloud_options,
+        location_for=(lambda offering: offering.zone or None) if zones else None,
+        region=settings.libcloud_region,
+        zones=zones or ("",),
+        gpus=gpus,
+        prices=settings.libcloud_prices,
+        retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
+        driver_options={"timeout": settings.cloud_timeout_seconds, **settings.libcloud_options},
     )

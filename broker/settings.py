@@ -124,7 +124,25 @@ class Settings(BaseSettings):
     libcloud_key: str = ""
     libcloud_secret: str = Field(default="", repr=False)
     libcloud_image_id: str = ""
-    libcloud_options: dict[str, str] = Field(default_factory=dict, description="driver keyword arguments")
+    libcloud_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description='driver keyword arguments, JSON-typed, e.g. {"ex_force_auth_url": "https://keystone:5000", '
+        '"ex_force_auth_version": "3.x_password", "ex_tenant_name": "ml"} or {"host": "ec2.local", "port": 8443}',
+    )
+    libcloud_prices: dict[str, Decimal] = Field(
+        default_factory=dict,
+        description='USD per hour of each size (flavor) id to offer, e.g. {"gpu.a100x8": "14.20"}: a size without a '
+        "price is never offered",
+    )
+    libcloud_gpus: dict[str, str] = Field(
+        default_factory=dict,
+        description='GPUs of a size as accelerator[:count], e.g. {"gpu.a100x8": "A100:8"} (default: read from the '
+        "flavor's extra specs)",
+    )
+    libcloud_region: str = Field(default="", description="the region the libcloud cloud's offerings are in")
+    libcloud_zones: list[str] = Field(
+        default_factory=list, description="availability zones to offer (and launch in); none: the driver's default"
+    )
 
     cloud_retry_attempts: int = Field(default=3, ge=1, le=10, description="calls per cloud API request (transient)")
     cloud_timeout_seconds: float = Field(default=20.0, gt=0, description="connect and read timeout of cloud calls")

@@ -13,7 +13,8 @@ Contract, and how it is met:
   the `overspill:launch-token` tag). EC2 also gets the token as `ClientToken`. Launches in one process are
   serialised by a lock.
 - `terminate` converges: an unknown, vanished or already-terminated node (or a 404 from `destroy_node`) is success.
-- `get` returns the driver's view or raises `NotFound` when `list_nodes` no longer shows the id.
+- `get` returns the driver's view or raises `NotFound` when `list_nodes` no longer shows the id; `get_many` answers
+  for many ids from one `list_nodes`.
 - `list_instances` returns only nodes attributed to this broker: by their stored tags where the driver stores
   them, otherwise by the adapter's launch notes.
 
@@ -39,7 +40,10 @@ code is not visible through libcloud, so a job that powers its VM off shows as T
 `started_at` is the node's creation time (or the launch call's) once the node is RUNNING.
 
 Errors: every libcloud or transport exception becomes one of the typed errors of `providers.base` with the
-original chained (`map_error`).
+original chained (`map_error`). Retries: each public call runs under a `RetryPolicy` (providers/retry.py): a
+transient failure (`Throttled`: 429, 5xx, timeouts, dropped connections) is retried with bounded jittered backoff,
+honouring a 429's `Retry-After`; libcloud's own retries stay off (its default), so the layers do not multiply. A
+launch is retried whole, lookup included, so a create whose answer was lost is found by its token, not repeated.
 
 Offerings (optional): `offerings(now, prices)` builds ON_DEMAND offerings from `driver.list_sizes()` for sizes
 that have both a price (`prices[size_id]`, USD/hour) and known GPUs: from the `gpus` map given to the
@@ -52,12 +56,12 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 from libcloud.common.exceptions import BaseHTTPError, RateLimitReachedError
@@ -80,7 +84,10 @@ from providers.base import (
     Throttled,
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering, Price
+from providers.retry import RetryPolicy
 from providers.startup import startup_script
+
+T = TypeVar("T")
 
 NAME_PREFIX = "ovs-"
 TAG_BROKER = BROKER_TAG
@@ -180,6 +187,18 @@ def map_error(exc: BaseException, *, provider: str = "", action: str = "") -> Pr
     return kind(f"{prefix}{message or type(exc).__name__}", provider=provider, detail=detail)
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether a mapped error is worth retrying at once: throttling, 5xx, timeouts, dropped connections."""
+    return isinstance(exc, Throttled)
+
+
+def retry_after_hint(exc: BaseException) -> float | None:
+    """The wait a 429 asked for (libcloud's `RateLimitReachedError.retry_after`, from `Retry-After`), if any."""
+    cause = exc.__cause__
+    value = getattr(cause, "retry_after", None) if isinstance(cause, RateLimitReachedError) else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 # -- per-driver traits --------------------------------------------------------------------------------------------
 
 
@@ -259,6 +278,14 @@ class GpuSpec:
     count: int
     memory_gib: int = 0
 
+    @classmethod
+    def parse(cls, text: str) -> GpuSpec:
+        """`A100:8` (or `A100`, one GPU); ValueError naming the text when it is not that shape."""
+        name, _, count = text.strip().partition(":")
+        if not name or (count and (not count.isdigit() or int(count) < 1)):
+            raise ValueError(f"GPUs {text!r}: expected accelerator[:count], e.g. A100:8")
+        return cls(name, int(count or 1))
+
 
 @dataclass
 class _Cache:
@@ -292,10 +319,12 @@ class LibcloudProvider:
         gpus: Mapping[str, GpuSpec] | None = None,
         prices: Mapping[str, Decimal] | None = None,
         clock: Callable[[], datetime] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """`size_for` maps an offering to a size id (default: its instance type); `location_for` to a zone/location
         name or None (default: the driver's default). `create_args` go verbatim to `create_node`. `region`,
-        `zones`, `gpus` and `prices` only feed `offerings`."""
+        `zones`, `gpus` and `prices` only feed `offerings`. `retry` governs transient failures (default: one
+        attempt, no retry)."""
         self.driver = driver
         self.name = name
         self.broker_id = broker_id
@@ -319,6 +348,7 @@ class LibcloudProvider:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
         self._cache = _Cache()
+        self.retry = retry or RetryPolicy(attempts=1)
 
     @classmethod
     def from_config(
@@ -338,16 +368,19 @@ class LibcloudProvider:
         zones: tuple[str, ...] = ("",),
         gpus: Mapping[str, GpuSpec] | None = None,
         prices: Mapping[str, Decimal] | None = None,
+        retry: RetryPolicy | None = None,
+        driver_options: Mapping[str, Any] | None = None,
         **driver_kwargs: Any,
     ) -> LibcloudProvider:
-        """Build the driver with `get_driver(Provider.X)(key, secret, **driver_kwargs)` and wrap it.
+        """Build the driver with `get_driver(Provider.X)(key, secret, **driver_options, **driver_kwargs)` and wrap
+        it. `driver_options` carries keywords whose names clash with this method's own (a driver's `region`).
 
         `provider` is a libcloud provider value or constant name ("openstack", "ec2", "DUMMY"). For OpenStack,
         e.g. `ex_force_auth_url=..., ex_force_auth_version="3.x_password", ex_tenant_name=..., api_version="2.0"`.
         """
         driver_cls = get_driver(_provider_constant(provider))
         args = (key,) if secret is None else (key, secret)
-        driver = driver_cls(*args, **driver_kwargs)
+        driver = driver_cls(*args, **{**(driver_options or {}), **driver_kwargs})
         return cls(
             driver,
             name=name,
@@ -361,11 +394,15 @@ class LibcloudProvider:
             zones=zones,
             gpus=gpus,
             prices=prices,
+            retry=retry,
         )
 
     # -- ComputeProvider ------------------------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Instance:
+        return self._retried(lambda: self._launch_once(request))
+
+    def _launch_once(self, request: LaunchRequest) -> Instance:
         with self._lock:
             found = self._find_launched(request.launch_token)
             if found is not None:
@@ -390,6 +427,9 @@ class LibcloudProvider:
             return self._view(node)
 
     def terminate(self, instance_id: str) -> None:
+        self._retried(lambda: self._terminate_once(instance_id))
+
+    def _terminate_once(self, instance_id: str) -> None:
         node = self._node(instance_id)
         if node is None:  # vanished (or never ours): retire the note so a reissued id is not taken for ours
             note = self._note_for(instance_id)
@@ -402,13 +442,18 @@ class LibcloudProvider:
             self.driver.destroy_node(node)
 
     def get(self, instance_id: str) -> Instance:
-        node = self._node(instance_id)
+        node = self._retried(lambda: self._node(instance_id))
         if node is None:
             raise NotFound(f"no node {instance_id!r}", provider=self.name)
         return self._view(node)
 
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+        """The nodes among `instance_ids` that the driver lists (one `list_nodes` for all); a missing id is gone."""
+        wanted = set(instance_ids)
+        return {str(n.id): self._view(n) for n in self._retried(self._nodes) if str(n.id) in wanted}
+
     def list_instances(self) -> list[Instance]:
-        views = [self._view(node) for node in self._nodes()]
+        views = [self._view(node) for node in self._retried(self._nodes)]
         return [view for view in views if view.tags.get(TAG_BROKER) == self.broker_id]
 
     # -- OfferingSource -------------------------------------------------------------------------------------------
@@ -416,8 +461,7 @@ class LibcloudProvider:
     def offerings(self, now: datetime, prices: Mapping[str, Decimal] | None = None) -> list[Offering]:
         """ON_DEMAND offerings for every size with a price and known GPUs, in every configured zone."""
         prices = prices if prices is not None else self._prices
-        with self._errors("list_sizes"):
-            sizes = list(self.driver.list_sizes())
+        sizes = self._retried(self._sizes)
         out: list[Offering] = []
         for size in sizes:
             size_id = str(size.id)
@@ -454,6 +498,13 @@ class LibcloudProvider:
             raise
         except DRIVER_ERRORS as exc:
             raise map_error(exc, provider=self.name, action=action) from exc
+
+    def _retried(self, fn: Callable[[], T]) -> T:
+        return self.retry.call(fn, transient, retry_after_hint)
+
+    def _sizes(self) -> list[NodeSize]:
+        with self._errors("list_sizes"):
+            return list(self.driver.list_sizes())
 
     def _nodes(self) -> list[Node]:
         with self._errors("list_nodes"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -409,3 +410,162 @@ def test_moto_without_the_namespace_patch_fails_loudly(moto_port: int) -> None:
     with pytest.raises(InvalidRequest, match="returned 0 nodes"):
         unzoned.launch(req)  # moto ran the instance; libcloud parsed nothing out of RunInstances
     assert unzoned.list_instances() == []  # nor out of DescribeInstances
+
+
+def _ec2_settings(port: int, **overrides: Any) -> Any:
+    from broker.settings import Settings
+
+    values: dict[str, Any] = {
+        "simulated": False,
+        "libcloud_provider": "ec2",
+        "libcloud_key": "AKIDMOTOEXAMPLE",
+        "libcloud_secret": "secret",
+        "libcloud_image_id": EC2_IMAGE,
+        "libcloud_options": {
+            "region": "us-east-1", "host": "127.0.0.1", "port": port, "secure": False, "signature_version": "4",
+        },
+        "libcloud_prices": {"g5.xlarge": "1.006", "g5.12xlarge": "5.672"},
+        "libcloud_gpus": {"g5.xlarge": "A10G", "g5.12xlarge": "A10G:4"},
+        "libcloud_region": "us-east-1",
+        "libcloud_zones": ["us-east-1a", "us-east-1b"],
+        **overrides,
+    }  # fmt: skip
+    return Settings(**values)
+
+
+@pytest.mark.integration
+def test_settings_build_a_libcloud_cloud_that_offers_its_priced_sizes_and_launches_in_the_zone(
+    moto_port: int, moto_namespace: None
+) -> None:
+    from broker.providers_config import build_providers
+
+    (provider,) = build_providers(_ec2_settings(moto_port, cloud_retry_attempts=4, broker_id="from-settings"))
+    assert isinstance(provider, LibcloudProvider) and provider.name == "ec2" and provider.retry.attempts == 4
+    offerings = provider.offerings(NOW)
+    assert sorted((o.instance_type, o.accelerator, o.accelerator_count, o.zone, o.hourly_usd) for o in offerings) == [
+        ("g5.12xlarge", "A10G", 4, "us-east-1a", Decimal("5.672")),
+        ("g5.12xlarge", "A10G", 4, "us-east-1b", Decimal("5.672")),
+        ("g5.xlarge", "A10G", 1, "us-east-1a", Decimal("1.006")),
+        ("g5.xlarge", "A10G", 1, "us-east-1b", Decimal("1.006")),
+    ]
+    zone_b = next(o for o in offerings if o.zone == "us-east-1b" and o.instance_type == "g5.xlarge")
+    inst = provider.launch(ContractEnv(provider=provider, offering=zone_b, broker_id="from-settings").request())
+    node = provider._node(inst.id)
+    assert node is not None and node.extra["availability"] == "us-east-1b"
+    assert [i.id for i in provider.list_instances()] == [inst.id]
+    provider.terminate(inst.id)
+
+
+def test_libcloud_settings_refuse_a_malformed_gpu_spec_naming_the_variable() -> None:
+    from broker.providers_config import build_providers
+
+    with pytest.raises(ValueError, match=r"OVERSPILL_LIBCLOUD_GPUS\['g5.xlarge'\].*accelerator\[:count\]"):
+        build_providers(_ec2_settings(1, libcloud_gpus={"g5.xlarge": "A10G:many"}))
+
+
+def test_libcloud_calls_time_out_and_are_retried_a_bounded_number_of_times() -> None:
+    from broker.providers_config import build_providers
+
+    with socket.socket() as silent:  # accepts connections and never answers: a hung API
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        (hung,) = build_providers(_ec2_settings(port, cloud_retry_attempts=2, cloud_timeout_seconds=0.3))
+        assert isinstance(hung, LibcloudProvider)
+        started = time.monotonic()
+        with pytest.raises(Throttled):
+            hung.list_instances()
+        assert time.monotonic() - started < 5 and hung.retry.attempts_made == 2
+
+
+# -- retries -------------------------------------------------------------------------------------------------------
+
+
+class FlakyOpenStackDriver(FakeOpenStackDriver):
+    """OpenStack-shaped, with the next calls of a name failing with queued errors; `lose_create` makes the next
+    create_node carry out the create and then lose its answer (a read timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[str, list[BaseException]] = {}
+        self.lose_create = False
+        self.list_calls = 0
+
+    def _next_failure(self, call: str) -> None:
+        queued = self.failures.get(call)
+        if queued:
+            raise queued.pop(0)
+
+    def list_nodes(self) -> list[Node]:
+        self.list_calls += 1
+        self._next_failure("list_nodes")
+        return super().list_nodes()
+
+    def create_node(self, name: str, size: NodeSize, image: NodeImage, **kwargs: Any) -> Node:  # type: ignore[override]
+        self._next_failure("create_node")
+        node = super().create_node(name, size, image, **kwargs)
+        if self.lose_create:
+            self.lose_create = False
+            raise requests.ReadTimeout("HTTPConnectionPool(host='nova', port=8774): Read timed out. (read timeout=1)")
+        return node
+
+
+def _flaky(attempts: int = 3) -> tuple[LibcloudProvider, FlakyOpenStackDriver, list[float]]:
+    from providers.retry import RetryPolicy
+
+    driver = FlakyOpenStackDriver()
+    slept: list[float] = []
+    provider = LibcloudProvider(
+        driver,
+        name="os",
+        broker_id=BROKER_ID,
+        image_id="glance-uuid",
+        location_for=lambda o: o.zone,
+        zones=("nova",),
+        prices={"gpu.l4": Decimal("1")},
+        retry=RetryPolicy(attempts=attempts, sleep=slept.append),
+    )
+    return provider, driver, slept
+
+
+def test_transient_failures_are_retried_with_backoff_and_a_definitive_answer_is_not() -> None:
+    provider, driver, slept = _flaky()
+    driver.failures["list_nodes"] = [BaseHTTPError(503, "Service Unavailable"), requests.ConnectionError("reset")]
+    assert provider.list_instances() == []
+    assert driver.list_calls == 3 and len(slept) == 2 and provider.retry.retries_made == 2
+    assert all(0 <= pause <= provider.retry.cap_seconds for pause in slept)
+
+    offering = provider.offerings(NOW)[0]
+    driver.failures["create_node"] = [BaseHTTPError(500, "No valid host was found. Insufficient compute resources")]
+    calls_before = driver.list_calls
+    with pytest.raises(InsufficientCapacity):
+        provider.launch(ContractEnv(provider=provider, offering=offering).request())
+    assert driver.calls == [] and driver.list_calls == calls_before + 1  # one look, one create, no retry
+
+    driver.failures["list_nodes"] = [BaseHTTPError(503, "busy")] * 3
+    with pytest.raises(Throttled):  # attempts are bounded: the third failure is the caller's
+        provider.list_instances()
+
+
+def test_a_create_whose_answer_was_lost_is_found_by_its_token_on_the_retry() -> None:
+    provider, driver, slept = _flaky()
+    offering = provider.offerings(NOW)[0]
+    request = ContractEnv(provider=provider, offering=offering).request()
+    driver.lose_create = True
+    inst = provider.launch(request)
+    assert len(driver.calls) == 1, "the retry found the node the lost call made instead of creating another"
+    assert inst.launch_token == request.launch_token and len(slept) == 1
+    assert [i.id for i in provider.list_instances()] == [inst.id]
+
+
+def test_a_429_retry_after_is_honoured_within_the_cap_and_handed_back_beyond_it() -> None:
+    provider, driver, slept = _flaky()
+    soon = RateLimitReachedError(headers={"retry-after": "1"})
+    driver.failures["list_nodes"] = [soon]
+    provider.list_instances()
+    assert slept and slept[0] >= 1.0
+    later = RateLimitReachedError(headers={"retry-after": "60"})
+    driver.failures["list_nodes"] = [later]
+    with pytest.raises(Throttled):
+        provider.list_instances()
+    assert provider.retry.deferred == 1 and len(slept) == 1
