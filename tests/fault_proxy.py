@@ -3,12 +3,13 @@ and timeouts at a set rate, in the shapes and places the real cloud uses.
 
 One proxy, one seeded decision per request, three dialects (what a request is, and how each cloud says "no"):
 - `Ec2Dialect` (in front of a moto server; the default, unchanged from the AWS-only proxy): EC2 Query API requests
-  (form body with `Action=...`). `capacity` (RunInstances and CreateFleet only): HTTP 500
-  `InsufficientInstanceCapacity` in EC2's XML error envelope (what EC2 really sends, and what botocore would retry
-  if left to itself); `throttle`: 503 `RequestLimitExceeded`; `server`: 500 `InternalError` or 503 `Unavailable`.
-  Requests of other services (SQS's JSON protocol, S3...) pass through untouched. moto ignores RunInstances'
-  `ClientToken`; real EC2 returns the first call's result for a repeated token, so the proxy does (it remembers each
-  token's successful answer, and a repeat that arrives while the first call is still in flight waits for it).
+  (`Action=...` in a form body, as botocore sends them, or in the query string, as libcloud's EC2 driver does).
+  `capacity` (RunInstances and CreateFleet only): HTTP 500 `InsufficientInstanceCapacity` in EC2's XML error envelope
+  (what EC2 really sends, and what botocore would retry if left to itself); `throttle`: 503 `RequestLimitExceeded`;
+  `server`: 500 `InternalError` or 503 `Unavailable`. Requests of other services (SQS's JSON protocol, S3...) pass
+  through untouched. moto ignores RunInstances' `ClientToken`; real EC2 returns the first call's result for a repeated
+  token, so the proxy does (it remembers each token's successful answer, and a repeat that arrives while the first call
+  is still in flight waits for it).
 - `GceDialect` (in front of tests/gcp_compute_fake.py): Compute Engine instance and zone-operation calls. `capacity`
   (instances.insert only) is forwarded with the header `X-Fake-Fault: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]`:
   Google accepts the insert and its operation ends DONE with that error code and HTTP status 503, which is where
@@ -123,7 +124,8 @@ class Ec2Dialect:
     capacity_on_repeat = True
 
     def classify(self, method: str, path: str, body: bytes) -> Call | None:
-        form = parse_qs(body.decode("utf-8", "replace")) if b"Action=" in body else {}
+        # botocore POSTs a form; libcloud's EC2 driver sends the same parameters in a GET's query string
+        form = parse_qs(body.decode("utf-8", "replace")) if b"Action=" in body else parse_qs(urlsplit(path).query)
         action = (form.get("Action") or [""])[0]
         if not action:
             return None
@@ -429,13 +431,16 @@ class FaultProxy:
                 return
 
             def _send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-                self.send_response(status)
-                for k, v in headers:
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    for k, v in headers:
+                        if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client's read timed out first: it retries
+                    self.close_connection = True
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)

@@ -1,7 +1,7 @@
-"""Cloud faults scenario: the broker places jobs on one cloud (AWS on moto, GCP or Azure on their local stand-ins)
-through a proxy that fails 20% of the cloud's API calls (tests/fault_proxy.py: capacity errors, throttling, 5xx,
-timeouts, lost responses, each in the cloud's own shape), and must still place every job exactly once, with
-bounded, spaced retries and the capacity blocklist in use.
+"""Cloud faults scenario: the broker places jobs on one cloud (AWS on moto, GCP or Azure on their local stand-ins, or
+the generic libcloud adapter) through a proxy that fails 20% of the cloud's API calls (tests/fault_proxy.py: capacity
+errors, throttling, 5xx, timeouts, lost responses, each in the cloud's own shape), and must still place every job
+exactly once, with bounded, spaced retries and the capacity blocklist in use.
 
 `fault_cloud(name, ...)` starts what one cloud needs and yields a `FaultCloud`: the fault proxy in front of the
 cloud's API, the broker settings that enable launching there (the real wiring: `build_runtime` ->
@@ -13,7 +13,9 @@ how to read the cloud's own state for the invariants:
   credentials are Application Default Credentials from a `GOOGLE_APPLICATION_CREDENTIALS` file (`adc_file`), so
   both the provider and the feed go through google.auth.default as in production and send its bearer token;
 - azure: tests/azure_compute_fake.py behind the ARM dialect (static test token, plain http); prices from the Retail
-  Prices stand-in (tests/azure_fake.py: T4 pools in eastus, the one location the provider launches in).
+  Prices stand-in (tests/azure_fake.py: T4 pools in eastus, the one location the provider launches in);
+- libcloud: the generic libcloud adapter built from `OVERSPILL_LIBCLOUD_*` settings with libcloud's EC2 driver
+  (query-string GETs) on moto behind the EC2 dialect; on-demand g5.xlarge priced by configuration in three zones.
 
 `run_fault_scenario` drives an in-process broker on a clock that moves one minute per tick (each SDK's own retries
 off as in production, a 1 s timeout per call), until every job runs on a launched instance or `max_ticks` pass,
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlmodel import Session, col, select
 
@@ -64,9 +67,10 @@ from tests.gcp_compute_fake import GcpComputeFake, adc_file
 from tests.gcp_fake import GcpFake
 from tests.moto_server import moto_client, running_moto_server
 
-CLOUDS = ("aws", "gcp", "azure")
+CLOUDS = ("aws", "gcp", "azure", "libcloud")
 KINDS = ("capacity", "throttle", "server", "timeout")
 LIVE = {PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value}
+LIBCLOUD_EC2_IMAGE = "ami-12c6146b"  # one of moto's built-in AMIs
 GCP_PROJECT = "proj"
 GCP_TOKEN = "ya29.overspill-faults"
 GCP_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
@@ -108,6 +112,11 @@ class FaultCloud:
     launches_per_token: Callable[[], dict[str, int]]  # instances ever made per launch token
     env: dict[str, str] = field(default_factory=dict)  # process environment the broker needs while it runs
     aws_ec2: Any = None  # the moto EC2 client (AWS only: crash_harness.check_invariants reads EC2 itself)
+    provider: str = ""  # the broker's provider name, when it is not the cloud's name
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider or self.name
 
 
 @dataclass
@@ -167,7 +176,8 @@ class FaultReport:
 def fault_cloud(
     name: str, *, rate: float, seed: int, workdir: Path, moto_url: str | None = None, hold_seconds: float = 1.5
 ) -> Iterator[FaultCloud]:
-    """Start cloud `name` ("aws", "gcp" or "azure") behind a fault proxy; AWS uses `moto_url` (or its own moto)."""
+    """Start cloud `name` (one of `CLOUDS`) behind a fault proxy; AWS and libcloud use `moto_url` (or their own
+    moto)."""
     if name == "aws":
         with _aws(rate, seed, moto_url, hold_seconds) as cloud:
             yield cloud
@@ -176,6 +186,9 @@ def fault_cloud(
             yield cloud
     elif name == "azure":
         with _azure(rate, seed, hold_seconds) as cloud:
+            yield cloud
+    elif name == "libcloud":
+        with _libcloud(rate, seed, moto_url, hold_seconds) as cloud:
             yield cloud
     else:
         raise ValueError(f"unknown cloud {name!r}: one of {CLOUDS}")
@@ -187,34 +200,7 @@ def _aws(rate: float, seed: int, moto_url: str | None, hold: float) -> Iterator[
         with running_moto_server() as url, _aws(rate, seed, url, hold) as cloud:
             yield cloud
         return
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        os.environ.setdefault(key, "testing")
-    ec2 = moto_client("ec2", REGION, moto_url)
-
-    def reset() -> None:
-        request = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST", data=b"")
-        urllib.request.urlopen(request, timeout=30).close()
-
-    def described() -> list[dict[str, Any]]:
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": f"tag:{BROKER_TAG}", "Values": [BROKER_ID]}]
-        )
-        return [raw for page in pages for res in page["Reservations"] for raw in res["Instances"]]
-
-    def vms() -> list[CloudVm]:
-        return [
-            CloudVm(
-                id=f"{REGION}:{raw['InstanceId']}",
-                job=tag_dict(raw).get(JOB_TAG, ""),
-                token=tag_dict(raw).get(LAUNCH_TOKEN_TAG, ""),
-                running=raw["State"]["Name"] in ("pending", "running"),
-            )
-            for raw in described()
-        ]
-
-    def launches_per_token() -> dict[str, int]:
-        return dict(Counter(vm.token for vm in vms()))
-
+    ec2, reset, vms = _moto_ec2(moto_url, id_prefix=f"{REGION}:")
     with running_fault_proxy(moto_url, rate=rate, seed=seed, hold_seconds=hold, dialect=Ec2Dialect()) as proxy:
         reset()
         ami = str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
@@ -235,9 +221,87 @@ def _aws(rate: float, seed: int, moto_url: str | None, hold: float) -> Iterator[
             replay_label="retried launches answered from the ClientToken",
             reset=reset,
             vms=vms,
-            launches_per_token=launches_per_token,
+            launches_per_token=lambda: dict(Counter(vm.token for vm in vms())),
             aws_ec2=ec2,
         )
+
+
+def _moto_ec2(moto_url: str, *, id_prefix: str) -> tuple[Any, Callable[[], None], Callable[[], list[CloudVm]]]:
+    """EC2 on moto as the checks read it: a client, a reset, and the broker's tagged instances (ids as the
+    broker records them: `id_prefix` + the instance id)."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(key, "testing")
+    ec2 = moto_client("ec2", REGION, moto_url)
+
+    def reset() -> None:
+        request = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST", data=b"")
+        urllib.request.urlopen(request, timeout=30).close()
+
+    def vms() -> list[CloudVm]:
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{BROKER_TAG}", "Values": [BROKER_ID]}]
+        )
+        return [
+            CloudVm(
+                id=f"{id_prefix}{raw['InstanceId']}",
+                job=tag_dict(raw).get(JOB_TAG, ""),
+                token=tag_dict(raw).get(LAUNCH_TOKEN_TAG, ""),
+                running=raw["State"]["Name"] in ("pending", "running"),
+            )
+            for page in pages
+            for res in page["Reservations"]
+            for raw in res["Instances"]
+        ]
+
+    return ec2, reset, vms
+
+
+@contextmanager
+def _libcloud(rate: float, seed: int, moto_url: str | None, hold: float) -> Iterator[FaultCloud]:
+    """The generic libcloud adapter with libcloud's EC2 driver, on moto: the only libcloud driver with a real
+    server on this machine. moto's EC2 namespace lacks the trailing slash libcloud looks elements up under
+    (tests/test_provider_libcloud.py), so the module constant is patched while the cloud runs."""
+    if moto_url is None:
+        with running_moto_server() as url, _libcloud(rate, seed, url, hold) as cloud:
+            yield cloud
+        return
+    from libcloud.compute.drivers import ec2 as libcloud_ec2
+
+    _, reset, vms = _moto_ec2(moto_url, id_prefix="")
+    namespace = libcloud_ec2.NAMESPACE
+    libcloud_ec2.NAMESPACE = namespace.rstrip("/")
+    try:
+        with running_fault_proxy(moto_url, rate=rate, seed=seed, hold_seconds=hold, dialect=Ec2Dialect()) as proxy:
+            reset()
+            port = urlsplit(proxy.url).port
+            settings = {
+                "libcloud_provider": "ec2",
+                "libcloud_key": "AKIDMOTOEXAMPLE",
+                "libcloud_secret": "testing-secret",
+                "libcloud_image_id": LIBCLOUD_EC2_IMAGE,
+                "libcloud_options": {
+                    "region": REGION, "host": "127.0.0.1", "port": port, "secure": False, "signature_version": "4",
+                },
+                "libcloud_prices": {"g5.xlarge": "1.006"},
+                "libcloud_gpus": {"g5.xlarge": "A10G:1"},
+                "libcloud_region": REGION,
+                "libcloud_zones": [f"{REGION}a", f"{REGION}b", f"{REGION}c"],
+            }  # fmt: skip
+            yield FaultCloud(
+                name="libcloud",
+                provider="ec2",
+                proxy=proxy,
+                settings=settings,
+                accelerators=["A10G"],
+                launch_label="RunInstances",
+                api_label="EC2 (libcloud driver)",
+                replay_label="retried launches answered from the ClientToken",
+                reset=reset,
+                vms=vms,
+                launches_per_token=lambda: dict(Counter(vm.token for vm in vms())),
+            )
+    finally:
+        libcloud_ec2.NAMESPACE = namespace
 
 
 @contextmanager
@@ -448,7 +512,7 @@ def _report(rt: Any, cloud: FaultCloud, job_ids: list[str], ticks: int, violatio
         placements = s.exec(select(Placement)).all()
         events = s.exec(select(JobEvent).where(JobEvent.kind == "launch_failed")).all()
         jobs = s.exec(select(Job)).all()
-    provider = rt.providers[cloud.name]
+    provider = rt.providers[cloud.provider_name]
     retry = provider.retry
     stats = cloud.proxy.stats
     gaps = [b - a for times in stats.launch_attempts.values() for a, b in itertools.pairwise(times) if len(times) > 1]

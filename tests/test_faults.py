@@ -1,6 +1,6 @@
 """Cloud faults: each cloud failing 20% of its API calls (capacity, throttling, 5xx, timeouts, lost answers) still
-places every job exactly once, with bounded jittered retries and the capacity blocklist in use
-(tests/fault_scenario.py, for AWS, GCP and Azure); and the rules underneath: which failures each adapter retries,
+places every job exactly once, with bounded jittered retries and the capacity blocklist in use (tests/fault_scenario.py,
+for AWS, GCP, Azure and the generic libcloud adapter); and the rules underneath: which failures each adapter retries,
 and how the retry policy spaces, bounds and defers them."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from providers.retry import RetryPolicy, retry_after_seconds
 from tests.fault_scenario import CLOUDS, fault_cloud, run_fault_scenario
 from tests.moto_server import running_moto_server
 
-SEEDS = {"aws": 3, "gcp": 2, "azure": 2}  # each sends 2 capacity errors to launches with 30 jobs
+SEEDS = {"aws": 3, "gcp": 2, "azure": 2, "libcloud": 3}  # each sends capacity errors to launches with 30 jobs
 
 
 def _client_error(code: str, status: int) -> ClientError:
@@ -224,7 +224,7 @@ def moto_url() -> Iterator[str]:
 def test_every_job_placed_exactly_once_under_20_percent_cloud_faults(
     cloud: str, postgres: object, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    moto = request.getfixturevalue("moto_url") if cloud == "aws" else None
+    moto = request.getfixturevalue("moto_url") if cloud in ("aws", "libcloud") else None
     with fault_cloud(cloud, rate=0.2, seed=SEEDS[cloud], workdir=tmp_path, moto_url=moto) as env:
         report = run_fault_scenario(
             env,
