@@ -8,10 +8,10 @@ tags, user data, a zone or an idempotency token) plus `create_args`, a site's ve
 networks, security groups...). Spot/preemptible capacity is out of scope: libcloud's support is thin.
 
 Contract, and how it is met:
-- `launch` is idempotent on the launch token. The node is named `ovs-` + `token[:20]`; before creating, the
-  adapter looks in its launch notes, then lists the driver's nodes for that name (and, where tags are stored,
-  the `overspill:launch-token` tag). EC2 also gets the token as `ClientToken`. Launches in one process are
-  serialised by a lock.
+- `launch` is idempotent on the launch token. The node is named `ovs-` + `token[:20]`; before creating, the adapter
+  looks in its launch notes, then lists the driver's nodes for that name (and, where tags are stored, the
+  `overspill:launch-token` tag; EC2 filters by that tag server-side). EC2 also gets the token as `ClientToken`.
+  Launches in one process are serialised by a lock.
 - `terminate` converges: an unknown, vanished or already-terminated node (or a 404 from `destroy_node`) is success.
 - `get` returns the driver's view or raises `NotFound` when `list_nodes` no longer shows the id; `get_many` answers
   for many ids from one `list_nodes`.
@@ -209,7 +209,13 @@ class DriverTraits:
     `tags_kwarg`/`tags_extra_key`: where broker tags are written and read back from `node.extra` (both or
     neither). `zone_kwarg` takes the zone named by `location_for`: a `NodeLocation` found by id or name in
     `list_locations()` when `zone_is_location`, else the plain string. `token_kwarg` gets the launch token as a
-    provider-side idempotency token.
+    provider-side idempotency token. `token_lookup(token)` gives `list_nodes` keywords that make the cloud filter
+    its nodes down to the token's (EC2's tag filter): a launch's look for an earlier node then reads one node, not
+    every node of the account. `ids_lookup(ids)` does the same for up to `ids_per_lookup` node ids (`get`,
+    `get_many`), `broker_lookup(broker_id)` for the nodes tagged for this broker (`list_instances`). EC2 needs them
+    for more than speed: libcloud's `list_nodes` reads one DescribeInstances page and never follows `NextToken`, so
+    where the service pages an unfiltered listing (moto: 100 reservations) a node beyond the first page would look
+    gone.
     """
 
     tags_kwarg: str | None = None
@@ -218,6 +224,10 @@ class DriverTraits:
     zone_kwarg: str | None = None
     zone_is_location: bool = True
     token_kwarg: str | None = None
+    token_lookup: Callable[[str], Mapping[str, Any]] | None = None
+    ids_lookup: Callable[[list[str]], Mapping[str, Any]] | None = None
+    ids_per_lookup: int = 100
+    broker_lookup: Callable[[str], Mapping[str, Any]] | None = None
 
 
 KNOWN_TRAITS: dict[str, DriverTraits] = {
@@ -234,6 +244,9 @@ KNOWN_TRAITS: dict[str, DriverTraits] = {
         userdata_kwarg="ex_userdata",
         zone_kwarg="location",
         token_kwarg="ex_clienttoken",
+        token_lookup=lambda token: {"ex_filters": {f"tag:{LAUNCH_TOKEN_TAG}": token}},
+        ids_lookup=lambda ids: {"ex_filters": {"instance-id": ids}},  # unknown ids are absent, never an error
+        broker_lookup=lambda broker_id: {"ex_filters": {f"tag:{BROKER_TAG}": broker_id}},
     ),
 }
 
@@ -448,12 +461,14 @@ class LibcloudProvider:
         return self._view(node)
 
     def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
-        """The nodes among `instance_ids` that the driver lists (one `list_nodes` for all); a missing id is gone."""
-        wanted = set(instance_ids)
-        return {str(n.id): self._view(n) for n in self._retried(self._nodes) if str(n.id) in wanted}
+        """The nodes among `instance_ids` that the driver lists (one `list_nodes` for all, or one per
+        `ids_per_lookup` ids where the driver filters by id); a missing id is gone."""
+        return {str(n.id): self._view(n) for n in self._retried(lambda: self._nodes_by_id(list(instance_ids)))}
 
     def list_instances(self) -> list[Instance]:
-        views = [self._view(node) for node in self._retried(self._nodes)]
+        lookup = self.traits.broker_lookup
+        nodes = self._retried(lambda: self._nodes(**lookup(self.broker_id)) if lookup else self._nodes())
+        views = [self._view(node) for node in nodes]
         return [view for view in views if view.tags.get(TAG_BROKER) == self.broker_id]
 
     # -- OfferingSource -------------------------------------------------------------------------------------------
@@ -506,12 +521,21 @@ class LibcloudProvider:
         with self._errors("list_sizes"):
             return list(self.driver.list_sizes())
 
-    def _nodes(self) -> list[Node]:
+    def _nodes(self, **filters: Any) -> list[Node]:
         with self._errors("list_nodes"):
-            return list(self.driver.list_nodes())
+            return list(self.driver.list_nodes(**filters))
 
     def _node(self, instance_id: str) -> Node | None:
-        return next((n for n in self._nodes() if str(n.id) == instance_id), None)
+        return next(iter(self._nodes_by_id([instance_id])), None)
+
+    def _nodes_by_id(self, ids: list[str]) -> list[Node]:
+        wanted = set(ids)
+        lookup, size = self.traits.ids_lookup, self.traits.ids_per_lookup
+        if lookup is None:
+            return [n for n in self._nodes() if str(n.id) in wanted]
+        unique = sorted(wanted)
+        chunks = [unique[i : i + size] for i in range(0, len(unique), size)]
+        return [n for chunk in chunks for n in self._nodes(**lookup(chunk)) if str(n.id) in wanted]
 
     def _note_for(self, node_id: str) -> LaunchNote | None:
         return next((n for n in self._notes.values() if n.node_id == node_id and not n.retired), None)
@@ -523,7 +547,8 @@ class LibcloudProvider:
             return self._view(node) if node is not None else self._gone(note)
         name = node_name(token)
         key = self.traits.tags_extra_key
-        for node in self._nodes():
+        lookup = self.traits.token_lookup
+        for node in self._nodes(**lookup(token)) if lookup else self._nodes():
             stored = _stored_tags(node, key)
             if key is not None and stored.get(TAG_TOKEN) == token and stored.get(TAG_BROKER) == self.broker_id:
                 return self._view(node)

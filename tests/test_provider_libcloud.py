@@ -412,6 +412,29 @@ def test_moto_without_the_namespace_patch_fails_loudly(moto_port: int) -> None:
     assert unzoned.list_instances() == []  # nor out of DescribeInstances
 
 
+@pytest.mark.integration
+def test_moto_nodes_beyond_the_first_describe_page_are_not_taken_for_gone(moto_port: int, moto_namespace: None) -> None:
+    """libcloud's EC2 list_nodes reads one DescribeInstances page and moto pages at 100 reservations: the adapter
+    asks by id, token and broker tag, so a node of ours after 100 others is still seen."""
+    boto3 = pytest.importorskip("boto3")
+    ec2 = boto3.client(
+        "ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+        aws_access_key_id="AKIDMOTOEXAMPLE", aws_secret_access_key="secret",
+    )  # fmt: skip
+    for _ in range(101):  # one reservation each: someone else's instances filling the first page
+        ec2.run_instances(ImageId=EC2_IMAGE, InstanceType="t3.micro", MinCount=1, MaxCount=1)
+    provider = _ec2_provider(moto_port, broker_id="beyond-page")
+    assert len(provider.driver.list_nodes()) == 100, "moto still pages an unfiltered DescribeInstances at 100"
+    req = ContractEnv(provider=provider, offering=_ec2_offering(provider), broker_id="beyond-page").request()
+    inst = provider.launch(req)
+    assert provider.get(inst.id).id == inst.id
+    assert set(provider.get_many([inst.id, "i-0123456789abcdef0"])) == {inst.id}
+    assert [i.id for i in provider.list_instances()] == [inst.id]
+    fresh = _ec2_provider(moto_port, broker_id="beyond-page")  # no launch notes: the token lookup finds it
+    assert fresh.launch(req).id == inst.id
+    provider.terminate(inst.id)
+
+
 def _ec2_settings(port: int, **overrides: Any) -> Any:
     from broker.settings import Settings
 
