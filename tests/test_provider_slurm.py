@@ -69,11 +69,18 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> N
 
 
 def settled(provider: SlurmProvider) -> Callable[[], None]:
-    """Wait until no job is mid-transition (starting or still ending) so reads see a final state."""
+    """Wait until no job is mid-transition (starting or still ending, or pending before the scheduler has looked at
+    it: reason "None", which a busy slurmctld may turn into RUNNING between two reads) so reads see a final state."""
 
     def wait() -> None:
         def calm() -> bool:
-            return not [j for j in provider.squeue() if j.state in ("CONFIGURING", "COMPLETING") or j.state_flags]
+            moving = ("CONFIGURING", "COMPLETING")
+            unseen = "PENDING"  # with no reason yet
+            return not [
+                j
+                for j in provider.squeue()
+                if j.state in moving or j.state_flags or (j.state == unseen and not j.state_reason)
+            ]
 
         wait_until(calm, "jobs to settle")
 
