@@ -19,9 +19,8 @@ The built-in simulated providers are wired in `broker.runtime`.
 
 Every cloud adapter retries transient failures itself (`OVERSPILL_CLOUD_RETRY_ATTEMPTS` calls at most, jittered
 backoff, never a capacity or quota answer: providers/retry.py), so each SDK's own retries are off (botocore
-`total_max_attempts=1`, google-api-core `retry=None` on every call, azure-core `retry_total=0`, libcloud's by
-default) and every call has
-`OVERSPILL_CLOUD_TIMEOUT_SECONDS` to connect and to answer.
+`total_max_attempts=1`, google-api-core `retry=None` on every call, azure-core `retry_total=0`, libcloud's by default)
+and every call has `OVERSPILL_CLOUD_TIMEOUT_SECONDS` to connect and to answer.
 
 Test credentials: `OVERSPILL_GCP_ANONYMOUS_CREDENTIALS=true` (no Google credentials at all) and
 `OVERSPILL_AZURE_STATIC_TEST_TOKEN=true` (a fixed bearer token, sent over plain http too) exist for tests against

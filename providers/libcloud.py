@@ -14,7 +14,7 @@ Contract, and how it is met:
   Launches in one process are serialised by a lock.
 - `terminate` converges: an unknown, vanished or already-terminated node (or a 404 from `destroy_node`) is success.
 - `get` returns the driver's view or raises `NotFound` when `list_nodes` no longer shows the id; `get_many` answers
-  for many ids from one `list_nodes`.
+  for many ids from one `list_nodes` (on EC2, one id-filtered call per 100 ids).
 - `list_instances` returns only nodes attributed to this broker: by their stored tags where the driver stores
   them, otherwise by the adapter's launch notes.
 
