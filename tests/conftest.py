@@ -7,6 +7,7 @@ skipped at collection (a missing SDK): CI must prove the real components work, n
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,6 +97,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'broker.db'}"
     server = request.getfixturevalue("postgres")
     return str(server.create_database())
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a hung API): the kernel completes the handshakes,
+    nobody ever reads or answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        host, port = silent.getsockname()
+        yield f"http://{host}:{port}"
 
 
 @pytest.fixture

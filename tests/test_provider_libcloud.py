@@ -486,19 +486,16 @@ def test_libcloud_settings_refuse_a_malformed_gpu_spec_naming_the_variable() -> 
         build_providers(_ec2_settings(1, libcloud_gpus={"g5.xlarge": "A10G:many"}))
 
 
-def test_libcloud_calls_time_out_and_are_retried_a_bounded_number_of_times() -> None:
+def test_libcloud_calls_time_out_and_are_retried_a_bounded_number_of_times(silent_endpoint: str) -> None:
     from broker.providers_config import build_providers
 
-    with socket.socket() as silent:  # accepts connections and never answers: a hung API
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
-        port = silent.getsockname()[1]
-        (hung,) = build_providers(_ec2_settings(port, cloud_retry_attempts=2, cloud_timeout_seconds=0.3))
-        assert isinstance(hung, LibcloudProvider)
-        started = time.monotonic()
-        with pytest.raises(Throttled):
-            hung.list_instances()
-        assert time.monotonic() - started < 5 and hung.retry.attempts_made == 2
+    port = int(silent_endpoint.rsplit(":", 1)[1])
+    (hung,) = build_providers(_ec2_settings(port, cloud_retry_attempts=2, cloud_timeout_seconds=0.3))
+    assert isinstance(hung, LibcloudProvider)
+    started = time.monotonic()
+    with pytest.raises(Throttled):
+        hung.list_instances()
+    assert time.monotonic() - started < 5 and hung.retry.attempts_made == 2
 
 
 # -- retries -------------------------------------------------------------------------------------------------------

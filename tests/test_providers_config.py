@@ -9,7 +9,6 @@ tests/azure_compute_fake.py) through their endpoint overrides.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,16 +77,6 @@ def gcp_fake() -> Iterator[GcpComputeFake]:
 def azure_fake() -> Iterator[AzureComputeFake]:
     with AzureComputeFake(SUB) as server:
         yield server
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """An endpoint that accepts connections and never answers (a hung API)."""
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
-        host, port = silent.getsockname()
-        yield f"http://{host}:{port}"
 
 
 def test_nothing_is_built_unless_launching_is_enabled() -> None:
