@@ -496,10 +496,10 @@ def cloud_violations(engine: Any, cloud: FaultCloud) -> list[str]:
         if not vm.running:
             continue
         running_per_job[vm.job] += 1
-        if vm.id not in live and cloud.name != "aws":  # on AWS check_invariants has said it already
+        if vm.id not in live and cloud.aws_ec2 is None:  # with aws_ec2, check_invariants has said it already
             bad.append(f"{cloud.name} instance {vm.id} is running without a live placement (job {vm.job})")
     for job, n in running_per_job.items():
-        if n > 1 and cloud.name != "aws":
+        if n > 1 and cloud.aws_ec2 is None:
             bad.append(f"job {job} runs on {n} {cloud.name} instances")
     for token, n in cloud.launches_per_token().items():
         if n > 1:
