@@ -39,7 +39,6 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
 
 PROTOCOL_VERSION = 1
 
