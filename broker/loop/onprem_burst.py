@@ -29,6 +29,7 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import budget_block_reason
 from broker.loop.common import bind_job
+from broker.loop.place import extra_hourly, launchable_providers
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
@@ -90,7 +91,14 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
             return 0  # its team's or project's hard budget is spent: it stays queued on-prem
     book = rt.catalog.book(now)
     spec = spec_of(job)
-    if place(spec, book, PlacementContext(now=now, remaining_work_hours=spec.work_hours, params=rt.params)) is None:
+    ctx = PlacementContext(
+        now=now,
+        remaining_work_hours=spec.work_hours,
+        params=rt.params,
+        launchable=launchable_providers(rt),  # a pool nothing here launches on is no pool to burst to
+        extra_hourly_usd=extra_hourly(rt),
+    )
+    if place(spec, book, ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
     with Session(rt.engine, expire_on_commit=False) as session:
