@@ -611,9 +611,9 @@ class GcpProvider:
         except requests.RequestException as exc:
             raise Throttled(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
 
-    def _per_call(self, extra_seconds: float = 0.0) -> dict[str, Any]:
+    def _per_call(self) -> dict[str, Any]:
         """Keyword arguments of every client call: the library's own retries off, this adapter's timeout."""
-        return {"retry": None, "timeout": None if self.timeout is None else self.timeout + extra_seconds}
+        return {"retry": None, "timeout": self.timeout}
 
     def _retried(self, fn: Callable[[], T]) -> T:
         """`fn()` under the retry policy (transient failures only); raw SDK errors, for callers that inspect them."""
