@@ -30,7 +30,17 @@ def slurm(cluster: Any) -> Iterator[Any]:
     cluster.cancel_all()
 
 
-def _runtime(cluster: Any, tmp_path: Path, cloud: ScriptedCloud) -> Runtime:
+ACCOUNTS: dict[str, Any] = {  # alice's account acme bursts into the bootstrap tenant; bob's beta may not burst
+    "acme": {"tenant": "demo", "team": "nlp", "project": "atlas", "burst": True, "max_job_usd": "100",
+             "allowed_images": ["ghcr.io/example/*"]},
+    "beta": {"tenant": "demo", "burst": False},
+}  # fmt: skip
+
+
+def _runtime(
+    cluster: Any, tmp_path: Path, cloud: ScriptedCloud, accounts: dict[str, Any] | None = None, **extra: Any
+) -> Runtime:
+    """A broker on the real cluster, its Slurm commands run as the non-root operator `ovsbroker`."""
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'burst.db'}",
         data_dir=tmp_path,
@@ -39,25 +49,30 @@ def _runtime(cluster: Any, tmp_path: Path, cloud: ScriptedCloud) -> Runtime:
             cluster.partition: {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", "gpus_per_node": "4"}
         },
         slurm_conf=str(cluster.conf),
+        slurm_accounts=ACCOUNTS if accounts is None else accounts,
         burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
+        **extra,
     )
     rt = build_runtime(settings)
+    rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]
     rt.providers[cloud.name] = cloud
     rt.offering_sources.append(cloud)
     return rt
 
 
-def _opted_in(slurm: Any, max_total: str = "40") -> int:
-    spec = {"max_total_usd": max_total, "image": "ghcr.io/example/train:1", "work_gpu_hours": "2"}
+def _opted_in(slurm: Any, max_total: str = "40", user: str = "alice", *extra: str, **fields: Any) -> int:
+    spec = {"max_total_usd": max_total, "image": "ghcr.io/example/train:1", "work_gpu_hours": "2", **fields}
     return sbatch(
         slurm,
         "--job-name=opted-in",
         "--gres=gpu:a100:1",
         "--time=60",
         f"--comment=overspill-burst {json.dumps(spec)}",
+        *extra,
         "--wrap=sleep 1",
+        user=user,
     )
 
 
@@ -83,7 +98,8 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
     tick(rt, clock())
     broker_job = _broker_job(rt, slurm_id)
     held = job(provider, slurm_id)
-    assert held.state_reason.startswith("JobHeld") and broker_job.id in held.admin_comment
+    assert held.state_reason == "JobHeldAdmin" and broker_job.id in held.comment
+    assert (broker_job.tenant, broker_job.team, broker_job.project) == ("demo", "nlp", "atlas")  # from the mapping
     assert not job(provider, not_opted).state_reason.startswith("JobHeld")  # never burst without opting in
     tick(rt, clock())  # a second tick must not burst it twice
     with Session(rt.engine) as s:
