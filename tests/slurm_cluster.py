@@ -15,17 +15,20 @@ node). `MinJobAge` is a day so finished jobs stay visible to `squeue`, the backf
 pending jobs get estimated start times quickly, and `KillWait=1` makes cancellation quick. Every command must run
 with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
 
-Identities. Slurm 22.05 takes a user's `AdminLevel` from accounting only (without slurmdbd every non-root user is
-`None`, so an operator cannot exist), hence slurmdbd on a throw-away MariaDB (empty datadir, `--skip-grant-tables`,
-127.0.0.1 on a free port; no `mariadb-install-db`, which costs ~4 s). Unix users are created if absent
-(`useradd`, no home, no login shell): `ovsbroker` (the broker, `AdminLevel=Operator`: it may hold, release, update
-and cancel other users' jobs, and is neither root nor `SlurmUser`), the job owners `alice` and `bob`, `carol`
-(whose account no policy maps), `tenant-acme` and `tenant-demo` (the identities the broker submits tenants
-`acme`'s and `demo`'s on-prem jobs as). Accounts `acme` (alice, tenant-acme), `beta` (bob), `gamma` (carol) and
-`demo` (tenant-demo); `AccountingStorageEnforce=associations` so an account must be real. `SlurmCluster.run` runs a command as root (the site admin), `run_as(user, argv)` as a
-user, `broker_runner()` is a runner (argv -> CompletedProcess) running every command as `ovsbroker`. A sudoers
-drop-in lets `ovsbroker` run only `sbatch`, only as `alice`, `bob` or the tenant identities, with `SLURM_CONF` kept: the
-site set-up behind the provider's default `sudo -n -u <user> --` submit wrapper. `sacct` works too.
+Identities. Slurm 22.05 takes a user's `AdminLevel` from accounting only (with `accounting_storage/none` every
+non-root user is level None, so an operator cannot exist), hence slurmdbd on a throw-away MariaDB (its system
+tables from `mariadb-install-db` with a small InnoDB, under 1 s: slurmdbd's association queries call stored
+procedures; then `--skip-grant-tables` on 127.0.0.1 and a free port: no database accounts). An operator cannot
+write AdminComment (administrators only), which is why the broker marks its holds in the job's Comment. Unix users
+are created if absent (`useradd`, no home, no login shell): `ovsbroker` (the broker, `AdminLevel=Operator`: it may
+hold, release, update and cancel other users' jobs, and is neither root nor `SlurmUser`), the job owners `alice`
+and `bob`, `carol` (whose account no policy maps), `tenant-acme` and `tenant-demo` (the identities the broker
+submits tenants `acme`'s and `demo`'s on-prem jobs as). Accounts `acme` (alice, tenant-acme), `beta` (bob),
+`gamma` (carol) and `demo` (tenant-demo); `AccountingStorageEnforce=associations` so an account must be real.
+`SlurmCluster.run` runs a command as root (the site admin), `run_as(user, argv)` as a user, `broker_runner()` is a
+runner (argv -> CompletedProcess) running every command as `ovsbroker`. A sudoers drop-in lets `ovsbroker` run
+only `sbatch`, only as `alice`, `bob` or the tenant identities, with `SLURM_CONF` kept: the site set-up behind the
+provider's default `sudo -n -u <user> --` submit wrapper. With slurmdbd, `sacct` works too.
 """
 
 from __future__ import annotations
