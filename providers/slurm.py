@@ -45,7 +45,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -490,14 +490,19 @@ class SlurmProvider:
             if job.state_reason == HELD_BY_ADMIN and self.holds(job):
                 return HoldOutcome(True, job, "", job.priority)
             raise InvalidRequest(f"job {name} is already held ({job.state_reason})", provider=self.name)
-        self._set_comment(name, f"{strip_hold_mark(job.comment)} {self._mark(name, reason)}".strip())
-        self._call(["scontrol", "hold", name])
+        failed: ProviderError | None = None
+        try:
+            self._set_comment(name, f"{strip_hold_mark(job.comment)} {self._mark(name, reason)}".strip())
+            self._call(["scontrol", "hold", name])
+        except (InvalidRequest, SlurmCommandError) as exc:  # e.g. it ended meanwhile: decided by the read below
+            failed = exc
         after = self._find(name)
         if after is not None and after.pending and after.state_reason == HELD_BY_ADMIN and self.holds(after):
             return HoldOutcome(True, after, "", job.priority)
         self._undo_hold(name, after)
         state = "gone" if after is None else f"{after.state} ({after.state_reason or 'no reason'})"
-        return HoldOutcome(False, after, f"job {name} is {state} after the hold: not burst", job.priority)
+        detail = f"job {name} is {state} after the hold: not burst" + (f" ({failed})" if failed else "")
+        return HoldOutcome(False, after, detail, job.priority)
 
     def holds(self, job: SlurmJob) -> bool:
         """Whether the job carries this broker's hold mark (with a valid signature when a hold key is set)."""
@@ -560,13 +565,14 @@ class SlurmProvider:
             raise self._error(["scancel", name], done)
         return rewritten
 
-    def sweep_dependents(self, targets: Iterable[str]) -> list[str]:
+    def sweep_dependents(self, targets: Iterable[str], done: Collection[str] = ()) -> list[str]:
         """Rewrite the dependencies of pending jobs submitted after `complete_held` ended these targets (jobs that
-        ran in the cloud): a late `afterok:X` would otherwise wait for ever. Returns the jobs rewritten."""
+        ran in the cloud): a late `afterok:X` would otherwise wait for ever. `done` are the dependents already
+        rewritten (an `afternotok:X` turned into `afterok:X` must stay so). Returns the jobs rewritten."""
         wanted = list(targets)
         if not wanted:
             return []
-        return self._rewrite_dependents(self.squeue(), wanted)
+        return self._rewrite_dependents(self.squeue(), wanted, skip=frozenset(done), convert_notok=False)
 
     def priority_plugin(self) -> str:
         """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
@@ -650,17 +656,25 @@ class SlurmProvider:
         if hold_note(job.comment) is not None and not self._state(job).terminal:
             self.run(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
 
-    def _rewrite_dependents(self, jobs: Sequence[SlurmJob], targets: Sequence[str]) -> list[str]:
+    def _rewrite_dependents(
+        self,
+        jobs: Sequence[SlurmJob],
+        targets: Sequence[str],
+        skip: frozenset[str] = frozenset(),
+        convert_notok: bool = True,
+    ) -> list[str]:
         out: list[str] = []
         for dep in jobs:
-            if not dep.pending or not dep.dependency:
+            if not dep.pending or not dep.dependency or dep.target in skip:
                 continue
             text, changed = dep.dependency, False
             for target in targets:
                 if not mentions(text, target):
                     continue
                 try:
-                    new = rewrite_as_succeeded(text, target, self._other_tasks(jobs, target))
+                    new = rewrite_as_succeeded(
+                        text, target, self._other_tasks(jobs, target), convert_notok=convert_notok
+                    )
                 except DependencyParseError:
                     new = None
                 if new is not None:

@@ -73,11 +73,15 @@ def mentions(dependency: str, target: str) -> bool:
     return any(e.job == target or e.job in _array_refs(target) for e in elements)
 
 
-def rewrite_as_succeeded(dependency: str, target: str, other_tasks: Sequence[str] = ()) -> str | None:
+def rewrite_as_succeeded(
+    dependency: str, target: str, other_tasks: Sequence[str] = (), *, convert_notok: bool = True
+) -> str | None:
     """The dependency with `target` counted as COMPLETED (see the module docstring), or None when unchanged.
 
     `other_tasks` are the other tasks of `target`'s array (`A_0`, `A_1`...), substituted for a whole-array
-    reference. Raises `DependencyParseError` for a string it cannot read.
+    reference. `convert_notok=False` leaves `afternotok:target` alone (once the target is cancelled, an
+    `afterok:target` made from it cannot be told from a real one, so it is converted only once, before the cancel).
+    Raises `DependencyParseError` for a string it cannot read.
     """
     elements, sep = parse(dependency)
     arrays = _array_refs(target)
@@ -86,10 +90,10 @@ def rewrite_as_succeeded(dependency: str, target: str, other_tasks: Sequence[str
     for e in elements:
         if e.job == target and e.kind in _SATISFIED_BY_SUCCESS:
             changed = satisfied = True
-        elif e.job == target and e.kind == "afternotok":
+        elif e.job == target and e.kind == "afternotok" and convert_notok:
             out.append(Element("afterok", target))
             changed = True
-        elif e.job in arrays and e.kind in _PER_TASK:
+        elif e.job in arrays and e.kind in _PER_TASK and (convert_notok or e.kind != "afternotok"):
             out.extend(Element(e.kind, task, e.delay) for task in other_tasks)
             if not other_tasks and e.kind == "afternotok":
                 out.append(Element("afterok", target))  # no task failed: never satisfied

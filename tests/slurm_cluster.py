@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -91,10 +92,30 @@ def missing_requirements() -> str | None:
     return None
 
 
+_PICKED: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range: a port taken from that range (bind to 0) can be handed out
+    again as the local end of an outgoing connection (slurmctld to slurmdbd, sacctmgr...) before the daemon that
+    was meant to listen on it binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, max(low, 20001))
+        if port in _PICKED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass

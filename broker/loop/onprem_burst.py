@@ -337,6 +337,7 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             action, reason = "release", BurstReason.GAVE_UP
         else:
             continue
+        dependents: list[str] = []
         try:
             if action == "complete":
                 dependents = provider.complete_held(target, owned=True)
@@ -354,6 +355,8 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         with Session(rt.engine) as session:
             row = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
             row.origin_settled = True
+            if action == "complete":  # the sweep must not touch these again (an afternotok turned afterok)
+                row.spec = {**row.spec, "slurm": {**slurm, "dependents": dependents}}
             if action == "release" and row.state in (JobState.PENDING.value, JobState.PAUSED.value):
                 # the job now runs on-prem: the cloud side must never be resumed or placed again
                 row.state = JobState.CANCELLED.value
@@ -382,19 +385,20 @@ def _sweep_dependents(rt: Runtime, provider: Any, now: datetime) -> None:
     """Dependents submitted after a burst's Slurm job was ended get their dependency rewritten too."""
     since = now - timedelta(days=DEPENDENT_SWEEP_DAYS)
     with Session(rt.engine) as session:
-        origins = session.exec(
-            select(Job.origin).where(
+        rows = session.exec(
+            select(Job.origin, Job.spec).where(
                 col(Job.origin).startswith(f"{provider.name}:"),
                 Job.origin_settled == True,  # noqa: E712
                 Job.state == JobState.SUCCEEDED.value,
                 col(Job.updated_at) >= since,
             )
         ).all()
-    targets = [str(o).split(":", 1)[1] for o in origins]
+    targets = [str(origin).split(":", 1)[1] for origin, _ in rows]
     if not targets:
         return
+    done = {d for _, spec in rows for d in (spec.get("slurm") or {}).get("dependents", [])}
     try:
-        rewritten = provider.sweep_dependents(targets)
+        rewritten = provider.sweep_dependents(targets, done)
     except ProviderError as exc:
         log.warning("rewriting late dependents on %s failed: %s", provider.name, exc)
         return
