@@ -157,7 +157,7 @@ class SlurmCluster:
         live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD")
         deadline = time.monotonic() + timeout
         while True:
-            active = [str(j["job_id"]) for j in self.jobs() if _state(j) in live]
+            active = [_target(j) for j in self.jobs() if _state(j) in live]
             if not active:
                 return
             self.run(["scancel", *active])
@@ -186,6 +186,16 @@ class SlurmCluster:
         shutil.rmtree(self.root, ignore_errors=True)
         if self.wrote_sudoers:
             SUDOERS_FILE.unlink(missing_ok=True)
+
+
+def _target(job: dict[str, object]) -> str:
+    """How scancel names a job: `<array>_<task>` for an array task (22.05 ignores a task's own job id)."""
+    array, task = job.get("array_job_id"), job.get("array_task_id")
+    if isinstance(array, dict):  # 23.11+: {"set", "number"}
+        array = array.get("number") if array.get("set") else None
+    if isinstance(task, dict):
+        task = task.get("number") if task.get("set") else None
+    return f"{array}_{task}" if array and task is not None else str(job["job_id"])
 
 
 def _state(job: dict[str, object]) -> str:
