@@ -119,6 +119,7 @@ def test_the_hold_race_never_runs_a_job_twice(slurm: Any, tmp_path: Path) -> Non
         point = ("mark", "hold", "after")[rnd % 3]
         clock = MovableClock(datetime.now(UTC))
         cloud = _cloud(clock)
+        (tmp_path / f"r{rnd}").mkdir()
         rt = _runtime(slurm, tmp_path / f"r{rnd}", cloud)
         fillers = [_filler(slurm, 4), _filler(slurm, 4)]
         wait_until(_running(slurm, fillers), "fillers to run")
