@@ -14,12 +14,23 @@ import pytest
 from sqlmodel import Session, select
 
 from broker.loop.tick import tick
+from broker.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 from broker.tables import Job
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
+
+
+def decisions(rt: Runtime) -> dict[tuple[str, str], float]:
+    """Burst decision counts by (decision, reason), from this runtime's loop metrics."""
+    out: dict[tuple[str, str], float] = {}
+    for family in rt.metrics.registry.collect():
+        for s in family.samples:
+            if s.name == "overspill_burst_decisions_total":
+                out[(s.labels["decision"], s.labels["reason"])] = s.value
+    return out
 
 
 @pytest.fixture
@@ -177,3 +188,46 @@ def test_a_burst_paused_at_its_ceiling_goes_back_on_prem_and_cannot_be_resumed_i
     assert _broker_job(rt, slurm_id).state == "cancelled" and cloud.running() == []
     slurm.run(["scancel", *map(str, fillers)])
     wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the released job to run on-prem", timeout=30)
+
+
+@pytest.mark.integration
+def test_an_account_monthly_budget_counts_what_running_bursts_may_still_spend(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    accounts = {"acme": {**ACCOUNTS["acme"], "monthly_budget_usd": "60"}}
+    rt = _runtime(slurm, tmp_path, cloud, accounts)
+    fill_gpus(slurm, minutes=60)
+    first, second = _opted_in(slurm), _opted_in(slurm)  # $40 ceilings: one fits $60, two do not
+    provider = rt.providers["onprem-slurm"]
+    for i in (first, second):
+        wait_until(lambda i=i: job(provider, i).state_reason in ("Resources", "Priority"), "the jobs to pend")
+    tick(rt, clock())
+    assert _broker_job(rt, first).state in ("pending", "running")
+    with Session(rt.engine) as s:
+        assert s.exec(select(Job).where(Job.origin == f"onprem-slurm:{second}")).first() is None
+    assert not job(provider, second).state_reason.startswith("JobHeld")
+    assert decisions(rt)[("refuse", BurstReason.ACCOUNT_BUDGET)] == 1
+
+
+@pytest.mark.integration
+def test_a_hold_left_by_a_crash_before_the_commit_is_given_back(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    fillers = fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm)
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    assert provider.hold(slurm_id, "bursting").held  # type: ignore[attr-defined]  # ...and the broker died here
+    tick(rt, clock())  # within the grace: a replica may still be committing it
+    assert job(provider, slurm_id).state_reason == "JobHeldAdmin"
+    tick(rt, clock.advance(minutes=11))
+    released = job(provider, slurm_id)
+    assert released.state_reason != "JobHeldAdmin" and "overspill-hold" not in released.comment
+    tomb = _broker_job(rt, slurm_id)  # its origin is taken, so a late commit elsewhere fails
+    assert tomb.state == "cancelled" and tomb.origin_settled and cloud.requests == []
+    assert decisions(rt)[("release", BurstReason.ORPHAN_HOLD)] == 1
+    slurm.run(["scancel", *map(str, fillers)])
+    wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the job to run on-prem", timeout=30)
