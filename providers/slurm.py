@@ -8,12 +8,16 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   priced at the internal rate x GPUs, `expected_wait_hours` from `federation.pressure.QueueModel` (capped at a
   year; `available` is False when the shape can never start on the usable nodes).
 - `pressure(now)`: one `PressureSample` per GPU type on the configured partitions (pending = Resources/Priority).
-- `launch(request)`: `sbatch --parsable --job-name=ovs-<token[:16]> --comment=overspill:<broker>:<token> ...
-  --partition=P --nodes=1 --gres=gpu:<type>:<n> --time=<remaining work in minutes, rounded up> --wrap=<command>`.
-  Idempotent on the launch token: it first looks for a job whose comment carries the token, and after submitting
-  it looks again and cancels any duplicate a concurrent call made (the lowest job id wins). The comment also
-  carries the job and placement tags (`job=`, `placement=`, URL-quoted extras), so `get`/`list_instances` can
-  return them.
+- `launch(request)`: `<submit wrapper> sbatch --parsable --job-name=ovs-<token[:16]>
+  --comment=overspill:<broker>:<token> ... --partition=P --nodes=1 --gres=gpu:<type>:<n>
+  --time=<remaining work in minutes, rounded up> --wrap=<command>`, run as the tenant's own unprivileged unix user
+  (`submit_as[tenant]`, through `submit_wrapper`, default `sudo -n -u <user> --`, which a site allows with a
+  sudoers rule limited to sbatch): never as the broker's operator account, which can hold and cancel anyone's
+  jobs. A tenant without an identity is refused (`InvalidRequest`; `refuses_tenant` lets placement leave this
+  provider's pools out for it beforehand). Idempotent on the launch token: it first looks for a job whose comment
+  carries the token, and after submitting it looks again and cancels any duplicate a concurrent call made (the
+  lowest job id wins). The comment also carries the job and placement tags (`job=`, `placement=`, URL-quoted
+  extras), so `get`/`list_instances` can return them.
 - `get(id)` reads `squeue --json` and raises `NotFound` for an unknown id or a job that is not this broker's
   (job ids are reused after a controller reset). Without slurmdbd a finished job leaves squeue `MinJobAge`
   seconds after it ends (default 300): from then on it is `NotFound` and its outcome is lost.
@@ -23,10 +27,16 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   say how it ended, so it stays RUNNING until the outcome shows.
 - `terminate(id)`: `scancel` when the job is ours and not finished; unknown or foreign ids are success.
 - `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
-Burst-policy helpers: `queued_jobs()` lists other users' pending GPU jobs with their reasons, `hold(id, reason)`
-(`scontrol hold`, reason and the job's priority recorded in its AdminComment, which users cannot edit) and
-`release(id)` (`scontrol release`, then the recorded priority is restored: a release otherwise gives the job a
-fresh priority, which under priority/basic sends it to the back of the queue), `requeue(id)`.
+Burst-policy helpers, for a broker running as a Slurm operator (`AdminLevel=Operator`, not root): `queued_jobs()`
+lists other users' pending GPU jobs with their reasons, one entry per pending array task (target `<array>_<task>`:
+22.05's scancel/scontrol ignore a task's own job id); `hold(target, reason)` marks and holds a job, then reads it
+again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm may have
+started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
+priority/basic, where a release sends a job to the back; other plugins recompute and keep ageing it);
+`complete_held(target)` ends a job that ran in the cloud so its dependents see it as done (dependencies rewritten,
+then `scancel`), `sweep_dependents(...)` catches dependents submitted later; `requeue(id)`. The hold mark
+`[overspill-hold broker=.. at=.. reason=.. sig=..]` goes in the job's Comment (operators cannot write AdminComment),
+signed with `hold_key` (HMAC-SHA256) so a user cannot forge one.
 
 Every command runs through the injected `run(argv) -> CompletedProcess` (default: `subprocess.run` with
 `SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
