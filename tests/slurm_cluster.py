@@ -34,6 +34,7 @@ provider's default `sudo -n -u <user> --` submit wrapper. With slurmdbd, `sacct`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -342,33 +343,88 @@ def _install_sudoers() -> bool:
     return True
 
 
+_SMALL_INNODB = (  # a small, unsafe-on-crash InnoDB: the database lives for one test session
+    "--skip-log-bin",
+    "--skip-name-resolve",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-log-file-size=4M",
+    "--innodb-flush-log-at-trx-commit=0",
+    "--innodb-use-native-aio=0",
+)
+
+
+def _accounting_commands() -> list[list[str]]:
+    """The sacctmgr set-up: the cluster, its accounts, the job owners and the broker as an operator."""
+    by_account: dict[str, list[str]] = {}
+    for user, acct in JOB_USERS.items():
+        by_account.setdefault(acct, []).append(user)
+    return [
+        ["add", "cluster", "overspill"],
+        ["add", "account", ",".join(sorted(by_account)), "cluster=overspill"],
+        *(["add", "user", ",".join(users), f"account={a}", "cluster=overspill"] for a, users in by_account.items()),
+        ["add", "user", BROKER_USER, "account=root", "cluster=overspill", "adminlevel=Operator"],
+    ]
+
+
+def _template_dir() -> Path:
+    """Where a set-up accounting database is kept between sessions, keyed by the set-up and the MariaDB build."""
+    mariadbd = find_daemon("mariadbd") or ""
+    stamp = f"{_accounting_commands()}|{_SMALL_INNODB}|{mariadbd}|{os.stat(mariadbd).st_mtime if mariadbd else 0}"
+    return Path(tempfile.gettempdir()) / f"overspill-slurmdbd-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+
+
 def _start_accounting(cluster: SlurmCluster, db_port: int) -> None:
-    """MariaDB (empty datadir, no grant tables) and slurmdbd, then the cluster's accounts, users and the operator."""
+    """MariaDB and slurmdbd with the cluster's accounts, users and the operator.
+
+    The first session builds the database (`mariadb-install-db`: slurmdbd's association queries call stored
+    procedures, so the system tables are needed; then the sacctmgr set-up), stops both daemons and keeps a copy of
+    the data dir as a template; later sessions start from a copy of it (seconds saved on a loaded machine).
+    """
     root = cluster.root
     data, run = root / "mysql", root / "mysql-run"
-    for d in (data, run):
-        d.mkdir()
-        shutil.chown(d, "mysql", "mysql")
-    small = [  # a small, unsafe-on-crash InnoDB: the database lives for one test session
-        "--skip-log-bin",
-        "--skip-name-resolve",
-        "--innodb-buffer-pool-size=16M",
-        "--innodb-log-file-size=4M",
-        "--innodb-flush-log-at-trx-commit=0",
-        "--innodb-use-native-aio=0",
-    ]
-    install = find_daemon("mariadb-install-db")
+    run.mkdir()
+    shutil.chown(run, "mysql", "mysql")
+    template = _template_dir()
+    fresh = not template.is_dir()
+    if fresh:
+        data.mkdir()
+        shutil.chown(data, "mysql", "mysql")
+        install = find_daemon("mariadb-install-db")
+        assert install is not None
+        done = subprocess.run(
+            [install, "--no-defaults", f"--datadir={data}", "--user=mysql", "--skip-test-db", *_SMALL_INNODB],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    else:
+        shutil.copytree(template, data, symlinks=True)
+        subprocess.run(["chown", "-R", "mysql:mysql", str(data)], check=True)
+    _start_database(cluster, data, run, db_port)
+    if not fresh:
+        return
+    for args in _accounting_commands():
+        done = cluster.run(["sacctmgr", "-i", *args])
+        if done.returncode != 0:
+            raise RuntimeError(f"sacctmgr {' '.join(args)} failed: {done.stdout}{done.stderr}")
+    for name in ("slurmdbd", "mariadbd"):  # a clean shutdown, so the copy is consistent
+        proc = cluster.procs.pop(name)
+        proc.send_signal(signal.SIGTERM)
+        _stop_proc(proc, 20.0)
+    staging = Path(tempfile.mkdtemp(prefix=template.name + ".", dir=template.parent))
+    shutil.copytree(data, staging / "data", symlinks=True)
+    with contextlib.suppress(OSError):  # another session saved it first: theirs is as good
+        (staging / "data").rename(template)
+    shutil.rmtree(staging, ignore_errors=True)
+    _start_database(cluster, data, run, db_port)
+
+
+def _start_database(cluster: SlurmCluster, data: Path, run: Path, db_port: int) -> None:
     mariadbd = find_daemon("mariadbd")
-    assert install is not None and mariadbd is not None
-    # the system tables are needed: slurmdbd's association queries call stored procedures (mysql.proc)
-    done = subprocess.run(
-        [install, "--no-defaults", f"--datadir={data}", "--user=mysql", "--skip-test-db", *small],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"mariadb-install-db failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    slurmdbd = find_daemon("slurmdbd")
+    assert mariadbd is not None and slurmdbd is not None
     cluster.procs["mariadbd"] = _spawn(
         [
             mariadbd,
@@ -380,27 +436,14 @@ def _start_accounting(cluster: SlurmCluster, db_port: int) -> None:
             "--bind-address=127.0.0.1",
             "--user=mysql",
             "--skip-grant-tables",  # a throw-away database on 127.0.0.1: no database accounts to set up
-            *small,
+            *_SMALL_INNODB,
         ],
         cluster.env,
-        root / "log" / "mariadbd.out",
+        cluster.root / "log" / "mariadbd.out",
     )
     _wait_for(lambda: _port_open(db_port), "MariaDB", cluster)
-    slurmdbd = find_daemon("slurmdbd")
-    assert slurmdbd is not None
-    cluster.procs["slurmdbd"] = _spawn([slurmdbd, "-D"], cluster.env, root / "log" / "slurmdbd.out")
+    cluster.procs["slurmdbd"] = _spawn([slurmdbd, "-D"], cluster.env, cluster.root / "log" / "slurmdbd.out")
     _wait_for(lambda: cluster.run(["sacctmgr", "-n", "list", "cluster"]).returncode == 0, "slurmdbd", cluster)
-    accounts = sorted(set(JOB_USERS.values()))
-    commands = [
-        ["add", "cluster", "overspill"],
-        ["add", "account", ",".join(accounts), "cluster=overspill"],
-        *(["add", "user", user, f"account={acct}", "cluster=overspill"] for user, acct in JOB_USERS.items()),
-        ["add", "user", BROKER_USER, "account=root", "cluster=overspill", "adminlevel=Operator"],
-    ]
-    for args in commands:
-        done = cluster.run(["sacctmgr", "-i", *args])
-        if done.returncode != 0:
-            raise RuntimeError(f"sacctmgr {' '.join(args)} failed: {done.stdout}{done.stderr}")
 
 
 def start_slurm_cluster() -> SlurmCluster:

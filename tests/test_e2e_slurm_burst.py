@@ -17,7 +17,7 @@ from broker.loop.tick import tick
 from broker.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
-from broker.tables import Job
+from broker.tables import AuditEntry, Job
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
@@ -112,6 +112,10 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
     assert held.state_reason == "JobHeldAdmin" and broker_job.id in held.comment
     assert (broker_job.tenant, broker_job.team, broker_job.project) == ("demo", "nlp", "atlas")  # from the mapping
     assert not job(provider, not_opted).state_reason.startswith("JobHeld")  # never burst without opting in
+    with Session(rt.engine) as s:  # audited with who asked, in Slurm's terms
+        (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "BURST")).all()
+    assert (audit.tenant, audit.role, audit.path) == ("demo", "system", f"/slurm/onprem-slurm/jobs/{slurm_id}")
+    assert (audit.client, audit.request_id) == ("slurm user=alice account=acme", broker_job.id)
     tick(rt, clock())  # a second tick must not burst it twice
     with Session(rt.engine) as s:
         assert len(s.exec(select(Job).where(Job.origin == f"onprem-slurm:{slurm_id}")).all()) == 1
