@@ -46,7 +46,7 @@ from broker.loop.common import bind_job
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request
+from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
 from broker.tables import CostEntryRow, Job
 from federation.placement import PlacementContext, place
 from providers.base import ProviderError
@@ -279,9 +279,11 @@ def _repair_orphan(rt: Runtime, provider: Any, q: Any, now: datetime) -> None:
     marked = _mark_time(q.job.comment)
     if marked is None or now - marked < ORPHAN_GRACE:
         return
+    policy = policy_for(rt.settings.slurm_accounts, q.job.account)
+    tenant = policy.tenant if policy is not None else rt.settings.bootstrap_tenant
     tomb = Job(
         id=new_id("job"),
-        tenant=rt.settings.bootstrap_tenant,
+        tenant=tenant,
         team="default",
         project="default",
         name=f"slurm-{q.target}",
@@ -306,7 +308,7 @@ def _repair_orphan(rt: Runtime, provider: Any, q: Any, now: datetime) -> None:
         log.warning("releasing orphaned hold on Slurm job %s failed: %s", q.target, exc)
         return
     rt.metrics.burst_decision("release", BurstReason.ORPHAN_HOLD)
-    _audit(rt, provider, q, "RELEASE", BurstReason.ORPHAN_HOLD, 200, "", now, ref=tomb.id)
+    _audit(rt, provider, q, "RELEASE", BurstReason.ORPHAN_HOLD, 200, tenant, now, ref=tomb.id)
     log.warning("released Slurm job %s: held by this broker with no burst recorded", q.target)
 
 
