@@ -131,7 +131,6 @@ class SlurmCluster:
     gpu_type: str = GPU_TYPE
     partition: str = PARTITION
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    wrote_sudoers: bool = False
 
     def run(self, args: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Run a command as root (the site's admin)."""
@@ -185,8 +184,6 @@ class SlurmCluster:
             self.procs["munged"].send_signal(signal.SIGTERM)
             _stop_proc(self.procs["munged"], 5.0)
         shutil.rmtree(self.root, ignore_errors=True)
-        if self.wrote_sudoers:
-            SUDOERS_FILE.unlink(missing_ok=True)
 
 
 def _target(job: dict[str, object]) -> str:
@@ -326,10 +323,11 @@ def ensure_users() -> None:
             )
 
 
-def _install_sudoers() -> bool:
-    """The site's sudoers rule for the broker's submit wrapper; True when this call wrote it."""
+def _install_sudoers() -> None:
+    """The site's sudoers rule for the broker's submit wrapper. It stays after the session (it only lets
+    `ovsbroker` run sbatch as the test users): removing it could pull it from under a concurrent session."""
     if SUDOERS_FILE.exists() and SUDOERS_FILE.read_text() == SUDOERS:
-        return False
+        return
     tmp = SUDOERS_FILE.with_suffix(".tmp")
     tmp.write_text(SUDOERS)
     os.chmod(tmp, 0o440)
@@ -340,7 +338,6 @@ def _install_sudoers() -> bool:
         tmp.unlink()
         raise RuntimeError(f"sudoers drop-in refused by visudo: {check.stdout}{check.stderr}")
     tmp.replace(SUDOERS_FILE)
-    return True
 
 
 _SMALL_INNODB = (  # a small, unsafe-on-crash InnoDB: the database lives for one test session
@@ -462,7 +459,7 @@ def start_slurm_cluster() -> SlurmCluster:
         env = {**os.environ, "SLURM_CONF": str(conf)}
         env["PATH"] = ":".join([env.get("PATH", ""), *_SBIN])
         cluster = SlurmCluster(root=root, conf=conf, env=env)
-        cluster.wrote_sudoers = _install_sudoers()
+        _install_sudoers()
         key = root / "etc" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
