@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker.slurm_accounts import SlurmAccountPolicy
+
 DEV_API_KEY = "ovs_devadmin_local-development-only"
 
 
@@ -120,6 +122,25 @@ class Settings(BaseSettings):
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
     return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
+    slurm_accounts: dict[str, SlurmAccountPolicy] = Field(
+        default_factory=dict,
+        description='who may burst out of Slurm, per Slurm account ("*": every other account; none: nobody), e.g. '
+        '{"acme": {"tenant": "acme", "team": "nlp", "project": "atlas", "burst": true, "max_job_usd": "200", '
+        '"monthly_budget_usd": "5000", "allowed_images": ["registry.site/acme/*"], "users": ["alice"]}}',
+    )
+    slurm_default_images: dict[str, str] = Field(
+        default_factory=dict,
+        description='the image a burst runs when its comment names none, per partition, e.g. {"gpu": "reg/run:1"}',
+    )
+    slurm_submit_as: dict[str, str] = Field(
+        default_factory=dict,
+        description="the unprivileged unix user each tenant's on-prem Slurm jobs are submitted as; a tenant "
+        'without one is never placed on Slurm, e.g. {"acme": "svc-acme"}',
+    )
+    slurm_submit_wrapper: list[str] = Field(
+        default_factory=lambda: ["sudo", "-n", "-u", "{user}", "--"],
+        description="what runs sbatch as that user (a sudoers rule limited to sbatch)",
+    )
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""
     libcloud_secret: str = Field(default="", repr=False)
