@@ -13,6 +13,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import random
 import ssl
 import time
@@ -87,13 +88,23 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _opener(direct: bool) -> urllib.request.OpenerDirector:
+def _opener(direct: bool, cafile: str | None) -> urllib.request.OpenerDirector:
     proxies = urllib.request.ProxyHandler({}) if direct else urllib.request.ProxyHandler()
-    https = urllib.request.HTTPSHandler(context=ssl.create_default_context())
+    https = urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))
     return urllib.request.build_opener(_NoRedirect(), proxies, https)
 
 
-_OPENERS = {True: _opener(True), False: _opener(False)}
+_OPENERS: dict[tuple[bool, str | None], urllib.request.OpenerDirector] = {}
+
+
+def opener(direct: bool) -> urllib.request.OpenerDirector:
+    """The opener for direct or proxied requests; TLS trusts the system CAs, or `SSL_CERT_FILE` when set (read on
+    every call, so a private CA can be given to a running agent's children and tests alike)."""
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    key = (direct, cafile)
+    if key not in _OPENERS:
+        _OPENERS[key] = _opener(direct, cafile)
+    return _OPENERS[key]
 
 
 @contextmanager
@@ -111,7 +122,7 @@ def open_request(
     A file-like `body` is streamed; give its length in `headers["Content-Length"]`."""
     req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
     try:
-        resp = _OPENERS[direct].open(req, timeout=timeout)
+        resp = opener(direct).open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
         resp = exc
     except (urllib.error.URLError, OSError, ValueError) as exc:

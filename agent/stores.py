@@ -253,6 +253,8 @@ class S3Store(Store):
         for _ in range(2):
             url = self._url(key, query)
             hdrs = dict(headers or {})
+            if body is not None and "Content-Type" not in hdrs:  # urllib would say form data
+                hdrs["Content-Type"] = "application/octet-stream"
             hdrs.update(
                 sign(
                     method, url, hdrs, payload_sha256=payload_sha256, credentials=self.credentials(),
@@ -331,7 +333,8 @@ class S3Store(Store):
 
             def complete() -> None:
                 resp = _check(
-                    self._call("POST", key, query={"uploadId": upload_id}, body=body, payload_sha256=sha),
+                    self._call("POST", key, query={"uploadId": upload_id}, body=body, payload_sha256=sha,
+                               headers={"Content-Type": "application/xml"}),
                     "S3 CompleteMultipartUpload", url,
                 )  # fmt: skip
                 if b"<Error>" in resp.body:  # S3 can answer 200 and an error body

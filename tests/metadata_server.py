@@ -129,7 +129,9 @@ class MetadataServer(LocalServer):
                     "EventType": "Preempt",
                     "ResourceType": "VirtualMachine",
                     "Resources": resources if resources is not None else [self.azure_vm_name],
-                    "NotBefore": format_datetime(datetime.now(UTC) + timedelta(seconds=not_before_seconds), usegmt=True),
+                    "NotBefore": format_datetime(
+                        datetime.now(UTC) + timedelta(seconds=not_before_seconds), usegmt=True
+                    ),
                     "Description": "Virtual machine is being preempted.",
                     "EventSource": "Platform",
                     "DurationInSeconds": -1,
@@ -253,7 +255,9 @@ class _Handler(BaseHTTPRequestHandler):
                 value, etag = ("TRUE" if owner.gcp_preempted else "FALSE"), owner.gcp_etag
             return self._send(200, value, {**flavor, "ETag": etag, "Content-Type": "application/text"})
         if path == "instance/service-accounts/default/token":
-            return self._json(200, {"access_token": owner.gcp_token, "expires_in": 3599, "token_type": "Bearer"}, flavor)
+            return self._json(
+                200, {"access_token": owner.gcp_token, "expires_in": 3599, "token_type": "Bearer"}, flavor
+            )
         if path == "project/project-id":
             return self._send(200, owner.gcp_project, flavor)
         self._send(404, "", flavor)
