@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,19 +15,12 @@ import pytest
 from agent.identity import AzureIdentity, Identities
 from agent.sigv4 import AwsCredentials, sign
 from agent.stores import AzureBlobStore, FileStore, Store, StoreError, open_uri
+from tests.agent_fixtures import azure_container
 from tests.metadata_server import MetadataServer, fake_jwt
-from tests.moto_server import free_port
-from tests.storage_emulators import AZURITE_ACCOUNT, AZURITE_KEY, _process, find_azurite
 
-pytest_plugins = ["tests.storage_emulators"]
+pytest_plugins = ["tests.storage_emulators", "tests.agent_fixtures"]
 MiB = 1024 * 1024
 FIXED = datetime(2026, 11, 2, 8, 30, 15, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def metadata() -> Iterator[MetadataServer]:
-    with MetadataServer() as server:
-        yield server
 
 
 # ------------------------------------------------------------------------------------------------------- SigV4
@@ -171,46 +161,13 @@ def test_gcs_store_on_the_emulator(
 # --------------------------------------------------------------------------------------------------------- Azure
 
 
-@pytest.fixture(scope="module")
-def azurite_https(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """Azurite's blob service over HTTPS with `--oauth basic` (it accepts bearer tokens only over HTTPS): yields
-    (account endpoint, CA file)."""
-    binary = find_azurite()
-    if binary is None or shutil.which("node") is None or shutil.which("openssl") is None:
-        pytest.skip("azurite-blob, node and openssl are needed (see tests/storage_emulators.py)")
-    tmp = tmp_path_factory.mktemp("azurite-https")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", tmp / "key.pem",
-         "-out", tmp / "cert.pem", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    port = free_port()
-    cmd = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(tmp), "--oauth", "basic",
-           "--cert", str(tmp / "cert.pem"), "--key", str(tmp / "key.pem"), "--skipApiVersionCheck",
-           "--disableTelemetry", "--silent"]  # fmt: skip
-    with _process(cmd, port, tmp, "azurite-https"):
-        yield f"https://127.0.0.1:{port}/{AZURITE_ACCOUNT}", str(tmp / "cert.pem")
-
-
-def _azure_container(endpoint: str, cafile: str, name: str) -> Any:
-    blob = pytest.importorskip("azure.storage.blob")
-    conn = (
-        f"DefaultEndpointsProtocol=https;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-        f"BlobEndpoint={endpoint};"
-    )
-    service = blob.BlobServiceClient.from_connection_string(conn, connection_verify=cafile)
-    container = service.get_container_client(name)
-    container.create_container()
-    return container
-
-
 @pytest.mark.integration
 def test_azure_blob_store_on_azurite_with_a_managed_identity_token(
     azurite_https: tuple[str, str], metadata: MetadataServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint, cafile = azurite_https
     monkeypatch.setenv("SSL_CERT_FILE", cafile)
-    container = _azure_container(endpoint, cafile, "agent-az")
+    container = azure_container(endpoint, cafile, "agent-az")
     env = {"OVERSPILL_METADATA_URL": metadata.url, "OVERSPILL_AZURE_BLOB_ENDPOINT": endpoint}
     store, key = open_uri(f"{endpoint}/agent-az/jobs/j1/", Identities(env), env)
     assert isinstance(store, AzureBlobStore)
@@ -236,7 +193,7 @@ def test_azure_blob_refuses_an_expired_or_foreign_token(
 ) -> None:
     endpoint, cafile = azurite_https
     monkeypatch.setenv("SSL_CERT_FILE", cafile)
-    _azure_container(endpoint, cafile, "agent-az-deny")
+    azure_container(endpoint, cafile, "agent-az-deny")
     for token in (fake_jwt("https://storage.azure.com/", lifetime=-120), fake_jwt("https://vault.azure.net")):
         store = AzureBlobStore(endpoint, "agent-az-deny", token=lambda token=token: token)
         with pytest.raises(StoreError, match="403"):

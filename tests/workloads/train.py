@@ -32,12 +32,12 @@ FAIL_AT = int(os.environ.get("TRAIN_FAIL_AT_STEP", "-1"))
 CKPT_DIR = os.environ["OVERSPILL_CHECKPOINT_DIR"]
 PROGRESS = os.environ["OVERSPILL_PROGRESS_FILE"]
 NOTICE = os.environ["OVERSPILL_NOTICE_FILE"]
-notified = False
+notified = 0  # notice signals received
 
 
 def on_notice(signum: int, frame: object) -> None:
     global notified
-    notified = True
+    notified += 1
     log = os.environ.get("TRAIN_SIGNAL_LOG")
     if log:
         with open(log, "a") as out:
@@ -48,8 +48,6 @@ def write_atomic(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as out:
         out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
     os.replace(tmp, path)
 
 
@@ -80,7 +78,7 @@ def main() -> int:
     secret_name = os.environ.get("TRAIN_PRINT_ENV")
     if secret_name:
         print(f"{secret_name}={os.environ.get(secret_name, '')}", flush=True)
-    handled = False
+    handled = 0
     while step < STEPS:
         if step == FAIL_AT:
             print(f"step {step}: loss is NaN, giving up", file=sys.stderr, flush=True)
@@ -99,11 +97,11 @@ def main() -> int:
         if step % 10 == 0:
             print(f"step {step}: stderr line", file=sys.stderr, flush=True)
         state = {"w1": w1, "w2": w2, "rng": rng.bit_generator.state}
-        if step % EVERY == 0 or (notified and not handled):
+        if step % EVERY == 0 or notified > handled:
             save(state, step)
             last_ckpt = step
-            if notified and not handled:
-                handled = True
+            if notified > handled:
+                handled = notified
                 with open(NOTICE) as fp:
                     print(f"notice {json.load(fp)['kind']}: checkpointed at step {step}", flush=True)
                 if os.environ.get("TRAIN_EXIT_ON_NOTICE") == "1":
