@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -116,6 +117,20 @@ def classify(code: int, *, container: bool, preempted: bool) -> Final:
     if code > 128:
         return Final(p.Outcome.USER_FAILED, code, f"the workload was killed by signal {code - 128} (exit {code})")
     return Final(p.Outcome.USER_FAILED, code, f"the workload exited with {code}")
+
+
+_NOT_FOUND = re.compile(r"command that was not found|executable file not found|failed to exec pid1: No such file")
+_NOT_EXECUTABLE = re.compile(r"failed to exec pid1: Permission denied|permission denied: OCI permission denied")
+
+
+def _exec_failure(final: Final, tail: str) -> Final:
+    """A container whose command could not be executed: runc's start error (exit 125 from `start`) or the init's
+    ("failed to exec pid1", exit 1) is the job's fault, like 126/127 from a shell."""
+    if _NOT_FOUND.search(tail):
+        return Final(p.Outcome.USER_FAILED, final.exit_code, "the command was not found in the image")
+    if _NOT_EXECUTABLE.search(tail):
+        return Final(p.Outcome.USER_FAILED, final.exit_code, "the command in the image is not executable")
+    return final
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -356,7 +371,13 @@ class Agent:
                     self.logs.note(f"logging in to {login.server} as {login.username}")
                     client.login(login)
                 self.logs.note(f"pulling {spec.image}")
-                client.pull(spec.image)
+                try:
+                    client.pull(spec.image)
+                finally:
+                    if login is not None:  # the credentials are not needed any more
+                        client.logout(login.server)
+                        shutil.rmtree(auth_dir, ignore_errors=True)
+                        auth_dir.mkdir(mode=0o700)
             except (RegistryError, SecretError) as exc:
                 return self._early(Final(p.Outcome.INFRA_FAILED, None, str(exc)))
         resumed = False
@@ -423,6 +444,8 @@ class Agent:
         code = self._supervise(workload, spec)
         preempted = self._preempt_event.is_set()
         final = classify(code, container=container, preempted=preempted)
+        if container and not preempted and code != 0:
+            final = _exec_failure(final, self.logs.tail())
         if final.outcome in (p.Outcome.SUCCEEDED, p.Outcome.PREEMPTED):
             try:
                 self._wait_uploader()

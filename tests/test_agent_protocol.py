@@ -192,7 +192,7 @@ def test_snapshots_send_only_changed_files_and_collect_old_ones(tmp_path: Path) 
     assert len(objects) == 3
     corrupt = store.list("ck/data/")[0]
     store.put(corrupt, b"bit rot")
-    with pytest.raises(CheckpointError, match="does not match|missing"):
+    with pytest.raises(CheckpointError, match=r"does not match|missing"):
         Checkpointer(store, "ck/", tmp_path / "r", tmp_path / "s2", job_id="j", placement_id="q").restore()
 
 
