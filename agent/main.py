@@ -446,10 +446,14 @@ class Agent:
         final = classify(code, container=container, preempted=preempted)
         if container and not preempted and code != 0:
             final = _exec_failure(final, self.logs.tail())
-        if final.outcome in (p.Outcome.SUCCEEDED, p.Outcome.PREEMPTED):
+        self._wait_uploader()
+        progress = self._read_progress()
+        declared = progress.checkpoint if progress else None
+        durable = self.checkpointer.last.checkpoint if self.checkpointer.last else None
+        # a checkpoint the workload declared but the agent had not stored yet is stored whatever the outcome
+        pending = declared is not None and (durable is None or declared > durable)
+        if final.outcome in (p.Outcome.SUCCEEDED, p.Outcome.PREEMPTED) or pending:
             try:
-                self._wait_uploader()
-                self._read_progress()
                 manifest = self.checkpointer.snapshot(self.state.progress)
                 if manifest is not None:
                     self._report_checkpoint(manifest)

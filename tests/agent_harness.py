@@ -28,6 +28,7 @@ from agent.checkpoints import parse_manifest
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "tests" / "workloads" / "train.py"
 REPORT_KEY = "5e" * 32
+STEPS, EVERY = 120, 30  # the training job's length and checkpoint period in the tests (~1.5 s of training)
 
 
 class Reader(Protocol):
@@ -124,7 +125,7 @@ def make_spec(reader: Reader, **overrides: Any) -> p.AttemptSpec:
     """A spec for one attempt of the numpy training job, every location inside `reader`'s bucket."""
     placement = overrides.pop("placement_id", f"pl{uuid.uuid4().hex[:12]}")
     job = overrides.pop("job_id", f"job{uuid.uuid4().hex[:8]}")
-    env = {"TRAIN_STEPS": "200", "TRAIN_CHECKPOINT_EVERY": "50", "TRAIN_STEP_SECONDS": "0.01"}
+    env = {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": str(EVERY), "TRAIN_STEP_SECONDS": "0.01"}
     env.update(overrides.pop("env", {}))
     spec = p.AttemptSpec(
         job_id=job,

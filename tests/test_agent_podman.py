@@ -21,6 +21,7 @@ import pytest
 
 from agent import protocol as p
 from tests.agent_harness import (
+    STEPS,
     S3Reader,
     agent_env,
     checkpoint_file,
@@ -108,9 +109,16 @@ def test_training_in_a_pulled_container_checkpoints_on_notice_and_resumes_bit_id
     s3_endpoint: str, agent_wheel: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
     env = _env(agent_wheel, metadata, s3_endpoint, registry)
-    first = _spec(reader, image, registry, creds["good"], notice=p.NoticeSpec(p.NoticeSource.GCP))
+    first = _spec(
+        reader,
+        image,
+        registry,
+        creds["good"],
+        notice=p.NoticeSpec(p.NoticeSource.GCP),
+        env={"TRAIN_STEP_SECONDS": "0.02"},
+    )
     run = start_agent(publish_spec(reader, first), first, tmp_path / "c1", env)
-    wait_for(lambda: b"step 40 loss" in b"".join(d for _, d in log_chunks(reader, first)), 120, "step 40 in the log")
+    wait_for(lambda: b"step 20 loss" in b"".join(d for _, d in log_chunks(reader, first)), 120, "step 20 in the log")
     metadata.issue_gcp_preemption()
     assert run.wait(60) == 0, run.stderr()
     final = final_report(reader, first)
@@ -119,7 +127,7 @@ def test_training_in_a_pulled_container_checkpoints_on_notice_and_resumes_bit_id
     assert f"logging in to {registry.host} as {USER}" in text and f"pulling {image}" in text
     assert "notice preempt: checkpointed at step" in text
     saved = manifest(reader, first)
-    assert saved is not None and 40 <= saved.checkpoint < 200
+    assert saved is not None and 20 <= saved.checkpoint < STEPS
     assert PASSWORD not in text and PASSWORD not in run.stderr()
     private = [f for f in (run.work_dir / "agent").rglob("*") if f.is_file()]
     assert all(PASSWORD.encode() not in f.read_bytes() for f in private)  # logged out once the image was pulled

@@ -28,7 +28,9 @@ import pytest
 from agent import protocol as p
 from tests.agent_fixtures import azure_container
 from tests.agent_harness import (
+    EVERY,
     REPORT_KEY,
+    STEPS,
     TRAIN,
     AzureReader,
     FileReader,
@@ -76,14 +78,14 @@ def test_an_uninterrupted_run_succeeds_with_ordered_logs_and_signed_reports(base
     assert baseline["code"] == 0, run.stderr()
     final = final_report(reader, spec)
     assert final.outcome is p.Outcome.SUCCEEDED and final.exit_code == 0
-    assert final.checkpointed == 1.0 and final.progress == p.Progress(200, 200, 200)
+    assert final.checkpointed == 1.0 and final.progress == p.Progress(STEPS, STEPS, STEPS)
     found = reports(reader, spec)
     kinds = _kinds(found)
     assert kinds[0] == "started" and kinds[-1] == "final" and "progress" in kinds and "heartbeat" in kinds
     assert [r.seq for r in found] == sorted({r.seq for r in found})
     text = log_text(reader, spec)
     steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ") and "loss" in line]
-    assert steps == list(range(1, 201))  # every stdout line, in order
+    assert steps == list(range(1, STEPS + 1))  # every stdout line, in order
     assert text.index("step 10 loss") < text.index("step 10: stderr line") < text.index("step 11 loss")
     assert final.log_tail and final.log_tail in text and len(final.log_tail.encode()) <= 4096
     assert baseline["weights"] is not None and len(baseline["weights"]) > 128
@@ -154,10 +156,11 @@ def test_notice_checkpoint_then_resume_ends_bit_identical(
         {"aws": "aws_reader", "gcp": "gcs_reader", "azure": "azure_reader"}[provider]
     )
     env = agent_env(agent_wheel, {"OVERSPILL_METADATA_URL": metadata.url, **_store_env(provider, request)})
-    first = make_spec(reader, notice=p.NoticeSpec(p.NoticeSource(provider)))
+    # slower steps (the weights do not depend on the pace) leave room for the notice mid-run
+    first = make_spec(reader, notice=p.NoticeSpec(p.NoticeSource(provider)), env={"TRAIN_STEP_SECONDS": "0.02"})
     run = start_agent(publish_spec(reader, first), first, tmp_path / "a1", env, "--notice-poll-seconds", "0.3")
     # the log is in the store, in order, while the job runs
-    wait_for(lambda: _step_in_log(reader, first, 40), 30, "step 40 in the stored log")
+    wait_for(lambda: _step_in_log(reader, first, 20), 30, "step 20 in the stored log")
     assert run.proc.poll() is None
     if provider == "aws":  # a rebalance recommendation first: the workload checkpoints early and trains on
         metadata.issue_aws_rebalance()
@@ -176,13 +179,13 @@ def test_notice_checkpoint_then_resume_ends_bit_identical(
     text = log_text(reader, first)
     assert "notice preempt: checkpointed at step" in text
     saved = manifest(reader, first)
-    assert saved is not None and 40 <= saved.checkpoint < 200 and final.checkpointed == saved.checkpoint / 200
+    assert saved is not None and 20 <= saved.checkpoint < STEPS and final.checkpointed == saved.checkpoint / STEPS
     assert checkpoint_file(reader, first, "final.npy") is None
     if provider == "azure":
         assert metadata.acknowledged == [event_id]
 
     second = make_spec(
-        reader, job_id=first.job_id, checkpoint=replace(first.checkpoint, resume=True), notice=p.NoticeSpec()
+        reader, job_id=first.job_id, checkpoint=replace(first.checkpoint, resume=True), env={"TRAIN_STEP_SECONDS": "0"}
     )
     run2 = start_agent(publish_spec(reader, second), second, tmp_path / "a2", env)
     assert run2.wait(60) == 0, run2.stderr()
@@ -197,14 +200,14 @@ def test_sigterm_to_the_agent_is_a_preemption_with_a_checkpoint(agent_wheel: Pat
     reader = FileReader(tmp_path / "store")
     spec = make_spec(reader)
     run = start_agent(publish_spec(reader, spec), spec, tmp_path / "w", agent_env(agent_wheel))
-    wait_for(lambda: _step_in_log(reader, spec, 30), 30, "step 30")
+    wait_for(lambda: _step_in_log(reader, spec, 20), 30, "step 20")
     run.terminate()  # what the OS does when it shuts down
     assert run.wait(60) == 0, run.stderr()
     final = final_report(reader, spec)
     assert final.outcome is p.Outcome.PREEMPTED and final.notice is not None
     assert "notice preempt: checkpointed at step" in log_text(reader, spec)
     saved = manifest(reader, spec)
-    assert saved is not None and 30 <= saved.checkpoint < 200
+    assert saved is not None and 20 <= saved.checkpoint < STEPS
 
 
 # -------------------------------------------------------------------------------------------- classification
@@ -220,12 +223,12 @@ def _run(
 
 def test_user_failure_through_the_mailbox_without_a_callback(agent_wheel: Path, tmp_path: Path) -> None:
     reader = FileReader(tmp_path / "store")
-    spec = make_spec(reader, env={"TRAIN_FAIL_AT_STEP": "60"})
+    spec = make_spec(reader, env={"TRAIN_FAIL_AT_STEP": str(EVERY + 10)})
     assert spec.callback_url is None
     final = _run(reader, spec, tmp_path / "w", agent_wheel)
     assert (final.outcome, final.exit_code) == (p.Outcome.USER_FAILED, 3)
-    assert "step 60: loss is NaN, giving up" in final.log_tail
-    assert manifest(reader, spec).checkpoint == 50  # the periodic checkpoint before the failure is kept
+    assert f"step {EVERY + 10}: loss is NaN, giving up" in final.log_tail
+    assert manifest(reader, spec).checkpoint == EVERY  # the periodic checkpoint before the failure is kept
 
 
 @pytest.mark.parametrize(
@@ -324,18 +327,18 @@ def test_logs_stay_in_order_across_a_store_outage(
 ) -> None:
     with FlakyProxy(s3_endpoint) as proxy:
         env = agent_env(agent_wheel, {"OVERSPILL_METADATA_URL": metadata.url, "AWS_ENDPOINT_URL_S3": proxy.url})
-        spec = make_spec(aws_reader, env={"TRAIN_STEPS": "300"})
+        spec = make_spec(aws_reader, env={"TRAIN_STEPS": "200"})
         run = start_agent(publish_spec(aws_reader, spec), spec, tmp_path / "w", env)
         wait_for(lambda: _step_in_log(aws_reader, spec, 20), 30, "step 20")
         proxy.down = True
-        time.sleep(2.0)
+        time.sleep(1.5)
         stored_during = len(log_chunks(aws_reader, spec))
         proxy.down = False
         assert run.wait(60) == 0, run.stderr()
     assert proxy.refused > 0
     text = log_text(aws_reader, spec)  # contiguous offsets: nothing lost, nothing reordered
     steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ") and "loss" in line]
-    assert steps == list(range(1, 301))
+    assert steps == list(range(1, 201))
     assert len(log_chunks(aws_reader, spec)) > stored_during
     assert final_report(aws_reader, spec).outcome is p.Outcome.SUCCEEDED
 
