@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent import protocol as p
+from agent.bootstrap import startup_script
 from agent.checkpoints import Checkpointer, CheckpointError, parse_manifest, safe_relative_path
 from agent.identity import Identities
 from agent.logship import LogShipper, Redactor
@@ -359,3 +362,56 @@ def test_the_wheel_is_reproducible_and_complete(tmp_path: Path) -> None:
     names = zipfile.ZipFile(one).namelist()
     assert {f"agent/{f.name}" for f in AGENT_DIR.glob("*.py")} <= set(names)
     assert any(n.endswith(".dist-info/RECORD") for n in names)
+
+
+# ------------------------------------------------------------------------------------------ start-up script, CLI
+
+
+def _tool_dir(path: Path) -> str:
+    """A PATH with just what the script uses (python3 as this interpreter; no systemd-run)."""
+    path.mkdir()
+    (path / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (path / "python3").chmod(0o755)
+    for tool in ("sh", "mkdir", "setsid", "nohup"):
+        (path / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
+    return str(path)
+
+
+def test_the_start_up_script_fetches_the_pinned_wheel_and_runs_the_agent(tmp_path: Path) -> None:
+    from tests.agent_harness import FileReader, final_report, make_spec, publish_spec
+
+    wheel, digest = build_wheel(tmp_path / "dist")
+    reader = FileReader(tmp_path / "store")
+    spec = make_spec(reader, env={"TRAIN_STEPS": "5"})
+    script = startup_script(
+        wheel_url=f"file://{wheel}", wheel_sha256=digest, spec_uri=publish_spec(reader, spec),
+        root=str(tmp_path / "root"), env={"OVERSPILL_METADATA_URL": "http://127.0.0.1:9"},
+        agent_args=("--log-flush-seconds", "0.2"),
+    )  # fmt: skip
+    assert spec.report_key not in script
+    env = {"PATH": _tool_dir(tmp_path / "bin"), "HOME": str(tmp_path)}
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wait_for_final = time.monotonic() + 60
+    while not reader.list("mailbox/") or not any(k.endswith("-final.json") for k in reader.list("mailbox/")):
+        assert time.monotonic() < wait_for_final, (tmp_path / "root" / "agent.log").read_text()
+        time.sleep(0.2)
+    assert final_report(reader, spec).outcome is p.Outcome.SUCCEEDED
+    assert (tmp_path / "root" / f"overspill_agent-{digest[:16]}.whl").read_bytes() == wheel.read_bytes()
+    # a wheel that does not match its digest is refused, and nothing runs
+    bad = startup_script(wheel_url=f"file://{wheel}", wheel_sha256="0" * 64, spec_uri="file:///nowhere/spec.json",
+                         root=str(tmp_path / "root2"))  # fmt: skip
+    done = subprocess.run(["sh", "-c", bad], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "does not match its SHA-256" in done.stderr
+    with pytest.raises(ValueError):
+        startup_script(wheel_url="x", wheel_sha256=digest, spec_uri="x", env={"BAD NAME": "x"})
+
+
+def test_overspill_agent_subcommand_runs_the_agent(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    result = CliRunner().invoke(app, ["agent", "build-wheel", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert len(list(tmp_path.glob("overspill_agent-*.whl"))) == 1
