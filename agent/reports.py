@@ -15,7 +15,6 @@ also across an agent restart (the last value is kept in the spool).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -59,9 +58,8 @@ class Reporter:
         self._lock = threading.Condition()
         self._seq = self._load_seq()
         self._closing = False
+        self._abandon = False  # set when close() gives up: the mailbox loop stops retrying
         self._callbacks: queue.Queue[Report | None] = queue.Queue()
-        self.delivered: list[Report] = []  # what the mailbox took, in order
-        self.callback_results: list[tuple[int, int | None]] = []  # (seq, HTTP status or None)
         self._mailbox = threading.Thread(target=self._mailbox_loop, name="report-mailbox", daemon=True)
         self._mailbox.start()
         self._callback = threading.Thread(target=self._callback_loop, name="report-callback", daemon=True)
@@ -116,12 +114,10 @@ class Reporter:
                 continue
             delay = 0.5
             path.unlink()
-            self.delivered.append(Report.from_json(data))
 
     def _callback_loop(self) -> None:
         assert self.callback_url
         while (report := self._callbacks.get()) is not None:
-            status: int | None = None
             try:
                 resp = net.request(
                     "POST",
@@ -130,14 +126,10 @@ class Reporter:
                     body=report.to_json(),
                     timeout=self.callback_timeout,
                 )
-                status = resp.status
                 if resp.status >= 300:
-                    log.info("callback for report %s answered HTTP %s (the mailbox still has it)", report.seq, status)
+                    log.info("callback for report %s: HTTP %s (the mailbox has it anyway)", report.seq, resp.status)
             except net.NetError as exc:
-                log.info("callback for report %s failed (the mailbox still has it): %s", report.seq, exc)
-            self.callback_results.append((report.seq, status))
-
-    _abandon = False
+                log.info("callback for report %s failed (the mailbox has it anyway): %s", report.seq, exc)
 
     def close(self, timeout: float) -> bool:
         """Deliver what is queued to the mailbox within `timeout`; True when nothing is left on disk."""
@@ -153,10 +145,3 @@ class Reporter:
             self._abandon = True
             self._lock.notify_all()
         return not self._pending()
-
-
-def read_report(data: bytes) -> dict[str, Any]:
-    """A report as a plain dict (tests, tools)."""
-    raw = json.loads(data)
-    assert isinstance(raw, dict)
-    return raw

@@ -225,10 +225,11 @@ class ContainerWorkload(Workload):
     def create_args(self, env_file: Path) -> list[str]:
         launch = self.launch
         args = ["create", "--rm", "--name", launch.name, "--init", "--pull=never", "--env-file", str(env_file)]
-        if launch.shm_size_gb:
-            if not re.fullmatch(r"\d+(\.\d+)?", launch.shm_size_gb):
-                raise LaunchError(Outcome.USER_FAILED, f"shm_size_gb {launch.shm_size_gb!r} is not a number")
-            args.append(f"--shm-size={int(float(launch.shm_size_gb) * 1024)}m")
+        if launch.shm_size_gb is not None:
+            size = str(launch.shm_size_gb)  # the spec may carry a JSON number
+            if not re.fullmatch(r"\d+(\.\d+)?", size) or float(size) <= 0:
+                raise LaunchError(Outcome.USER_FAILED, f"shm_size_gb {launch.shm_size_gb!r} is not a positive number")
+            args.append(f"--shm-size={max(1, int(float(size) * 1024))}m")
         else:
             args.append("--ipc=host")
         args += ["-v", f"{launch.checkpoint_dir}:{CONTAINER_CHECKPOINT_DIR}"]
