@@ -54,11 +54,12 @@ def registry() -> Iterator[LoginRegistry]:
 
 
 @pytest.fixture(scope="module")
-def image(registry: LoginRegistry) -> str:
+def image(registry: LoginRegistry) -> Iterator[str]:
     """The training image, pushed to the login-protected registry and absent from podman's local store."""
     ref = registry.push(train_image(), f"acme/train:{uuid.uuid4().hex[:8]}")
     podman("rmi", "--ignore", ref)
-    return ref
+    yield ref
+    podman("rmi", "--ignore", ref, check=False)  # what the agent pulled
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,24 @@ def test_a_failing_workload_in_a_container_is_a_user_failure(
     missing = _spec(reader, image, registry, creds["good"], command=("/no/such/binary",))
     final = _run(missing, reader, env, tmp_path / "w2")
     assert final.outcome is p.Outcome.USER_FAILED and "not found" in final.detail
+
+
+def test_the_docker_runtime_through_a_docker_cli_shim(
+    image: str, registry: LoginRegistry, creds: dict[str, str], reader: S3Reader, metadata: MetadataServer,
+    s3_endpoint: str, agent_wheel: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The docker code path (DOCKER_CONFIG for the login, `--gpus` syntax, no --cert-dir) with a `docker` that is
+    podman underneath (lab-notes-3.md): podman reads the login where docker would keep it."""
+    shim = tmp_path / "docker"
+    shim.write_text('#!/bin/sh\n[ -n "${DOCKER_CONFIG:-}" ] && export REGISTRY_AUTH_FILE="$DOCKER_CONFIG/config.json"\n'
+                    'exec podman "$@"\n')  # fmt: skip
+    shim.chmod(0o755)
+    registries = tmp_path / "registries.conf"  # docker has no --cert-dir: trust the test registry's TLS as docker
+    registries.write_text(f'[[registry]]\nlocation = "{registry.host}"\ninsecure = true\n')
+    env = _env(agent_wheel, metadata, s3_endpoint, registry)
+    env["CONTAINERS_REGISTRIES_CONF"] = str(registries)
+    spec = replace(_spec(reader, image, registry, creds["good"], env={"TRAIN_STEPS": "5"}), runtime=p.Runtime.DOCKER)
+    final = _run(spec, reader, env, tmp_path / "w", "--runtime-binary", str(shim))
+    assert final.outcome is p.Outcome.SUCCEEDED, final.detail
+    assert "step 5 loss" in log_text(reader, spec)
+    assert not (tmp_path / "w" / "agent" / "registry" / "config.json").exists()  # logged out after the pull

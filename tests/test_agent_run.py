@@ -17,7 +17,6 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -387,8 +386,3 @@ def test_report_key_never_reaches_the_workload(agent_wheel: Path, tmp_path: Path
     assert seen[p.ENV_CHECKPOINT_DIR] == str(tmp_path / "w" / "checkpoint")
     assert seen[p.ENV_PROGRESS_FILE].endswith("/run/progress.json") and seen[p.ENV_JOB_ID] == spec.job_id
     assert p.ENV_RESUME not in seen
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_children() -> Iterator[None]:
-    yield
