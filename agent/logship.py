@@ -8,7 +8,8 @@ sent strictly in order: a store outage delays the log, it does not reorder or lo
 bytes were dropped, under the same name.
 
 Known secret values are replaced by `[redacted]` before anything is spooled, kept as the tail, or sent, also when a
-value is split across two reads. `tail()` is the last `tail_bytes` of the (redacted) stream, for the final report.
+value is split across two reads (values shorter than 4 bytes are left alone: masking them would wreck the log).
+`tail()` is the last `tail_bytes` of the (redacted) stream, for the final report.
 """
 
 from __future__ import annotations

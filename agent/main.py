@@ -475,7 +475,8 @@ class Agent:
 
     def _supervise(self, workload: Workload, spec: p.AttemptSpec) -> int:
         now = time.monotonic()
-        next_heartbeat = now + spec.heartbeat_seconds
+        every = max(1, spec.heartbeat_seconds)
+        next_heartbeat = now + every
         last_progress_report = now
         reported_done: float | None = None
         requested_checkpoint: float | None = None
@@ -505,7 +506,7 @@ class Agent:
                         reported_done, last_progress_report = progress.done, now
                         self._send_progress()
                 if now >= next_heartbeat:
-                    next_heartbeat = now + spec.heartbeat_seconds
+                    next_heartbeat = now + every
                     last = self.checkpointer.last
                     self.reporter.send(
                         p.ReportKind.HEARTBEAT,
