@@ -78,11 +78,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _podman_setup(stack: Any, s3_url: str) -> dict[str, Any]:
-    from tests.container_images import containers_conf, train_image
+    from tests.container_images import containers_conf, podman, train_image
     from tests.registry import PASSWORD, USER, LoginRegistry
 
     registry = stack.enter_context(LoginRegistry())
     image = registry.push(train_image(), "bench/train:1")
+    stack.callback(podman, "rmi", "--ignore", image, check=False)  # the tag the agent pulled
     sm: Any = moto_client("secretsmanager", "us-east-1", s3_url)
     sm.create_secret(Name="bench/registry", SecretString=json.dumps({"username": USER, "password": PASSWORD}))
     auth = p.RegistryAuth(
