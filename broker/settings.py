@@ -208,7 +208,9 @@ class Settings(BaseSettings):
         default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"
     )
     metrics_token: str = Field(
-        default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
+        default="",
+        repr=False,
+        description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)",
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
@@ -227,6 +229,7 @@ class Settings(BaseSettings):
     callback_secret_arn: str = ""
     database_url_arn: str = ""
     libcloud_secret_arn: str = ""
+    metrics_token_arn: str = ""
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
 
     @model_validator(mode="after")

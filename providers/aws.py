@@ -26,6 +26,8 @@ Contract (providers/base.py):
   with `use_fleet` they go into the launch template, so use keys valid in both).
 - With `use_fleet=True` the launch goes through a per-launch launch template and CreateFleet `Type=instant`
   (price-capacity-optimized for spot, lowest-price on-demand, same ClientToken); the template is deleted afterwards.
+  The template and the fleet carry the instance's tags too, so IAM can scope CreateLaunchTemplate, CreateFleet and
+  DeleteLaunchTemplate to this broker's tag (terraform/iam.tf does).
   There is one override (the offering's type and zone), so it behaves like RunInstances today: it is the hook for
   diversifying over several pools. Fleet errors (`Errors[].ErrorCode`) map like RunInstances errors.
 - `get` maps DescribeInstances (see `instance_state`): pending → PENDING; running → RUNNING; shutting-down, stopping,
@@ -631,7 +633,12 @@ class AwsProvider:
         data = {**self._base_params(tags, image_id), "UserData": user_data}
         action = f"launching {offering.key} (fleet)"
         try:
-            self._ec2(ec2.create_launch_template, LaunchTemplateName=template, LaunchTemplateData=data)
+            self._ec2(
+                ec2.create_launch_template,
+                LaunchTemplateName=template,
+                LaunchTemplateData=data,
+                TagSpecifications=[{"ResourceType": "launch-template", "Tags": _tag_list(tags)}],
+            )
         except ClientError as exc:
             if error_code(exc) != _TEMPLATE_EXISTS:  # left over by a crashed attempt with this token: reuse it
                 raise provider_error(exc, provider=self.name, action=action) from exc
@@ -653,6 +660,7 @@ class AwsProvider:
                 "TotalTargetCapacity": 1,
                 "DefaultTargetCapacityType": "spot" if spot else "on-demand",
             },
+            "TagSpecifications": [{"ResourceType": "fleet", "Tags": _tag_list(tags)}],
         }
         if spot:
             params["SpotOptions"] = {
