@@ -13,6 +13,10 @@ proxy). If the row cannot be written the failure is logged and the answer still 
 may already be committed).
 
 `list_audit` reads a tenant's entries, newest first, with an opaque cursor.
+
+`record_system` writes an entry for something the broker decided on its own (no request, no key): role `system`,
+`method` the action (e.g. BURST, REFUSE), `path` what it acted on, `route` the reason code, `client` who it acted
+for outside the broker (e.g. `slurm user=alice account=acme`), `request_id` the broker job id if any.
 """
 
 from __future__ import annotations
@@ -80,6 +84,38 @@ def record(engine: Engine, entry: AuditEntry) -> None:
                 entry.tenant = owner.tenant
         session.add(entry)
         session.commit()
+
+
+def record_system(
+    engine: Engine,
+    *,
+    at: datetime,
+    tenant: str,
+    action: str,
+    subject: str,
+    reason: str,
+    status: int,
+    actor: str = "",
+    ref: str = "",
+) -> None:
+    """Store one entry of a decision the broker took itself (see the module docstring). A failure is logged, never
+    raised: the decision stands."""
+    entry = AuditEntry(
+        at=at,
+        tenant=tenant[:64],
+        key_id="",
+        role="system",
+        method=action[:8],
+        path=subject[:500],
+        route=reason[:200],
+        status=status,
+        client=actor[:100],
+        request_id=ref[:128],
+    )
+    try:
+        record(engine, entry)
+    except SQLAlchemyError as exc:
+        log.error("audit: could not record %s %s (%s): %s", action, subject, reason, exc)
 
 
 class AuditLog:

@@ -465,6 +465,19 @@ def keys_create(
         console.print(f"API key for tenant {tenant!r} ({role}); shown once:\n{key}")
 
 
+@app.command(
+    "agent",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def agent_command(ctx: typer.Context) -> None:
+    """The instance agent: `overspill agent run --spec URI ...` runs one job attempt on this machine (see
+    `overspill agent --help`; instances run the same program from its wheel: `python3 -m agent`)."""
+    from agent.__main__ import main as agent_main
+
+    raise typer.Exit(agent_main(ctx.args or ["--help"]))
+
+
 def main() -> None:
     try:
         app()

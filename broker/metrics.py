@@ -54,6 +54,19 @@ class BurstReason:
     CLOUD_SUCCEEDED = "cloud_succeeded"  # decision cancel_onprem
     CLOUD_ENDED = "cloud_job_"  # + failed/paused/cancelled, decision release
     GAVE_UP = "no_cloud_placement_in_time"  # decision release
+    STARTED_ON_PREM = "started_on_prem"  # decision drop: Slurm started it before the hold landed
+    ORPHAN_HOLD = "orphaned_hold"  # decision release: held, never committed (a crash), given back
+    # decision refuse: the account's governance says no (OVERSPILL_SLURM_ACCOUNTS)
+    ACCOUNT_NOT_MAPPED = "account_not_mapped"
+    ACCOUNT_NOT_ALLOWED = "account_not_allowed"
+    USER_NOT_ALLOWED = "user_not_allowed"
+    QOS_NOT_ALLOWED = "qos_not_allowed"
+    CEILING_ABOVE_POLICY = "ceiling_above_policy"
+    IMAGE_NOT_ALLOWED = "image_not_allowed"
+    FIELD_NOT_ALLOWED = "comment_field_not_allowed"
+    PROVIDER_NOT_ALLOWED = "provider_not_allowed"
+    ACCOUNT_BUDGET = "account_monthly_budget_spent"
+    HARD_BUDGET = "hard_budget_spent"
 
 
 class LoopMetrics:

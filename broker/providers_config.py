@@ -20,7 +20,8 @@
   offering the sizes `OVERSPILL_LIBCLOUD_PRICES` prices (GPUs from `OVERSPILL_LIBCLOUD_GPUS` or the flavor's extra
   specs) in `OVERSPILL_LIBCLOUD_ZONES` of `OVERSPILL_LIBCLOUD_REGION`.
 - `OVERSPILL_SLURM_PARTITIONS={...}`: the on-prem Slurm cluster (its pools, pressure and queue), priced at each
-  partition's internal $/GPU-hour.
+  partition's internal $/GPU-hour; jobs are submitted as each tenant's `OVERSPILL_SLURM_SUBMIT_AS` user through
+  `OVERSPILL_SLURM_SUBMIT_WRAPPER` (a tenant without one is not placed there).
 The built-in simulated providers are wired in `broker.runtime`.
 
 Every cloud adapter retries transient failures itself (`OVERSPILL_CLOUD_RETRY_ATTEMPTS` calls at most, jittered
@@ -80,9 +81,25 @@ def _slurm(settings: Settings) -> ComputeProvider:
         except (KeyError, ArithmeticError, ValueError) as exc:
             raise ValueError(f"OVERSPILL_SLURM_PARTITIONS[{name!r}]: {exc!r} (needs accelerator and rate)") from exc
     conf = settings.slurm_conf or None
-    return SlurmProvider(
-        broker_id=settings.broker_id, partitions=partitions, run=subprocess_runner(conf), slurm_conf=conf
-    )
+    try:
+        return SlurmProvider(
+            broker_id=settings.broker_id,
+            partitions=partitions,
+            run=subprocess_runner(conf),
+            slurm_conf=conf,
+            submit_as=settings.slurm_submit_as,
+            submit_wrapper=settings.slurm_submit_wrapper,
+            hold_key=slurm_hold_key(settings),
+        )
+    except ValueError as exc:
+        raise ValueError(f"OVERSPILL_SLURM_SUBMIT_AS / OVERSPILL_SLURM_SUBMIT_WRAPPER: {exc}") from exc
+
+
+def slurm_hold_key(settings: Settings) -> bytes:
+    """The key that signs the broker's hold marks in Slurm job comments (derived from the callback key)."""
+    import hashlib
+
+    return hashlib.sha256(b"overspill-slurm-hold:" + settings.callback_key()).digest()
 
 
 def _aws(settings: Settings) -> ComputeProvider:

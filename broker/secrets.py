@@ -3,8 +3,10 @@
 Role: `Settings` (broker/settings.py) calls `resolve_secrets` once when it is built; the Lambda entry point
 (broker/serverless.py) reads its database secret with `fetch_secret_json`: one reader for both. Each secret
 setting can be given directly (`OVERSPILL_CALLBACK_SECRET=...`) or as the ARN of a Secrets Manager secret
-(`OVERSPILL_CALLBACK_SECRET_ARN=arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME`); a direct value wins. A
-secret whose SecretString is a JSON object is read whole unless the ARN ends in `#field`, which picks that
+(`OVERSPILL_CALLBACK_SECRET_ARN=arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME`); a direct value wins. The
+secret settings are `SECRET_FIELDS`: the bootstrap API key, the callback secret, the database URL, the libcloud
+secret and the metrics token (terraform/ generates the callback secret and the metrics token and passes their
+ARNs). A secret whose SecretString is a JSON object is read whole unless the ARN ends in `#field`, which picks that
 field (e.g. `...:secret:overspill-db#url`). The secret's region comes from its ARN; `OVERSPILL_SECRETS_ENDPOINT_URL`
 (or `OVERSPILL_AWS_ENDPOINT_URL`) points the client elsewhere (tests use a moto server). A secret that cannot be
 read stops the broker with an error naming the setting and the ARN, never the value.
@@ -21,7 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-SECRET_FIELDS = ("bootstrap_api_key", "callback_secret", "database_url", "libcloud_secret")
+SECRET_FIELDS = ("bootstrap_api_key", "callback_secret", "database_url", "libcloud_secret", "metrics_token")
 MIN_SECRET_CHARS = 32
 KNOWN_DEFAULTS = frozenset(
     {"changeme", "change-me", "secret", "password", "development", "dev", "test", "testing", "overspill"}

@@ -24,6 +24,14 @@ Cold start: `Settings()` from the environment; when `OVERSPILL_DATABASE_SECRET_A
 `build_runtime` then migrates under PostgreSQL's advisory lock, so concurrent cold starts are safe: one upgrades,
 the others wait and find nothing to do. The runtime and the Mangum app are built once per container (module-level
 cache guarded by a lock) and reused by every warm invocation.
+
+Rotation: RDS rotates the password of its managed secret while containers live on. Pooled connections stay
+authenticated, but a new one (pool recycle, a dropped connection, a resumed database) would present the old
+password. `SecretCredentials` supplies every new connection's credentials (SQLAlchemy `do_connect`); when PostgreSQL
+refuses them with an authentication error it re-reads the secret once and, if the secret now holds other
+credentials, connects again with them (else the error stands: no loop, at most one extra secret read per refused
+connection). The next invocation then rebuilds the container's Mangum app with the new URL (`runtime.settings`
+and the rate limiter's own connections follow); the engine and its pool are kept.
 """
 
 from __future__ import annotations
@@ -36,8 +44,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.engine import URL
+import psycopg
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine, make_url
 
+from broker.db import make_engine
 from broker.finance.reports.runs import run_due_reports
 from broker.loop.feeds import refresh_prices
 from broker.loop.interrupts import apply_notice
@@ -120,17 +131,84 @@ def database_url_from_secret(secret: Mapping[str, Any], env: Mapping[str, str]) 
     return url.render_as_string(hide_password=False)
 
 
-def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings for this container: the environment, with the database URL from the secret when configured."""
-    env = os.environ if env is None else env
-    settings = Settings()
-    arn = env.get(SECRET_ARN_ENV, "")
-    if arn and not settings.database_url:
+def is_authentication_failure(exc: BaseException) -> bool:
+    """Whether a failed PostgreSQL connection attempt was refused for its credentials (SQLSTATE 28P01/28000).
+
+    libpq reports a refused login as a connection failure without a SQLSTATE, so this reads the server's FATAL
+    message (PostgreSQL's English text, as RDS and Aurora send it) on a connection that presented a password."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if exc.sqlstate in ("28P01", "28000"):
+        return True
+    pgconn = exc.pgconn
+    return bool(pgconn is not None and pgconn.used_password and "authentication failed" in str(exc))
+
+
+class SecretCredentials:
+    """The database credentials of a Secrets Manager secret, re-read when PostgreSQL refuses them.
+
+    `url()` is the SQLAlchemy URL of the credentials held now; `attach(engine)` makes every new connection of
+    `engine` use them and, on an authentication failure, `refresh` once and retry if the secret changed.
+    `generation` counts the changes seen (0 at first). Thread-safe: concurrent refused connections read the secret
+    once between them."""
+
+    def __init__(self, arn: str, env: Mapping[str, str], *, endpoint_url: str | None) -> None:
+        self.arn = arn
+        self._env = dict(env)
+        self._endpoint_url = endpoint_url
+        self._lock = threading.Lock()
+        self._url = database_url_from_secret(self._fetch(), self._env)
+        self.generation = 0
+
+    def _fetch(self) -> Mapping[str, Any]:
         from broker.secrets import fetch_secret_json
 
-        secret = fetch_secret_json(arn, endpoint_url=settings.secrets_endpoint_url or settings.aws_endpoint_url)
-        settings = settings.model_copy(update={"database_url": database_url_from_secret(secret, env)})
-    return settings
+        return fetch_secret_json(self.arn, endpoint_url=self._endpoint_url)
+
+    def url(self) -> str:
+        with self._lock:
+            return self._url
+
+    def refresh(self, refused: str) -> bool:
+        """Re-read the secret after PostgreSQL refused the URL `refused`: True when the credentials are now
+        different (another thread's refresh counts), False when the secret still holds the refused ones."""
+        with self._lock:
+            if self._url != refused:
+                return True
+            fresh = database_url_from_secret(self._fetch(), self._env)
+            if fresh == self._url:
+                return False
+            self._url = fresh
+            self.generation += 1
+        log.warning("the database refused the cached credentials: re-read secret %s and connecting again", self.arn)
+        return True
+
+    def attach(self, engine: Engine) -> None:
+        @event.listens_for(engine, "do_connect")
+        def _connect(dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+            url = self.url()
+            cparams.update(dialect.create_connect_args(make_url(url))[1])
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except psycopg.OperationalError as exc:
+                if not is_authentication_failure(exc) or not self.refresh(url):
+                    raise
+            cparams.update(dialect.create_connect_args(make_url(self.url()))[1])
+            return dialect.connect(*cargs, **cparams)
+
+
+def _settings_and_credentials(env: Mapping[str, str]) -> tuple[Settings, SecretCredentials | None]:
+    settings = Settings()
+    arn = env.get(SECRET_ARN_ENV, "")
+    if not arn or settings.database_url:
+        return settings, None
+    credentials = SecretCredentials(arn, env, endpoint_url=settings.secrets_endpoint_url or settings.aws_endpoint_url)
+    return settings.model_copy(update={"database_url": credentials.url()}), credentials
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings for this container: the environment, with the database URL from the secret when configured."""
+    return _settings_and_credentials(os.environ if env is None else env)[0]
 
 
 # -- per-container state -----------------------------------------------------------------------------------------
@@ -140,23 +218,40 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
 class _Container:
     runtime: Runtime
     asgi: Callable[[dict[str, Any], Any], dict[str, Any]]
+    credentials: SecretCredentials | None = None
+    generation: int = 0  # the credentials' generation the app was built with
 
 
 _lock = threading.Lock()
 _container: _Container | None = None
 
 
+def _asgi(rt: Runtime) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    from mangum import Mangum
+
+    from broker.app import create_app
+
+    return Mangum(create_app(runtime=rt), lifespan="off")
+
+
 def container() -> _Container:
-    """The runtime and the Mangum app of this Lambda container, built (and the database migrated) on first use."""
+    """The runtime and the Mangum app of this Lambda container, built (and the database migrated) on first use;
+    the app is rebuilt with the new URL once the database credentials have changed (see `SecretCredentials`)."""
     global _container
     with _lock:
         if _container is None:
-            from mangum import Mangum
-
-            from broker.app import create_app
-
-            rt = build_runtime(settings_from_env())
-            _container = _Container(runtime=rt, asgi=Mangum(create_app(runtime=rt), lifespan="off"))
+            settings, credentials = _settings_and_credentials(os.environ)
+            engine = make_engine(settings)
+            if credentials is not None:
+                credentials.attach(engine)
+            rt = build_runtime(settings, engine=engine)
+            generation = credentials.generation if credentials else 0
+            _container = _Container(runtime=rt, asgi=_asgi(rt), credentials=credentials, generation=generation)
+        elif _container.credentials is not None and _container.credentials.generation != _container.generation:
+            rt, credentials = _container.runtime, _container.credentials
+            generation = credentials.generation
+            rt.settings = rt.settings.model_copy(update={"database_url": credentials.url()})
+            _container = _Container(runtime=rt, asgi=_asgi(rt), credentials=credentials, generation=generation)
         return _container
 
 

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker.slurm_accounts import SlurmAccountPolicy
+
 DEV_API_KEY = "ovs_devadmin_local-development-only"
 
 
@@ -156,6 +158,25 @@ class Settings(BaseSettings):
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
     return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
+    slurm_accounts: dict[str, SlurmAccountPolicy] = Field(
+        default_factory=dict,
+        description='who may burst out of Slurm, per Slurm account ("*": every other account; none: nobody), e.g. '
+        '{"acme": {"tenant": "acme", "team": "nlp", "project": "atlas", "burst": true, "max_job_usd": "200", '
+        '"monthly_budget_usd": "5000", "allowed_images": ["registry.site/acme/*"], "users": ["alice"]}}',
+    )
+    slurm_default_images: dict[str, str] = Field(
+        default_factory=dict,
+        description='the image a burst runs when its comment names none, per partition, e.g. {"gpu": "reg/run:1"}',
+    )
+    slurm_submit_as: dict[str, str] = Field(
+        default_factory=dict,
+        description="the unprivileged unix user each tenant's on-prem Slurm jobs are submitted as; a tenant "
+        'without one is never placed on Slurm, e.g. {"acme": "svc-acme"}',
+    )
+    slurm_submit_wrapper: list[str] = Field(
+        default_factory=lambda: ["sudo", "-n", "-u", "{user}", "--"],
+        description="what runs sbatch as that user (a sudoers rule limited to sbatch)",
+    )
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
     libcloud_key: str = ""
     libcloud_secret: str = Field(default="", repr=False)
@@ -233,7 +254,9 @@ class Settings(BaseSettings):
         default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"
     )
     metrics_token: str = Field(
-        default="", description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)"
+        default="",
+        repr=False,
+        description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)",
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
@@ -252,6 +275,7 @@ class Settings(BaseSettings):
     callback_secret_arn: str = ""
     database_url_arn: str = ""
     libcloud_secret_arn: str = ""
+    metrics_token_arn: str = ""
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
 
     @model_validator(mode="after")

@@ -32,6 +32,8 @@ Contract (providers/base.py):
   into the launch template, so use keys valid in both).
 - With `use_fleet=True` the launch goes through a per-launch launch template and CreateFleet `Type=instant`
   (price-capacity-optimized for spot, lowest-price on-demand, same ClientToken); the template is deleted afterwards.
+  The template and the fleet carry the instance's tags too, so IAM can scope CreateLaunchTemplate, CreateFleet and
+  DeleteLaunchTemplate to this broker's tag (terraform/iam.tf does).
   There is one override (the offering's type and zone), so it behaves like RunInstances today: it is the hook for
   diversifying over several pools. Fleet errors (`Errors[].ErrorCode`) map like RunInstances errors.
 - `get` maps DescribeInstances (see `instance_state`): pending → PENDING; running → RUNNING; shutting-down, stopping,
@@ -684,7 +686,7 @@ class AwsProvider:
         subnet_id = self._subnet_for(offering) if self._subnet_for else None
         base = self._base_params(ec2, offering.region, tags, image_id)
         if self._use_fleet:
-            raw = self._launch_fleet(ec2, request, base, subnet_id)
+            raw = self._launch_fleet(ec2, request, tags, base, subnet_id)
         else:
             raw = self._run_instance(ec2, request, base, subnet_id)
         instance = instance_from_description(
@@ -801,7 +803,12 @@ class AwsProvider:
         return dict(response["Instances"][0])
 
     def _launch_fleet(
-        self, ec2: EC2Client, request: LaunchRequest, base: Mapping[str, Any], subnet_id: str | None
+        self,
+        ec2: EC2Client,
+        request: LaunchRequest,
+        tags: Mapping[str, str],
+        base: Mapping[str, Any],
+        subnet_id: str | None,
     ) -> Mapping[str, Any]:
         offering = request.offering
         spot = offering.capacity_type is CapacityType.SPOT
@@ -810,7 +817,12 @@ class AwsProvider:
         data = {**base, "UserData": user_data}
         action = f"launching {offering.key} (fleet)"
         try:
-            self._ec2(ec2.create_launch_template, LaunchTemplateName=template, LaunchTemplateData=data)
+            self._ec2(
+                ec2.create_launch_template,
+                LaunchTemplateName=template,
+                LaunchTemplateData=data,
+                TagSpecifications=[{"ResourceType": "launch-template", "Tags": _tag_list(tags)}],
+            )
         except ClientError as exc:
             if error_code(exc) != _TEMPLATE_EXISTS:  # left over by a crashed attempt with this token: reuse it
                 raise provider_error(exc, provider=self.name, action=action) from exc
@@ -832,6 +844,7 @@ class AwsProvider:
                 "TotalTargetCapacity": 1,
                 "DefaultTargetCapacityType": "spot" if spot else "on-demand",
             },
+            "TagSpecifications": [{"ResourceType": "fleet", "Tags": _tag_list(tags)}],
         }
         if spot:
             params["SpotOptions"] = {

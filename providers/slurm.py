@@ -8,12 +8,16 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   priced at the internal rate x GPUs, `expected_wait_hours` from `federation.pressure.QueueModel` (capped at a
   year; `available` is False when the shape can never start on the usable nodes).
 - `pressure(now)`: one `PressureSample` per GPU type on the configured partitions (pending = Resources/Priority).
-- `launch(request)`: `sbatch --parsable --job-name=ovs-<token[:16]> --comment=overspill:<broker>:<token> ...
-  --partition=P --nodes=1 --gres=gpu:<type>:<n> --time=<remaining work in minutes, rounded up> --wrap=<command>`.
-  Idempotent on the launch token: it first looks for a job whose comment carries the token, and after submitting
-  it looks again and cancels any duplicate a concurrent call made (the lowest job id wins). The comment also
-  carries the job and placement tags (`job=`, `placement=`, URL-quoted extras), so `get`/`list_instances` can
-  return them.
+- `launch(request)`: `<submit wrapper> sbatch --parsable --job-name=ovs-<token[:16]>
+  --comment=overspill:<broker>:<token> ... --partition=P --nodes=1 --gres=gpu:<type>:<n>
+  --time=<remaining work in minutes, rounded up> --wrap=<command>`, run as the tenant's own unprivileged unix user
+  (`submit_as[tenant]`, through `submit_wrapper`, default `sudo -n -u <user> --`, which a site allows with a
+  sudoers rule limited to sbatch): never as the broker's operator account, which can hold and cancel anyone's
+  jobs. A tenant without an identity is refused (`InvalidRequest`; `refuses_tenant` lets placement leave this
+  provider's pools out for it beforehand). Idempotent on the launch token: it first looks for a job whose comment
+  carries the token, and after submitting it looks again and cancels any duplicate a concurrent call made (the
+  lowest job id wins). The comment also carries the job and placement tags (`job=`, `placement=`, URL-quoted
+  extras), so `get`/`list_instances` can return them.
 - `get(id)` reads `squeue --json` and raises `NotFound` for an unknown id or a job that is not this broker's
   (job ids are reused after a controller reset). Without slurmdbd a finished job leaves squeue `MinJobAge`
   seconds after it ends (default 300): from then on it is `NotFound` and its outcome is lost.
@@ -23,10 +27,16 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   say how it ended, so it stays RUNNING until the outcome shows.
 - `terminate(id)`: `scancel` when the job is ours and not finished; unknown or foreign ids are success.
 - `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
-Burst-policy helpers: `queued_jobs()` lists other users' pending GPU jobs with their reasons, `hold(id, reason)`
-(`scontrol hold`, reason and the job's priority recorded in its AdminComment, which users cannot edit) and
-`release(id)` (`scontrol release`, then the recorded priority is restored: a release otherwise gives the job a
-fresh priority, which under priority/basic sends it to the back of the queue), `requeue(id)`.
+Burst-policy helpers, for a broker running as a Slurm operator (`AdminLevel=Operator`, not root): `queued_jobs()`
+lists other users' pending GPU jobs with their reasons, one entry per pending array task (target `<array>_<task>`:
+22.05's scancel/scontrol ignore a task's own job id); `hold(target, reason)` marks and holds a job, then reads it
+again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm may have
+started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
+priority/basic, where a release sends a job to the back; other plugins recompute and keep ageing it);
+`complete_held(target)` ends a job that ran in the cloud so its dependents see it as done (dependencies rewritten,
+then `scancel`), `sweep_dependents(...)` catches dependents submitted later; `requeue(id)`. The hold mark
+`[overspill-hold broker=.. at=.. reason=.. sig=..]` goes in the job's Comment (operators cannot write AdminComment),
+signed with `hold_key` (HMAC-SHA256) so a user cannot forge one.
 
 Every command runs through the injected `run(argv) -> CompletedProcess` (default: `subprocess.run` with
 `SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
@@ -38,13 +48,15 @@ read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies should a REST transport b
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from urllib.parse import quote, unquote
@@ -73,6 +85,7 @@ from providers.model import (
     Price,
     offering_key,
 )
+from providers.slurm_dependency import DependencyParseError, mentions, rewrite_as_succeeded
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
 from providers.startup import container_env
 
@@ -84,7 +97,12 @@ PRICE_QUANTUM = Decimal("0.0001")
 MAX_WAIT_HOURS = 8760.0
 COMMENT_PREFIX = "overspill"
 HOLD_MARK = "overspill-hold"
+HELD_BY_ADMIN = "JobHeldAdmin"  # what `scontrol hold` by an operator leaves (a user's own hold: JobHeldUser)
+DEFAULT_SUBMIT_WRAPPER = ("sudo", "-n", "-u", "{user}", "--")
+MAX_TASKS_PER_RECORD = 64  # array tasks of one pending array record offered to the burst policy per read
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_UNIX_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}\$?$")
+_TARGET_RE = re.compile(r"^(\d+)(?:_(\d+))?$")
 _HOLD_RE = re.compile(r"\s*\[overspill-hold [^\]]*\]")
 
 _STATES: dict[str, InstanceState] = {
@@ -145,7 +163,11 @@ class PartitionInfo:
 
 @dataclass(frozen=True, slots=True)
 class QueuedJob:
-    """Another user's pending GPU job, for the burst policy. `held_by` is the broker that holds it, if any."""
+    """Another user's pending GPU job (or one pending task of an array), for the burst policy.
+
+    `target` addresses it in Slurm commands (`123`, or `123_4` for task 4 of array 123); `gpus` are that one
+    job's or task's. `held_by` is the broker whose signed hold mark it carries while held by an operator, if any.
+    """
 
     job: SlurmJob
     accelerator: str
@@ -154,6 +176,19 @@ class QueuedJob:
     burstable: bool
     held_by: str | None = None
     hold_reason: str = ""
+    target: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HoldOutcome:
+    """What `hold` found after holding: `held` when the job is still pending and held by this broker (the burst
+    may be committed), else `detail` says what happened instead (it started, ended or vanished) and the hold was
+    undone. `job` is the job as read after the hold (None when gone); `priority` the priority it had before."""
+
+    held: bool
+    job: SlurmJob | None
+    detail: str = ""
+    priority: int | None = None
 
 
 def subprocess_runner(slurm_conf: str | None = None, *, timeout: float = 30.0) -> Runner:
@@ -191,6 +226,10 @@ class SlurmProvider:
         output: str = "/dev/null",
         workdir: str | None = None,
         unlimited_job_hours: float = 24.0,
+        submit_as: Mapping[str, str] | None = None,
+        submit_wrapper: Sequence[str] = DEFAULT_SUBMIT_WRAPPER,
+        hold_key: bytes = b"",
+        priority_type: str | None = None,
     ) -> None:
         if not broker_id or not _TOKEN_RE.match(broker_id):
             raise ValueError("broker_id must be non-empty letters, digits, '.', '_' or '-' (it goes in comments)")
@@ -208,6 +247,15 @@ class SlurmProvider:
         self.output = output
         self.workdir = workdir
         self.unlimited_job_hours = unlimited_job_hours
+        for tenant, user in (submit_as or {}).items():
+            if not _UNIX_USER_RE.match(user) or user == "root":
+                raise ValueError(f"submit_as[{tenant!r}]: {user!r} is not an unprivileged unix user name")
+        if "{user}" not in submit_wrapper:
+            raise ValueError("submit_wrapper must contain '{user}' (e.g. sudo -n -u {user} --)")
+        self.submit_as = dict(submit_as or {})
+        self.submit_wrapper = tuple(submit_wrapper)
+        self.hold_key = hold_key
+        self.priority_type = priority_type
         self._prefix = f"{COMMENT_PREFIX}:{broker_id}:"
 
     # ---- commands -----------------------------------------------------------------------------------------
@@ -225,7 +273,8 @@ class SlurmProvider:
 
     def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
         text = (done.stderr or done.stdout or "").strip()
-        message = f"{' '.join(argv[:2])} failed ({done.returncode}): {text[:500]}"
+        shown = list(argv[argv.index("sbatch") :] if "sbatch" in argv else argv)
+        message = f"{' '.join(shown[:2])} failed ({done.returncode}): {text[:500]}"
         low = text.lower()
         if "invalid job id" in low:
             return NotFound(message, provider=self.name, detail=text)
@@ -233,7 +282,8 @@ class SlurmProvider:
             s in low for s in ("unable to contact slurm controller", "socket timed out", "connection refused", "munge")
         ):
             return SlurmUnavailable(message, provider=self.name, detail=text)
-        if any(s in low for s in ("access/permission denied", "access denied", "permission denied", "not authorized")):
+        denied = ("access/permission denied", "access denied", "permission denied", "not authorized", "sudo:")
+        if any(s in low for s in denied):
             return AuthError(message, provider=self.name, detail=text)
         if any(s in low for s in ("qos", "association", "assoc", "job violates accounting", "maxsubmit")):
             return QuotaExceeded(message, provider=self.name, detail=text)
@@ -338,10 +388,28 @@ class SlurmProvider:
 
     # ---- instances ----------------------------------------------------------------------------------------
 
+    def identity(self, tenant: str) -> str | None:
+        """The unprivileged unix user this tenant's on-prem jobs are submitted as, if the site configured one."""
+        return self.submit_as.get(tenant)
+
+    def refuses_tenant(self, tenant: str) -> str | None:
+        """Why this provider cannot run the tenant's jobs (no submit identity), or None."""
+        if self.identity(tenant) is None:
+            return (
+                f"tenant {tenant} has no Slurm submit identity (OVERSPILL_SLURM_SUBMIT_AS): "
+                f"{self.name} runs no job as the broker's own account"
+            )
+        return None
+
     def launch(self, request: LaunchRequest) -> Instance:
         token = request.launch_token
         if not token or not _TOKEN_RE.match(token):
             raise InvalidRequest("launch_token must be letters, digits, '.', '_' or '-'", provider=self.name)
+        refusal = self.refuses_tenant(request.spec.tenant)
+        if refusal:
+            raise InvalidRequest(refusal, provider=self.name)
+        user = self.identity(request.spec.tenant)
+        assert user is not None
         part, info = self._partition_for(request.offering)
         if request.remaining_work_hours < 0:
             raise InvalidRequest("remaining_work_hours must not be negative", provider=self.name)
@@ -350,6 +418,7 @@ class SlurmProvider:
             return self._instance(existing[0])
         minutes = max(1, math.ceil(request.remaining_work_hours * 60))
         argv = [
+            *(part.replace("{user}", user) for part in self.submit_wrapper),
             "sbatch",
             "--parsable",
             f"--job-name=ovs-{token[:16]}",
@@ -398,102 +467,243 @@ class SlurmProvider:
     # ---- burst-policy helpers -----------------------------------------------------------------------------
 
     def queued_jobs(self) -> list[QueuedJob]:
-        """Pending GPU jobs on the configured partitions that this broker did not launch, oldest first."""
+        """Pending GPU jobs on the configured partitions that this broker did not launch, oldest first; a pending
+        array record is listed once per pending task (at most `MAX_TASKS_PER_RECORD`), each with its own target."""
         model = self.model()
         out: list[QueuedJob] = []
         for d in model.demands():
             if d.job.comment.startswith(self._prefix):
                 continue
-            out.append(self._queued(d))
-        return sorted(out, key=lambda q: (q.job.submit_time or datetime.max.replace(tzinfo=UTC), q.job.job_id))
+            out.extend(self._queued(d))
+        never = datetime.max.replace(tzinfo=UTC)
+        return sorted(out, key=lambda q: (q.job.submit_time or never, q.job.job_id, q.target))
 
-    def hold(self, job_id: int | str, reason: str) -> None:
-        """Hold another user's pending job (`scontrol hold`), noting why and its priority in its AdminComment.
+    def hold(self, target: int | str, reason: str) -> HoldOutcome:
+        """Hold another user's pending job or array task, then read it again to see that it is still pending and
+        held by this broker (see `HoldOutcome`).
 
-        The note goes first, so a crash between the two steps leaves a note and no hold, never a hold nobody can
-        explain. Holding a job this broker already holds does nothing; a job held by its user or an admin is
-        refused (releasing it later would undo their hold).
+        Order: a signed mark `[overspill-hold broker=.. at=.. reason=.. sig=..]` is appended to the job's Comment
+        (an operator cannot write AdminComment; the signature keeps a user from forging it), then `scontrol hold`.
+        Slurm may start the job at any moment before the hold lands, and `scontrol hold` of a job that has just
+        started still succeeds (it only zeroes its priority): so the job is read again, and unless it is still
+        PENDING with reason JobHeldAdmin and our mark, the hold is undone (`scontrol release`, which leaves a
+        running job running) and the mark removed: the caller must then not burst it. Holding a job this broker
+        already holds answers held; a job held by its user or another admin is refused (`InvalidRequest`).
         """
-        job = self._job(job_id)
-        note = hold_note(job.admin_comment)
-        if job.pending and job.state_reason.startswith("JobHeld"):
-            if note is not None and note.get("broker") == self.broker_id:
-                return
-            raise InvalidRequest(f"job {job.job_id} is already held ({job.state_reason})", provider=self.name)
+        job = self._find(target)
+        if job is None:
+            raise NotFound(f"no job {target} on {self.name}", provider=self.name)
+        name = job.target
         if not job.pending:
-            raise InvalidRequest(f"job {job.job_id} is {job.state}, only a pending job can be held", provider=self.name)
-        base = _HOLD_RE.sub("", job.admin_comment).strip()
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        prio = job.priority or ""
-        mark = f"[{HOLD_MARK} broker={self.broker_id} prio={prio} at={stamp} reason={quote(reason, safe='')}]"
-        self._call(["scontrol", "update", f"JobId={job.job_id}", f"AdminComment={(base + ' ' + mark).strip()}"])
-        self._call(["scontrol", "hold", str(job.job_id)])
-
-    def cancel_held(self, job_id: int | str) -> None:
-        """Cancel another user's job that this broker holds because it ran in the cloud instead.
-
-        Only a job carrying this broker's hold note is cancelled (never anyone else's); a job already gone is
-        success, so the call converges.
-        """
+            return HoldOutcome(False, job, f"job {name} is {job.state}", job.priority)
+        if job.state_reason.startswith("JobHeld"):
+            if job.state_reason == HELD_BY_ADMIN and self.holds(job):
+                return HoldOutcome(True, job, "", job.priority)
+            raise InvalidRequest(f"job {name} is already held ({job.state_reason})", provider=self.name)
+        failed: ProviderError | None = None
         try:
-            job = self._job(job_id)
-        except NotFound:
-            return
-        note = hold_note(job.admin_comment)
+            self._set_comment(name, f"{strip_hold_mark(job.comment)} {self._mark(name, reason)}".strip())
+            self._call(["scontrol", "hold", name])
+        except (InvalidRequest, SlurmCommandError) as exc:  # e.g. it ended meanwhile: decided by the read below
+            failed = exc
+        after = self._find(name)
+        if after is not None and after.pending and after.state_reason == HELD_BY_ADMIN and self.holds(after):
+            return HoldOutcome(True, after, "", job.priority)
+        self._undo_hold(name, after)
+        state = "gone" if after is None else f"{after.state} ({after.state_reason or 'no reason'})"
+        detail = f"job {name} is {state} after the hold: not burst" + (f" ({failed})" if failed else "")
+        return HoldOutcome(False, after, detail, job.priority)
+
+    def holds(self, job: SlurmJob) -> bool:
+        """Whether the job carries this broker's hold mark (with a valid signature when a hold key is set)."""
+        note = hold_note(job.comment)
         if note is None or note.get("broker") != self.broker_id:
-            raise InvalidRequest(f"job {job.job_id} is not held by broker {self.broker_id}", provider=self.name)
-        if self._state(job).terminal:
-            return
-        done = self.run(["scancel", str(job.job_id)])
-        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
-            raise self._error(["scancel", str(job.job_id)], done)
+            return False
+        if not self.hold_key:
+            return True
+        want = self._sign(job.target, note.get("at", ""))
+        return hmac.compare_digest(note.get("sig", ""), want)
 
-    def release(self, job_id: int | str, *, restore_priority: bool = True) -> None:
-        """Give back a job this broker held: `scontrol release`, restore its recorded priority, drop the note.
+    def release(self, target: int | str, *, priority: int | None = None, owned: bool = False) -> None:
+        """Give back a job this broker held: `scontrol release`, then drop the mark.
 
-        Converges: a job whose hold is already gone only loses the note, one without the note is left alone. A job
-        held by someone else is refused.
-        Restoring sets the priority explicitly (`scontrol update Priority=`), which under priority/multifactor pins
-        it at that value; pass `restore_priority=False` to let Slurm recompute it instead.
+        Converges: a job that is gone or no longer held only loses the mark. A job held by its user (JobHeldUser),
+        or by an admin without this broker's mark unless the caller knows it is ours (`owned`, from its own
+        records), is refused. Priority: under priority/multifactor (or any plugin but basic) the release alone lets
+        Slurm recompute the job's priority from its factors, so it keeps ageing; setting it explicitly would pin it
+        there for good. Under priority/basic a release gives the job a new, lowest priority (the back of the queue)
+        and nothing ever ages, so the pre-hold `priority` the caller recorded is set again: the job keeps its
+        place.
         """
-        job = self._job(job_id)
-        note = hold_note(job.admin_comment)
-        if note is None or note.get("broker") != self.broker_id:
-            if job.pending and job.state_reason.startswith("JobHeld"):
-                raise InvalidRequest(f"job {job.job_id} was not held by broker {self.broker_id}", provider=self.name)
-            return  # nothing of ours to undo
-        if job.pending and job.state_reason.startswith("JobHeld"):
-            self._call(["scontrol", "release", str(job.job_id)])
-            prio = note.get("prio", "")
-            if restore_priority and prio.isdigit() and int(prio) > 0:
-                self._call(["scontrol", "update", f"JobId={job.job_id}", f"Priority={prio}"])
-        rest = _HOLD_RE.sub("", job.admin_comment).strip()
-        self._call(["scontrol", "update", f"JobId={job.job_id}", f"AdminComment={rest}"])
+        job = self._find(target)
+        if job is None:
+            return
+        name = job.target
+        if job.state_reason == "JobHeldUser":
+            raise InvalidRequest(f"job {name} is held by its user, not by broker {self.broker_id}", provider=self.name)
+        if job.state_reason == HELD_BY_ADMIN:
+            if not (owned or self.holds(job)):
+                raise InvalidRequest(f"job {name} was not held by broker {self.broker_id}", provider=self.name)
+            self._call(["scontrol", "release", name])
+            if job.pending and priority and priority > 0 and self.priority_plugin() == "priority/basic":
+                self._call(["scontrol", "update", f"JobId={name}", f"Priority={priority}"])
+        if hold_note(job.comment) is not None and not self._state(job).terminal:
+            self._set_comment(name, strip_hold_mark(job.comment))
+
+    def complete_held(self, target: int | str, *, owned: bool = False) -> list[str]:
+        """End a held job that ran in the cloud instead, so that its dependents see it as COMPLETED.
+
+        Every pending job whose dependency names it (or its whole array) gets that dependency rewritten as if it
+        had completed (`providers.slurm_dependency`), then the job, and only this task of an array, is cancelled.
+        Returns the dependents rewritten. Converges: a job already gone or ended is success. A job not held by
+        this broker (unless `owned`) or no longer pending (someone released it and it started) is refused: the
+        on-prem run is never cancelled.
+        """
+        jobs = self.squeue()
+        job = self._find(target, jobs)
+        if job is None or self._state(job).terminal:
+            return []
+        name = job.target
+        if not job.pending or job.state_reason != HELD_BY_ADMIN or not (owned or self.holds(job)):
+            raise InvalidRequest(
+                f"job {name} is {job.state} ({job.state_reason}), not held by broker {self.broker_id}",
+                provider=self.name,
+            )
+        rewritten = self._rewrite_dependents(jobs, [name])
+        done = self.run(["scancel", name])
+        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
+            raise self._error(["scancel", name], done)
+        return rewritten
+
+    def sweep_dependents(self, targets: Iterable[str], done: Collection[str] = ()) -> list[str]:
+        """Rewrite the dependencies of pending jobs submitted after `complete_held` ended these targets (jobs that
+        ran in the cloud): a late `afterok:X` would otherwise wait for ever. `done` are the dependents already
+        rewritten (an `afternotok:X` turned into `afterok:X` must stay so). Returns the jobs rewritten."""
+        wanted = list(targets)
+        if not wanted:
+            return []
+        return self._rewrite_dependents(self.squeue(), wanted, skip=frozenset(done), convert_notok=False)
+
+    def priority_plugin(self) -> str:
+        """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
+        if self.priority_type is None:
+            done = self._call(["scontrol", "show", "config"])
+            found = re.search(r"^PriorityType\s*=\s*(\S+)", done.stdout, re.MULTILINE)
+            self.priority_type = found.group(1) if found else ""
+        return self.priority_type
 
     def requeue(self, job_id: int | str) -> None:
         """Put a running job back in the queue (`scontrol requeue`; Slurm delays its restart by a BeginTime)."""
-        self._call(["scontrol", "requeue", str(self._job(job_id).job_id)])
+        job = self._find(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id} on {self.name}", provider=self.name)
+        self._call(["scontrol", "requeue", job.target])
 
     # ---- helpers ------------------------------------------------------------------------------------------
 
-    def _job(self, job_id: int | str) -> SlurmJob:
-        text = str(job_id)
-        found = next((j for j in self.squeue() if text.isdigit() and j.job_id == int(text)), None)
-        if found is None:
-            raise NotFound(f"no job {job_id} on {self.name}", provider=self.name)
-        return found
+    def _find(self, target: int | str, jobs: Sequence[SlurmJob] | None = None) -> SlurmJob | None:
+        """The job or array task `target` names (`123` or `123_4`): a task still inside a pending array record
+        is returned as a view of that record for that one task."""
+        m = _TARGET_RE.match(str(target))
+        if m is None:
+            return None
+        jobs = self.squeue() if jobs is None else jobs
+        if m.group(2) is None:
+            wanted = int(m.group(1))
+            return next((j for j in jobs if j.job_id == wanted), None)
+        array, task = int(m.group(1)), int(m.group(2))
+        for j in jobs:
+            if j.array_job_id == array and j.array_task_id == task:
+                return j
+        for j in jobs:
+            if j.array_job_id == array and j.array_task_id is None and task in j.array_task_ids:
+                return replace(j, array_task_id=task, array_task_string="", array_tasks=1)
+        return None
 
-    def _queued(self, d: GpuDemand) -> QueuedJob:
-        note = hold_note(d.job.admin_comment) if d.reason.startswith("JobHeld") else None
-        return QueuedJob(
-            job=d.job,
-            accelerator=d.accelerator,
-            gpus=d.gpus,
-            reason=d.reason,
-            burstable=d.burstable,
-            held_by=note.get("broker") if note else None,
-            hold_reason=note.get("reason", "") if note else "",
-        )
+    def _queued(self, d: GpuDemand) -> list[QueuedJob]:
+        note = hold_note(d.job.comment) if d.reason.startswith("JobHeld") else None
+        held_by = note.get("broker") if note else None
+        if held_by == self.broker_id and not self.holds(d.job):
+            held_by = None  # a mark this broker did not sign
+        tasks = d.job.array_task_ids
+        per_task = max(1, d.gpus // len(tasks)) if tasks else d.gpus
+        views = [replace(d.job, array_task_id=t, array_task_string="", array_tasks=1) for t in tasks]
+        return [
+            QueuedJob(
+                job=view,
+                accelerator=d.accelerator,
+                gpus=per_task,
+                reason=d.reason,
+                burstable=d.burstable,
+                held_by=held_by,
+                hold_reason=note.get("reason", "") if note else "",
+                target=view.target,
+            )
+            for view in (views[:MAX_TASKS_PER_RECORD] if tasks else [d.job])
+        ]
+
+    def _mark(self, target: str, reason: str) -> str:
+        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        fields = f"broker={self.broker_id} at={at} reason={quote(reason, safe='')}"
+        if self.hold_key:
+            fields += f" sig={self._sign(target, at)}"
+        return f"[{HOLD_MARK} {fields}]"
+
+    def _sign(self, target: str, at: str) -> str:
+        msg = f"{self.broker_id}|{target}|{at}".encode()
+        return hmac.new(self.hold_key, msg, hashlib.sha256).hexdigest()[:32]
+
+    def _set_comment(self, target: str, comment: str) -> None:
+        self._call(["scontrol", "update", f"JobId={target}", f"Comment={comment}"])
+
+    def _undo_hold(self, target: str, job: SlurmJob | None) -> None:
+        """After a hold that lost the race: clear our hold (a running job keeps running; a requeue would otherwise
+        bring it back held) and our mark. Best effort: a job that has ended accepts neither."""
+        if job is None:
+            return
+        if job.state_reason == HELD_BY_ADMIN and self.holds(job):
+            self.run(["scontrol", "release", target])
+        if hold_note(job.comment) is not None and not self._state(job).terminal:
+            self.run(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
+
+    def _rewrite_dependents(
+        self,
+        jobs: Sequence[SlurmJob],
+        targets: Sequence[str],
+        skip: frozenset[str] = frozenset(),
+        convert_notok: bool = True,
+    ) -> list[str]:
+        out: list[str] = []
+        for dep in jobs:
+            if not dep.pending or not dep.dependency or dep.target in skip:
+                continue
+            text, changed = dep.dependency, False
+            for target in targets:
+                if not mentions(text, target):
+                    continue
+                try:
+                    new = rewrite_as_succeeded(
+                        text, target, self._other_tasks(jobs, target), convert_notok=convert_notok
+                    )
+                except DependencyParseError:
+                    new = None
+                if new is not None:
+                    text, changed = new, True
+            if changed:
+                self._call(["scontrol", "update", f"JobId={dep.target}", f"Dependency={text}"])
+                out.append(dep.target)
+        return out
+
+    def _other_tasks(self, jobs: Sequence[SlurmJob], target: str) -> list[str]:
+        array, sep, task = target.partition("_")
+        if not sep:
+            return []
+        ids: set[int] = set()
+        for j in jobs:
+            if j.array_job_id == int(array):
+                ids.update([j.array_task_id] if j.array_task_id is not None else j.array_task_ids)
+        ids.discard(int(task))
+        return [f"{array}_{t}" for t in sorted(ids)]
 
     def _partition_for(self, offering: Offering) -> tuple[str, PartitionInfo]:
         info = self.partitions.get(offering.zone)
@@ -564,13 +774,18 @@ class SlurmProvider:
         return token, tags
 
 
-def hold_note(admin_comment: str) -> dict[str, str] | None:
-    """The fields of the `[overspill-hold broker=.. prio=.. at=.. reason=..]` note in an AdminComment, if any."""
-    found = _HOLD_RE.search(admin_comment or "")
+def hold_note(comment: str) -> dict[str, str] | None:
+    """The fields of the `[overspill-hold broker=.. at=.. reason=.. sig=..]` mark in a job's Comment, if any."""
+    found = _HOLD_RE.search(comment or "")
     if found is None:
         return None
     body = found.group(0).strip()[len(HOLD_MARK) + 2 : -1]
     return {k: unquote(v) for k, _, v in (p.partition("=") for p in body.split(" ") if "=" in p)}
+
+
+def strip_hold_mark(comment: str) -> str:
+    """A Comment without any hold mark (the user's own text, e.g. their `overspill-burst {...}` opt-in)."""
+    return _HOLD_RE.sub("", comment or "").strip()
 
 
 def _utc(at: datetime) -> datetime:

@@ -108,6 +108,28 @@ class SlurmJob:
     restart_count: int = 0
     exit_code: int | None = None
     array_tasks: int = 1
+    account: str = ""
+    qos: str = ""
+    dependency: str = ""
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_string: str = ""
+
+    @property
+    def array_task_ids(self) -> tuple[int, ...]:
+        """The task ids a pending array record stands for (`array_task_string`, `%` limit dropped); () otherwise.
+
+        Raises `SlurmParseError` when the string is unreadable."""
+        if self.array_job_id is None or self.array_task_id is not None or not self.array_task_string:
+            return ()
+        return tuple(expand_task_ids(self.array_task_string, field=f"job {self.job_id}.array_task_string"))
+
+    @property
+    def target(self) -> str:
+        """How Slurm commands address this record: `<array job>_<task>` for one array task, else the job id."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -285,6 +307,12 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
         restart_count=_int(obj, "restart_cnt", where) or 0,
         exit_code=_exit_code(obj, where),
         array_tasks=_array_tasks(obj, where),
+        account=_string(obj, "account", where),
+        qos=_string(obj, "qos", where),
+        dependency=_string(obj, "dependency", where),
+        array_job_id=_int(obj, "array_job_id", where) or None,  # 0: not an array
+        array_task_id=_int(obj, "array_task_id", where),
+        array_task_string=_string(obj, "array_task_string", where),
     )
 
 
@@ -371,16 +399,25 @@ def _array_tasks(obj: Mapping[str, Any], where: str) -> int:
     text = _string(obj, "array_task_string", where)
     if not text or _int(obj, "array_task_id", where) is not None:
         return 1
+    return max(len(expand_task_ids(text, field=f"{where}.array_task_string")), 1)
+
+
+MAX_ARRAY_TASKS = 1_000_000  # Slurm's MaxArraySize is at most 4000001; refuse absurd ranges before expanding
+
+
+def expand_task_ids(text: str, *, field: str = "array_task_string") -> list[int]:
+    """Task ids of an array task string such as `0-3`, `1,4-9:2` or `0-99%10` (the `%` limit is dropped)."""
     text = text.split("%", 1)[0]
-    total = 0
+    out: list[int] = []
     for part in text.split(","):
         m = _ARRAY_RANGE.match(part.strip())
         if m is None:
-            field = f"{where}.array_task_string"
             raise SlurmParseError(f"{field}: cannot read {part!r}", field=field)
         first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
-        total += max(0, (last - first) // max(step, 1) + 1)
-    return max(total, 1)
+        if last - first > MAX_ARRAY_TASKS:
+            raise SlurmParseError(f"{field}: range {part!r} is too large", field=field)
+        out.extend(range(first, last + 1, max(step, 1)))
+    return out
 
 
 def _exit_code(obj: Mapping[str, Any], where: str) -> int | None:

@@ -31,26 +31,167 @@ data "aws_iam_policy_document" "broker" {
     resources = ["*"]
   }
 
-  # providers/aws.py launch: RunInstances or CreateFleet through a per-launch template, tagged at creation.
+  # providers/aws.py launch: RunInstances, or CreateFleet through a per-launch template named "overspill-<hash>"
+  # (IAM cannot match launch template names: the template and the fleet carry the broker's tag instead). Every launch
+  # statement is limited to the configured regions (aws:RequestedRegion and the ARNs). What is created (instance,
+  # volume, template, fleet) must carry overspill:broker = broker_id, which is also what terminate requires.
   statement {
-    sid     = "Ec2Launch"
-    actions = ["ec2:CreateFleet", "ec2:CreateLaunchTemplate", "ec2:DeleteLaunchTemplate", "ec2:RunInstances"]
-    resources = [
-      "arn:${local.partition}:ec2:*:${local.account}:*",
-      "arn:${local.partition}:ec2:*::image/*",
-      "arn:${local.partition}:ec2:*::snapshot/*",
-    ]
+    sid       = "Ec2LaunchTaggedInstances"
+    actions   = ["ec2:CreateFleet", "ec2:RunInstances"]
+    resources = flatten([for r in local.regions : ["${local.ec2_arn[r]}:instance/*", "${local.ec2_arn[r]}:volume/*"]])
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.broker_tag}"
+      values   = [var.broker_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
+    }
   }
 
-  # Tags only as part of a launch (RunInstances/CreateFleet TagSpecifications), never on existing resources.
+  # Two statements, not one: a CreateFleet carrying the broker's tag must not make any launch template usable.
+  statement {
+    sid       = "Ec2LaunchTaggedFleets"
+    actions   = ["ec2:CreateFleet"]
+    resources = [for r in local.regions : "${local.ec2_arn[r]}:fleet/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.broker_tag}"
+      values   = [var.broker_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
+    }
+  }
+
+  statement {
+    sid       = "Ec2CreateTaggedLaunchTemplates"
+    actions   = ["ec2:CreateLaunchTemplate"]
+    resources = [for r in local.regions : "${local.ec2_arn[r]}:launch-template/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.broker_tag}"
+      values   = [var.broker_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
+    }
+  }
+
+  # Launch from, and delete, only this broker's own templates.
+  statement {
+    sid       = "Ec2OwnLaunchTemplates"
+    actions   = ["ec2:CreateFleet", "ec2:DeleteLaunchTemplate", "ec2:RunInstances"]
+    resources = [for r in local.regions : "${local.ec2_arn[r]}:launch-template/*"]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/${local.broker_tag}"
+      values   = [var.broker_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
+    }
+  }
+
+  # What a launch uses without creating it: the instances' security group (this module's, no other), the subnets
+  # (aws_instance_subnet_ids when given, else any: the default VPC's), the network interface and spot request a
+  # launch makes, and the AMI's snapshots.
+  statement {
+    sid     = "Ec2LaunchNetwork"
+    actions = ["ec2:CreateFleet", "ec2:RunInstances"]
+    resources = concat(
+      ["arn:${local.partition}:ec2:${local.region}:${local.account}:security-group/${aws_security_group.instances.id}"],
+      length(var.aws_instance_subnet_ids) > 0
+      ? [for s in distinct(values(var.aws_instance_subnet_ids)) : "arn:${local.partition}:ec2:*:${local.account}:subnet/${s}"]
+      : [for r in local.regions : "${local.ec2_arn[r]}:subnet/*"],
+      flatten([for r in local.regions : [
+        "${local.ec2_arn[r]}:network-interface/*",
+        "${local.ec2_arn[r]}:spot-instances-request/*",
+        "arn:${local.partition}:ec2:${r}::snapshot/*",
+      ]]),
+    )
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
+    }
+  }
+
+  # The AMIs instances may boot: aws_allowed_image_ids (default: aws_image_id), and any image of
+  # aws_allowed_image_owners. No images configured (aws_launch off): no launch can pass.
+  dynamic "statement" {
+    for_each = length(local.image_ids) > 0 ? [1] : []
+    content {
+      sid       = "Ec2LaunchAllowedImages"
+      actions   = ["ec2:CreateFleet", "ec2:RunInstances"]
+      resources = flatten([for r in local.regions : [for i in local.image_ids : "arn:${local.partition}:ec2:${r}::image/${i}"]])
+      condition {
+        test     = "StringEquals"
+        variable = "aws:RequestedRegion"
+        values   = local.regions
+      }
+    }
+  }
+
+  dynamic "statement" {
+    for_each = length(var.aws_allowed_image_owners) > 0 ? [1] : []
+    content {
+      sid       = "Ec2LaunchImagesOfAllowedOwners"
+      actions   = ["ec2:CreateFleet", "ec2:RunInstances"]
+      resources = [for r in local.regions : "arn:${local.partition}:ec2:${r}::image/*"]
+      condition {
+        test     = "StringEquals"
+        variable = "ec2:Owner"
+        values   = var.aws_allowed_image_owners
+      }
+      condition {
+        test     = "StringEquals"
+        variable = "aws:RequestedRegion"
+        values   = local.regions
+      }
+    }
+  }
+
+  # Instances start with the training instances' role (instances.tf): the function may pass it, and only to EC2.
+  statement {
+    sid       = "PassInstanceRole"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.instances.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  # Tags only as part of a launch (the TagSpecifications of RunInstances, CreateFleet, CreateLaunchTemplate), never
+  # on existing resources, and only with this broker's tag.
   statement {
     sid       = "Ec2TagOnLaunch"
     actions   = ["ec2:CreateTags"]
-    resources = ["arn:${local.partition}:ec2:*:${local.account}:*"]
+    resources = flatten([for r in local.regions : [for t in ["instance", "volume", "fleet", "launch-template"] : "${local.ec2_arn[r]}:${t}/*"]])
     condition {
       test     = "StringEquals"
       variable = "ec2:CreateAction"
-      values   = ["CreateFleet", "RunInstances"]
+      values   = ["CreateFleet", "CreateLaunchTemplate", "RunInstances"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.broker_tag}"
+      values   = [var.broker_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestedRegion"
+      values   = local.regions
     }
   }
 
@@ -58,10 +199,10 @@ data "aws_iam_policy_document" "broker" {
   statement {
     sid       = "Ec2TerminateOwn"
     actions   = ["ec2:TerminateInstances"]
-    resources = ["arn:${local.partition}:ec2:*:${local.account}:instance/*"]
+    resources = [for r in local.regions : "${local.ec2_arn[r]}:instance/*"]
     condition {
       test     = "StringEquals"
-      variable = "aws:ResourceTag/overspill:broker"
+      variable = "aws:ResourceTag/${local.broker_tag}"
       values   = [var.broker_id]
     }
   }
@@ -93,15 +234,18 @@ data "aws_iam_policy_document" "broker" {
     resources = ["${aws_s3_bucket.checkpoints.arn}/*", "${aws_s3_bucket.reports.arn}/*"]
   }
 
-  # broker/serverless.py: the database credentials RDS keeps in Secrets Manager.
+  # broker/serverless.py: the database credentials RDS keeps in Secrets Manager; broker/secrets.py: the callback
+  # secret and the metrics token this module generates (secrets.tf). Not the jobs' secrets.
   statement {
-    sid       = "DatabaseSecret"
-    actions   = ["secretsmanager:GetSecretValue"]
-    resources = [aws_rds_cluster.this.master_user_secret[0].secret_arn]
+    sid     = "BrokerSecrets"
+    actions = ["secretsmanager:GetSecretValue"]
+    resources = concat(
+      [aws_rds_cluster.this.master_user_secret[0].secret_arn],
+      [for s in aws_secretsmanager_secret.generated : s.arn],
+    )
   }
 
-  # The key encrypting the buckets' objects and the database secret (S3 and Secrets Manager use it on the caller's
-  # behalf).
+  # The key encrypting the buckets' objects and the secrets (S3 and Secrets Manager use it on the caller's behalf).
   statement {
     sid       = "DataKey"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]

@@ -40,7 +40,8 @@ resource "aws_lambda_function" "broker" {
 
   tags = local.tags
 
-  depends_on = [aws_iam_role_policy.platform, aws_cloudwatch_log_group.lambda]
+  # the generated secrets hold their values before the first cold start reads them
+  depends_on = [aws_iam_role_policy.platform, aws_cloudwatch_log_group.lambda, aws_secretsmanager_secret_version.generated]
 }
 
 # Scheduled invocations are asynchronous: a failed tick is not retried (the next one comes within a minute), it is

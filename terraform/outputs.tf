@@ -67,3 +67,38 @@ output "lambda_security_group_id" {
   description = "Security group of the function (allow it in VPC endpoint policies and security groups)."
   value       = aws_security_group.lambda.id
 }
+
+output "metrics_token_secret_arn" {
+  description = "Secrets Manager secret holding the bearer token GET /metrics requires (configure Prometheus with it)."
+  value       = aws_secretsmanager_secret.generated["metrics_token"].arn
+}
+
+output "callback_secret_arn" {
+  description = "Secrets Manager secret holding the key that signs training instances' callback tokens."
+  value       = aws_secretsmanager_secret.generated["callback_secret"].arn
+}
+
+output "instance_profile_name" {
+  description = "Instance profile the broker launches training instances with."
+  value       = aws_iam_instance_profile.instances.name
+}
+
+output "instance_profile_arn" {
+  description = "ARN of the training instances' instance profile (OVERSPILL_AWS_INSTANCE_PROFILE)."
+  value       = aws_iam_instance_profile.instances.arn
+}
+
+output "instance_role_arn" {
+  description = "Role of the training instances (the only role the function may pass)."
+  value       = aws_iam_role.instances.arn
+}
+
+output "instance_security_group_id" {
+  description = "Security group of the training instances: no inbound rules, all outbound."
+  value       = aws_security_group.instances.id
+}
+
+output "checkpoint_store" {
+  description = "The checkpoint store the broker is given (OVERSPILL_CHECKPOINT_STORES), by location."
+  value       = { "aws/${local.region}" = "s3://${aws_s3_bucket.checkpoints.id}/${local.checkpoint_prefix}" }
+}

@@ -161,6 +161,28 @@ variable "aws_image_id" {
   }
 }
 
+variable "aws_allowed_image_ids" {
+  description = "AMIs the broker may launch (IAM allows RunInstances with these images only). Empty: aws_image_id when it is set."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for i in var.aws_allowed_image_ids : can(regex("^ami-[0-9a-f]+$", i))])
+    error_message = "aws_allowed_image_ids must be AMI ids (ami-...)."
+  }
+}
+
+variable "aws_allowed_image_owners" {
+  description = "Also allow any AMI owned by these accounts (12-digit ids, or amazon / aws-marketplace), e.g. for a pipeline publishing new AMIs. Empty: only aws_allowed_image_ids."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for o in var.aws_allowed_image_owners : can(regex("^([0-9]{12}|amazon|aws-marketplace)$", o))])
+    error_message = "aws_allowed_image_owners must be 12-digit account ids, amazon or aws-marketplace."
+  }
+}
+
 variable "aws_instance_subnet_ids" {
   description = "Subnet per availability zone for training instances, e.g. {\"us-east-1a\" = \"subnet-...\"}."
   type        = map(string)
@@ -169,6 +191,42 @@ variable "aws_instance_subnet_ids" {
   validation {
     condition     = alltrue([for s in values(var.aws_instance_subnet_ids) : can(regex("^subnet-[0-9a-f]+$", s))])
     error_message = "aws_instance_subnet_ids values must be subnet ids (subnet-...)."
+  }
+}
+
+variable "instance_secret_prefix" {
+  description = "Training instances may read the Secrets Manager secrets whose names start with this (jobs' named secrets). Null: \"<name>/jobs/\". Must end with / and may not cover the broker's own secrets (<name>/broker/)."
+  type        = string
+  default     = null
+
+  validation {
+    condition = var.instance_secret_prefix == null ? true : (
+      can(regex("^[A-Za-z0-9_+=.@-]+(/[A-Za-z0-9_+=.@-]+)*/$", var.instance_secret_prefix))
+      && !startswith("${var.name}/broker/", var.instance_secret_prefix)
+    )
+    error_message = "instance_secret_prefix must be a secret name prefix ending with / (letters, digits, _+=.@-), and must not cover <name>/broker/."
+  }
+}
+
+variable "instance_ecr_repository_arns" {
+  description = "ECR repositories training instances may pull images from (ARNs; a trailing * matches a name prefix). Empty: no ECR access (public registries only)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for r in var.instance_ecr_repository_arns : can(regex("^arn:aws[a-z-]*:ecr:[a-z0-9-]+:[0-9]{12}:repository/[a-z0-9][a-z0-9._/-]*\\*?$", r))])
+    error_message = "instance_ecr_repository_arns must be ECR repository ARNs (arn:aws:ecr:REGION:ACCOUNT:repository/NAME, optionally ending with *)."
+  }
+}
+
+variable "generated_secrets_version" {
+  description = "The module generates the callback secret and the metrics token (write-only: never in the state); raise this to generate new ones. New callback secrets invalidate the callback tokens of running instances."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.generated_secrets_version >= 1 && floor(var.generated_secrets_version) == var.generated_secrets_version
+    error_message = "generated_secrets_version must be a whole number of at least 1."
   }
 }
 

@@ -1,5 +1,5 @@
 terraform {
-  required_version = ">= 1.5.0, < 2.0.0"
+  required_version = ">= 1.11.0, < 2.0.0" # write-only arguments (secrets.tf)
 
   required_providers {
     aws = {

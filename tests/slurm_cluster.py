@@ -1,37 +1,63 @@
-"""A throw-away real Slurm 22.05+ cluster for the test suite: munged, slurmctld and two slurmd on this host.
+"""A throw-away real Slurm 22.05+ cluster for the test suite: MariaDB, slurmdbd, munged, slurmctld and two slurmd
+on this host, with the broker as a non-root Slurm operator.
 
 Contract: `slurm_session()` is the body of a session-scoped pytest fixture. It starts the daemons with every file
-(config, munge key and socket, state, spool, logs, fake GPU device nodes) under one temp dir, waits until every
-node is idle (well under a second), yields a `SlurmCluster`, and on teardown cancels every job, waits for them to
-finish, runs `scontrol shutdown`, stops munged and removes the dir. Without the binaries (apt packages
-`slurm-wlm munge`) or root (slurmd and mknod need it) it skips with the reason; CI turns that skip into a failure.
+(config, munge key and socket, database, state, spool, logs, fake GPU device nodes) under one temp dir, waits until
+every node is idle (about 2 s, most of it MariaDB), yields a `SlurmCluster`, and on teardown cancels every job, waits
+for them to finish, runs `scontrol shutdown`, stops slurmdbd, MariaDB and munged and removes the dir. Without the
+binaries (apt packages `slurm-wlm slurmdbd mariadb-server munge sudo`) or root (slurmd and mknod need it) it skips
+with the reason; CI turns that skip into a failure.
 
 The cluster: partition `gpu` (default, DefaultTime=60 min) over nodes `ovs1` and `ovs2`, each with 8 CPUs and 4
 fake A100s (`Gres=gpu:a100:4`, gres.conf `AutoDetect=off` with `File=` pointing at character devices made with
 `mknod c 195 N`: regular files would give jobs an empty CUDA_VISIBLE_DEVICES, and `Count=` alone drains the
-node). `MinJobAge` is a day so finished jobs stay visible to `squeue` (there is no slurmdbd), the backfill
-scheduler runs every second so pending jobs get estimated start times quickly, and `KillWait=1` makes
-cancellation quick. Every command must run with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
+node). `MinJobAge` is a day so finished jobs stay visible to `squeue`, the backfill scheduler runs every second so
+pending jobs get estimated start times quickly, and `KillWait=1` makes cancellation quick. Every command must run
+with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
+
+Identities. Slurm 22.05 takes a user's `AdminLevel` from accounting only (with `accounting_storage/none` every
+non-root user is level None, so an operator cannot exist), hence slurmdbd on a throw-away MariaDB (its system
+tables from `mariadb-install-db` with a small InnoDB, under 1 s: slurmdbd's association queries call stored
+procedures; then `--skip-grant-tables` on 127.0.0.1 and a free port: no database accounts). An operator cannot
+write AdminComment (administrators only), which is why the broker marks its holds in the job's Comment. Unix users
+are created if absent (`useradd`, no home, no login shell): `ovsbroker` (the broker, `AdminLevel=Operator`: it may
+hold, release, update and cancel other users' jobs, and is neither root nor `SlurmUser`), the job owners `alice`
+and `bob`, `carol` (whose account no policy maps), `tenant-acme` and `tenant-demo` (the identities the broker
+submits tenants `acme`'s and `demo`'s on-prem jobs as). Accounts `acme` (alice, tenant-acme), `beta` (bob),
+`gamma` (carol) and `demo` (tenant-demo); `AccountingStorageEnforce=associations` so an account must be real.
+`SlurmCluster.run` runs a command as root (the site admin), `run_as(user, argv)` as a user, `broker_runner()` is a
+runner (argv -> CompletedProcess) running every command as `ovsbroker`. A sudoers drop-in lets `ovsbroker` run
+only `sbatch`, only as `alice`, `bob` or the tenant identities, with `SLURM_CONF` kept: the site set-up behind the
+provider's default `sudo -n -u <user> --` submit wrapper. With slurmdbd, `sacct` works too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 NODES = ("ovs1", "ovs2")
+BROKER_USER = "ovsbroker"
+JOB_USERS = {"alice": "acme", "bob": "beta", "carol": "gamma", "tenant-acme": "acme", "tenant-demo": "demo"}
+SUDOERS_FILE = Path("/etc/sudoers.d/overspill-test-slurm")
+SUDOERS = (
+    f'Defaults:{BROKER_USER} env_keep += "SLURM_CONF"\n'
+    f"{BROKER_USER} ALL=(alice,bob,tenant-acme,tenant-demo) NOPASSWD: /usr/bin/sbatch\n"
+)
 GPUS_PER_NODE = 4
 GPU_TYPE = "a100"
 PARTITION = "gpu"
@@ -53,22 +79,44 @@ def find_daemon(name: str) -> str | None:
 
 def missing_requirements() -> str | None:
     """Why a cluster cannot start here, or None."""
-    missing = [d for d in ("slurmctld", "slurmd", "munged") if find_daemon(d) is None]
-    missing += [c for c in ("sbatch", "squeue", "sinfo", "scontrol", "scancel") if shutil.which(c) is None]
+    missing = [d for d in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd") if find_daemon(d) is None]
+    tools = ("sbatch", "squeue", "sinfo", "scontrol", "scancel", "sacctmgr", "runuser", "sudo", "useradd")
+    tools += ("mariadb-install-db", "visudo")
+    missing += [c for c in tools if find_daemon(c) is None]
     if missing:
         return (
             f"Slurm binaries not found ({', '.join(missing)}): "
-            "apt-get install -y slurm-wlm munge (Debian bookworm: Slurm 22.05)"
+            "apt-get install -y slurm-wlm slurmdbd mariadb-server munge sudo (Debian bookworm: Slurm 22.05)"
         )
     if os.geteuid() != 0:
         return "the test Slurm cluster needs root (slurmd runs jobs as their user; fake GPUs need mknod)"
     return None
 
 
+_PICKED: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range: a port taken from that range (bind to 0) can be handed out
+    again as the local end of an outgoing connection (slurmctld to slurmdbd, sacctmgr...) before the daemon that
+    was meant to listen on it binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, max(low, 20001))
+        if port in _PICKED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
@@ -85,7 +133,20 @@ class SlurmCluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def run(self, args: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run a command as root (the site's admin)."""
         return subprocess.run(args, env=self.env, capture_output=True, text=True, check=check, timeout=30)
+
+    def run_as(self, user: str, args: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run a command as a unix user (a job owner, or the broker)."""
+        return self.run(["runuser", "-u", user, "--", *args], check=check)
+
+    def broker_runner(self) -> Callable[[list[str]], subprocess.CompletedProcess[str]]:
+        """A provider runner executing every command as the broker's non-root operator account."""
+
+        def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+            return self.run_as(BROKER_USER, argv)
+
+        return run
 
     def jobs(self) -> list[dict[str, object]]:
         out = self.run(["squeue", "--json", "--all", "--states=all"], check=True).stdout
@@ -96,7 +157,7 @@ class SlurmCluster:
         live = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD")
         deadline = time.monotonic() + timeout
         while True:
-            active = [str(j["job_id"]) for j in self.jobs() if _state(j) in live]
+            active = [_target(j) for j in self.jobs() if _state(j) in live]
             if not active:
                 return
             self.run(["scancel", *active])
@@ -116,11 +177,23 @@ class SlurmCluster:
         for name, proc in reversed(list(self.procs.items())):
             if name == "munged":
                 continue
+            if name in ("slurmdbd", "mariadbd") and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
             _stop_proc(proc, 10.0)
         if "munged" in self.procs:  # munged only stops when told
             self.procs["munged"].send_signal(signal.SIGTERM)
             _stop_proc(self.procs["munged"], 5.0)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _target(job: dict[str, object]) -> str:
+    """How scancel names a job: `<array>_<task>` for an array task (22.05 ignores a task's own job id)."""
+    array, task = job.get("array_job_id"), job.get("array_task_id")
+    if isinstance(array, dict):  # 23.11+: {"set", "number"}
+        array = array.get("number") if array.get("set") else None
+    if isinstance(task, dict):
+        task = task.get("number") if task.get("set") else None
+    return f"{array}_{task}" if array and task is not None else str(job["job_id"])
 
 
 def _state(job: dict[str, object]) -> str:
@@ -144,12 +217,37 @@ def _stop_proc(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait(timeout=5)
 
 
-def _write_config(root: Path) -> Path:
+def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
     host = socket.gethostname().split(".")[0]
     ctld_port = _free_port()
     (root / "etc").mkdir()
     for sub in ("state", "spool", "log", "run"):
         (root / sub).mkdir()
+    shared = root / "shared"  # job output and markers, written by jobs of every user
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    dbd = root / "etc" / "slurmdbd.conf"
+    dbd.write_text(
+        "\n".join(
+            [
+                "AuthType=auth/munge",
+                f"AuthInfo=socket={root}/run/munge.socket",
+                "DbdHost=localhost",
+                "DbdAddr=127.0.0.1",
+                f"DbdPort={dbd_port}",
+                "SlurmUser=root",
+                f"LogFile={root}/log/slurmdbd.log",
+                f"PidFile={root}/run/slurmdbd.pid",
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=127.0.0.1",
+                f"StoragePort={db_port}",
+                "StorageUser=slurm",
+                "StorageLoc=slurm_acct_db",
+                "",
+            ]
+        )
+    )
+    os.chmod(dbd, 0o600)
     gres_lines = ["AutoDetect=off"]
     node_lines = []
     for node in NODES:
@@ -188,7 +286,11 @@ def _write_config(root: Path) -> Path:
                 "ProctrackType=proctrack/linuxproc",
                 "TaskPlugin=task/none",
                 "JobAcctGatherType=jobacct_gather/none",
-                "AccountingStorageType=accounting_storage/none",
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={dbd_port}",
+                f"AccountingStoragePass={root}/run/munge.socket",  # the munge socket for slurmdbd connections
+                "AccountingStorageEnforce=associations",
                 "JobCompType=jobcomp/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core_Memory",
@@ -212,19 +314,152 @@ def _write_config(root: Path) -> Path:
     return conf
 
 
+def ensure_users() -> None:
+    """Create the unix users the cluster's jobs and the broker run as (no home, no login shell), if absent."""
+    for user in (BROKER_USER, *JOB_USERS):
+        if subprocess.run(["getent", "passwd", user], capture_output=True, check=False).returncode != 0:
+            subprocess.run(
+                ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], capture_output=True, check=True
+            )
+
+
+def _install_sudoers() -> None:
+    """The site's sudoers rule for the broker's submit wrapper. It stays after the session (it only lets
+    `ovsbroker` run sbatch as the test users): removing it could pull it from under a concurrent session."""
+    if SUDOERS_FILE.exists() and SUDOERS_FILE.read_text() == SUDOERS:
+        return
+    tmp = SUDOERS_FILE.with_suffix(".tmp")
+    tmp.write_text(SUDOERS)
+    os.chmod(tmp, 0o440)
+    check = subprocess.run(
+        [find_daemon("visudo") or "visudo", "-cf", str(tmp)], capture_output=True, text=True, check=False
+    )
+    if check.returncode != 0:
+        tmp.unlink()
+        raise RuntimeError(f"sudoers drop-in refused by visudo: {check.stdout}{check.stderr}")
+    tmp.replace(SUDOERS_FILE)
+
+
+_SMALL_INNODB = (  # a small, unsafe-on-crash InnoDB: the database lives for one test session
+    "--skip-log-bin",
+    "--skip-name-resolve",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-log-file-size=4M",
+    "--innodb-flush-log-at-trx-commit=0",
+    "--innodb-use-native-aio=0",
+)
+
+
+def _accounting_commands() -> list[list[str]]:
+    """The sacctmgr set-up: the cluster, its accounts, the job owners and the broker as an operator."""
+    by_account: dict[str, list[str]] = {}
+    for user, acct in JOB_USERS.items():
+        by_account.setdefault(acct, []).append(user)
+    return [
+        ["add", "cluster", "overspill"],
+        ["add", "account", ",".join(sorted(by_account)), "cluster=overspill"],
+        *(["add", "user", ",".join(users), f"account={a}", "cluster=overspill"] for a, users in by_account.items()),
+        ["add", "user", BROKER_USER, "account=root", "cluster=overspill", "adminlevel=Operator"],
+    ]
+
+
+def _template_dir() -> Path:
+    """Where a set-up accounting database is kept between sessions, keyed by the set-up and the MariaDB build."""
+    mariadbd = find_daemon("mariadbd") or ""
+    stamp = f"{_accounting_commands()}|{_SMALL_INNODB}|{mariadbd}|{os.stat(mariadbd).st_mtime if mariadbd else 0}"
+    return Path(tempfile.gettempdir()) / f"overspill-slurmdbd-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+
+
+def _start_accounting(cluster: SlurmCluster, db_port: int) -> None:
+    """MariaDB and slurmdbd with the cluster's accounts, users and the operator.
+
+    The first session builds the database (`mariadb-install-db`: slurmdbd's association queries call stored
+    procedures, so the system tables are needed; then the sacctmgr set-up), stops both daemons and keeps a copy of
+    the data dir as a template; later sessions start from a copy of it (seconds saved on a loaded machine).
+    """
+    root = cluster.root
+    data, run = root / "mysql", root / "mysql-run"
+    run.mkdir()
+    shutil.chown(run, "mysql", "mysql")
+    template = _template_dir()
+    fresh = not template.is_dir()
+    if fresh:
+        data.mkdir()
+        shutil.chown(data, "mysql", "mysql")
+        install = find_daemon("mariadb-install-db")
+        assert install is not None
+        done = subprocess.run(
+            [install, "--no-defaults", f"--datadir={data}", "--user=mysql", "--skip-test-db", *_SMALL_INNODB],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    else:
+        shutil.copytree(template, data, symlinks=True)
+        subprocess.run(["chown", "-R", "mysql:mysql", str(data)], check=True)
+    _start_database(cluster, data, run, db_port)
+    if not fresh:
+        return
+    for args in _accounting_commands():
+        done = cluster.run(["sacctmgr", "-i", *args])
+        if done.returncode != 0:
+            raise RuntimeError(f"sacctmgr {' '.join(args)} failed: {done.stdout}{done.stderr}")
+    for name in ("slurmdbd", "mariadbd"):  # a clean shutdown, so the copy is consistent
+        proc = cluster.procs.pop(name)
+        proc.send_signal(signal.SIGTERM)
+        _stop_proc(proc, 20.0)
+    staging = Path(tempfile.mkdtemp(prefix=template.name + ".", dir=template.parent))
+    shutil.copytree(data, staging / "data", symlinks=True)
+    with contextlib.suppress(OSError):  # another session saved it first: theirs is as good
+        (staging / "data").rename(template)
+    shutil.rmtree(staging, ignore_errors=True)
+    _start_database(cluster, data, run, db_port)
+
+
+def _start_database(cluster: SlurmCluster, data: Path, run: Path, db_port: int) -> None:
+    mariadbd = find_daemon("mariadbd")
+    slurmdbd = find_daemon("slurmdbd")
+    assert mariadbd is not None and slurmdbd is not None
+    cluster.procs["mariadbd"] = _spawn(
+        [
+            mariadbd,
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--socket={run}/mysqld.sock",
+            f"--pid-file={run}/mysqld.pid",
+            f"--port={db_port}",
+            "--bind-address=127.0.0.1",
+            "--user=mysql",
+            "--skip-grant-tables",  # a throw-away database on 127.0.0.1: no database accounts to set up
+            *_SMALL_INNODB,
+        ],
+        cluster.env,
+        cluster.root / "log" / "mariadbd.out",
+    )
+    _wait_for(lambda: _port_open(db_port), "MariaDB", cluster)
+    cluster.procs["slurmdbd"] = _spawn([slurmdbd, "-D"], cluster.env, cluster.root / "log" / "slurmdbd.out")
+    _wait_for(lambda: cluster.run(["sacctmgr", "-n", "list", "cluster"]).returncode == 0, "slurmdbd", cluster)
+
+
 def start_slurm_cluster() -> SlurmCluster:
-    """Start munged, slurmctld and one slurmd per node under a new temp dir; return once every node is idle."""
+    """Start MariaDB, slurmdbd, munged, slurmctld and one slurmd per node under a new temp dir; return once every
+    node is idle."""
     reason = missing_requirements()
     if reason:
         raise FileNotFoundError(reason)
+    ensure_users()
     root = Path(tempfile.mkdtemp(prefix="overspill-slurm-"))
     os.chmod(root, 0o755)
     cluster: SlurmCluster | None = None
     try:
-        conf = _write_config(root)
+        db_port, dbd_port = _free_port(), _free_port()
+        conf = _write_config(root, db_port, dbd_port)
         env = {**os.environ, "SLURM_CONF": str(conf)}
         env["PATH"] = ":".join([env.get("PATH", ""), *_SBIN])
         cluster = SlurmCluster(root=root, conf=conf, env=env)
+        _install_sudoers()
         key = root / "etc" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
@@ -246,6 +481,7 @@ def start_slurm_cluster() -> SlurmCluster:
             root / "log" / "munged.out",
         )
         _wait_for(lambda: (root / "run" / "munge.socket").exists(), "munged socket", cluster)
+        _start_accounting(cluster, db_port)
         ctld = find_daemon("slurmctld")
         slurmd = find_daemon("slurmd")
         assert ctld is not None and slurmd is not None
@@ -261,6 +497,11 @@ def start_slurm_cluster() -> SlurmCluster:
         else:
             shutil.rmtree(root, ignore_errors=True)
         raise
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _spawn(cmd: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:

@@ -5,6 +5,10 @@
   three levels below /, as this machine image ships one) so init works offline; None means the public registry.
 - `Workspace`: a copy of terraform/ in a temp dir (the checkout is never written to: no .terraform/, lock file or
   state appear in it) with an environment that uses the mirror; `run(dir, *args)` runs terraform there.
+- `example_deployment(config)`: terraform/examples/basic planned and applied once per pytest process against a moto
+  server (a `Deployment`: its outputs, state, planned changes, the function's environment), shared by every test
+  file that asks (applying costs ~100 s, mostly the AWS provider's fixed waits); `Deployment.destroy()` tears it
+  down (the next ask applies again). At the end of the session the moto server is stopped: nothing is destroyed.
 - `checkov_bin()`: checkov lives in its own virtualenv (its `hcl2` package clashes with python-hcl2 in the dev
   environment): OVERSPILL_CHECKOV_BIN, else `checkov` on PATH, else a virtualenv created once under the user cache
   (CHECKOV_VERSION pinned), else None.
@@ -12,16 +16,26 @@
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = ROOT / "terraform"
 CHECKOV_VERSION = "3.3.30"
+EXAMPLE = "examples/basic"
+REGION = "us-east-1"
 
 
 def terraform_bin() -> str | None:
@@ -75,6 +89,122 @@ class Workspace:
         if result.returncode != 0:
             raise AssertionError(f"terraform {' '.join(args)} in {where} failed:\n{result.stdout}\n{result.stderr}")
         return result
+
+
+@dataclass
+class Deployment:
+    """terraform/examples/basic applied to the moto server at `moto_url` (see `example_deployment`)."""
+
+    workspace: Workspace
+    moto_url: str
+    name: str
+    vpc: str
+    subnets: list[str]
+    varfile: Path
+    state: Path
+    planned: dict[str, Any]  # `terraform show -json` of the plan that was applied
+    outputs: dict[str, Any] = field(default_factory=dict)
+    destroyed: bool = False
+
+    @property
+    def common(self) -> tuple[str, ...]:
+        return ("-input=false", "-no-color", f"-state={self.state}")
+
+    def client(self, service: str) -> Any:
+        from tests.moto_server import moto_client
+
+        return moto_client(service, REGION, self.moto_url)
+
+    def function_environment(self) -> dict[str, str]:
+        """The environment the broker's function runs with, as deployed."""
+        function = self.client("lambda").get_function(FunctionName=self.name)["Configuration"]
+        return dict(function["Environment"]["Variables"])
+
+    def destroy(self) -> None:
+        self.workspace.run(EXAMPLE, "destroy", *self.common, "-auto-approve", f"-var-file={self.varfile}", timeout=900)
+        self.destroyed = True
+
+
+def _network(moto_url: str) -> tuple[str, list[str]]:
+    from tests.moto_server import moto_client
+
+    ec2 = moto_client("ec2", REGION, moto_url)
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.42.{n}.0/24", AvailabilityZone=f"{REGION}{zone}")["Subnet"][
+            "SubnetId"
+        ]
+        for n, zone in ((1, "a"), (2, "b"))
+    ]
+    return vpc, subnets
+
+
+def _small_package(path: Path) -> Path:
+    """moto stores the function's code but never runs it: a small zip with the handler module is enough."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.write(ROOT / "broker" / "serverless.py", "broker/serverless.py")
+    return path
+
+
+def _apply_example(workspace: Workspace, moto_url: str, tmp: Path) -> Deployment:
+    from tests.moto_server import moto_client
+
+    name = "ovs" + secrets.token_hex(3)
+    vpc, subnets = _network(moto_url)
+    ami = str(moto_client("ec2", REGION, moto_url).describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    tfvars = {
+        "aws_endpoint_url": moto_url,
+        "region": REGION,
+        "name": name,
+        "lambda_zip_path": str(_small_package(tmp / "package.zip")),
+        "vpc_id": vpc,
+        "subnet_ids": subnets,
+        "bootstrap_api_key": f"ovs_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}",
+        "aws_image_id": ami,
+        "db_deletion_protection": False,
+        "db_skip_final_snapshot": True,
+        "force_destroy_buckets": True,
+    }
+    varfile = tmp / "moto.tfvars.json"
+    varfile.write_text(json.dumps(tfvars))
+    workspace.env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION}
+    deployment = Deployment(workspace, moto_url, name, vpc, subnets, varfile, tmp / "terraform.tfstate", planned={})
+    plan = str(tmp / "deploy.tfplan")
+    workspace.run(EXAMPLE, "init", "-input=false", "-no-color")
+    workspace.run(EXAMPLE, "plan", *deployment.common, f"-var-file={varfile}", f"-out={plan}")
+    deployment.planned = json.loads(workspace.run(EXAMPLE, "show", "-json", plan).stdout)
+    workspace.run(EXAMPLE, "apply", *deployment.common, "-auto-approve", plan, timeout=900)
+    shown = workspace.run(EXAMPLE, "output", "-json", f"-state={deployment.state}").stdout
+    deployment.outputs = {k: v["value"] for k, v in json.loads(shown).items()}
+    return deployment
+
+
+_DEPLOYMENT = pytest.StashKey[Deployment]()
+_RESOURCES = pytest.StashKey[tuple[ExitStack, str, Path]]()
+
+
+def example_deployment(config: pytest.Config) -> Deployment:
+    """The example applied on moto, once per pytest process (again after a `destroy()`); skips without terraform."""
+    binary = terraform_bin()
+    if binary is None:
+        pytest.skip("terraform is not installed (https://developer.hashicorp.com/terraform/install)")
+    found = config.stash.get(_DEPLOYMENT, None)
+    if found is not None and not found.destroyed:
+        return found
+    if _RESOURCES not in config.stash:
+        from tests.moto_server import running_moto_server
+
+        stack = ExitStack()
+        moto_url = stack.enter_context(running_moto_server())
+        tmp = Path(tempfile.mkdtemp(prefix="overspill-tf-"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        config.stash[_RESOURCES] = (stack, moto_url, tmp)
+        config.add_cleanup(stack.close)
+    _, moto_url, tmp = config.stash[_RESOURCES]
+    where = Path(tempfile.mkdtemp(dir=tmp))
+    deployment = _apply_example(Workspace.create(where, binary), moto_url, where)
+    config.stash[_DEPLOYMENT] = deployment
+    return deployment
 
 
 def checkov_bin() -> str | None:

@@ -1,5 +1,6 @@
 """The broker end to end on a real Slurm cluster: its partitions become on-prem pools priced at the internal rate,
-its queue pressure is sampled, and a job placed there runs under Slurm and accrues on-prem cost."""
+its queue pressure is sampled, and a job placed there runs under Slurm, as the tenant's own unprivileged identity
+(never the broker's operator account), and accrues on-prem cost."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def test_job_runs_on_slurm_and_accrues_onprem_cost(cluster: Any, tmp_path: Path)
             cluster.partition: {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.80", "gpus_per_node": "4"}
         },
         slurm_conf=str(cluster.conf),
+        slurm_submit_as={"demo": "tenant-demo"},
     )
     rt = build_runtime(settings)
+    rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]  # non-root operator
     tick(rt, datetime.now(UTC))
     api = TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
     pools = api.get("/v1/pools").json()
@@ -56,5 +59,7 @@ def test_job_runs_on_slurm_and_accrues_onprem_cost(cluster: Any, tmp_path: Path)
     assert state == "succeeded", done
     spent = Decimal(done["spent_usd"])
     assert Decimal("0") < spent < Decimal("1.8") * Decimal("30") / 3600  # at most ~30 s at $1.80/h
+    (placed,) = [j for j in cluster.jobs() if f"job={job['id']}" in str(j["comment"])]
+    assert placed["user_name"] == "tenant-demo" and placed["account"] == "demo"
     kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()]
     assert kinds[:4] == ["submitted", "placed", "launched", "started"] and "finished" in kinds

@@ -14,12 +14,23 @@ import pytest
 from sqlmodel import Session, select
 
 from broker.loop.tick import tick
+from broker.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
-from broker.tables import Job
+from broker.tables import AuditEntry, Job
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
+
+
+def decisions(rt: Runtime) -> dict[tuple[str, str], float]:
+    """Burst decision counts by (decision, reason), from this runtime's loop metrics."""
+    out: dict[tuple[str, str], float] = {}
+    for family in rt.metrics.registry.collect():
+        for s in family.samples:
+            if s.name == "overspill_burst_decisions_total":
+                out[(s.labels["decision"], s.labels["reason"])] = s.value
+    return out
 
 
 @pytest.fixture
@@ -30,7 +41,17 @@ def slurm(cluster: Any) -> Iterator[Any]:
     cluster.cancel_all()
 
 
-def _runtime(cluster: Any, tmp_path: Path, cloud: ScriptedCloud) -> Runtime:
+ACCOUNTS: dict[str, Any] = {  # alice's account acme bursts into the bootstrap tenant; bob's beta may not burst
+    "acme": {"tenant": "demo", "team": "nlp", "project": "atlas", "burst": True, "max_job_usd": "100",
+             "allowed_images": ["ghcr.io/example/*"]},
+    "beta": {"tenant": "demo", "burst": False},
+}  # fmt: skip
+
+
+def _runtime(
+    cluster: Any, tmp_path: Path, cloud: ScriptedCloud, accounts: dict[str, Any] | None = None, **extra: Any
+) -> Runtime:
+    """A broker on the real cluster, its Slurm commands run as the non-root operator `ovsbroker`."""
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'burst.db'}",
         data_dir=tmp_path,
@@ -39,25 +60,30 @@ def _runtime(cluster: Any, tmp_path: Path, cloud: ScriptedCloud) -> Runtime:
             cluster.partition: {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", "gpus_per_node": "4"}
         },
         slurm_conf=str(cluster.conf),
+        slurm_accounts=ACCOUNTS if accounts is None else accounts,
         burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
+        **extra,
     )
     rt = build_runtime(settings)
+    rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]
     rt.providers[cloud.name] = cloud
     rt.offering_sources.append(cloud)
     return rt
 
 
-def _opted_in(slurm: Any, max_total: str = "40") -> int:
-    spec = {"max_total_usd": max_total, "image": "ghcr.io/example/train:1", "work_gpu_hours": "2"}
+def _opted_in(slurm: Any, max_total: str = "40", user: str = "alice", *extra: str, **fields: Any) -> int:
+    spec = {"max_total_usd": max_total, "image": "ghcr.io/example/train:1", "work_gpu_hours": "2", **fields}
     return sbatch(
         slurm,
         "--job-name=opted-in",
         "--gres=gpu:a100:1",
         "--time=60",
         f"--comment=overspill-burst {json.dumps(spec)}",
+        *extra,
         "--wrap=sleep 1",
+        user=user,
     )
 
 
@@ -83,8 +109,13 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
     tick(rt, clock())
     broker_job = _broker_job(rt, slurm_id)
     held = job(provider, slurm_id)
-    assert held.state_reason.startswith("JobHeld") and broker_job.id in held.admin_comment
+    assert held.state_reason == "JobHeldAdmin" and broker_job.id in held.comment
+    assert (broker_job.tenant, broker_job.team, broker_job.project) == ("demo", "nlp", "atlas")  # from the mapping
     assert not job(provider, not_opted).state_reason.startswith("JobHeld")  # never burst without opting in
+    with Session(rt.engine) as s:  # audited with who asked, in Slurm's terms
+        (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "BURST")).all()
+    assert (audit.tenant, audit.role, audit.path) == ("demo", "system", f"/slurm/onprem-slurm/jobs/{slurm_id}")
+    assert (audit.client, audit.request_id) == ("slurm user=alice account=acme", broker_job.id)
     tick(rt, clock())  # a second tick must not burst it twice
     with Session(rt.engine) as s:
         assert len(s.exec(select(Job).where(Job.origin == f"onprem-slurm:{slurm_id}")).all()) == 1
@@ -161,3 +192,46 @@ def test_a_burst_paused_at_its_ceiling_goes_back_on_prem_and_cannot_be_resumed_i
     assert _broker_job(rt, slurm_id).state == "cancelled" and cloud.running() == []
     slurm.run(["scancel", *map(str, fillers)])
     wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the released job to run on-prem", timeout=30)
+
+
+@pytest.mark.integration
+def test_an_account_monthly_budget_counts_what_running_bursts_may_still_spend(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    accounts = {"acme": {**ACCOUNTS["acme"], "monthly_budget_usd": "60"}}
+    rt = _runtime(slurm, tmp_path, cloud, accounts)
+    fill_gpus(slurm, minutes=60)
+    first, second = _opted_in(slurm), _opted_in(slurm)  # $40 ceilings: one fits $60, two do not
+    provider = rt.providers["onprem-slurm"]
+    for i in (first, second):
+        wait_until(lambda i=i: job(provider, i).state_reason in ("Resources", "Priority"), "the jobs to pend")
+    tick(rt, clock())
+    assert _broker_job(rt, first).state in ("pending", "running")
+    with Session(rt.engine) as s:
+        assert s.exec(select(Job).where(Job.origin == f"onprem-slurm:{second}")).first() is None
+    assert not job(provider, second).state_reason.startswith("JobHeld")
+    assert decisions(rt)[("refuse", BurstReason.ACCOUNT_BUDGET)] == 1
+
+
+@pytest.mark.integration
+def test_a_hold_left_by_a_crash_before_the_commit_is_given_back(slurm: Any, tmp_path: Path) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    fillers = fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm)
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    assert provider.hold(slurm_id, "bursting").held  # type: ignore[attr-defined]  # ...and the broker died here
+    tick(rt, clock())  # within the grace: a replica may still be committing it
+    assert job(provider, slurm_id).state_reason == "JobHeldAdmin"
+    tick(rt, clock.advance(minutes=11))
+    released = job(provider, slurm_id)
+    assert released.state_reason != "JobHeldAdmin" and "overspill-hold" not in released.comment
+    tomb = _broker_job(rt, slurm_id)  # its origin is taken, so a late commit elsewhere fails
+    assert tomb.state == "cancelled" and tomb.origin_settled and cloud.requests == []
+    assert decisions(rt)[("release", BurstReason.ORPHAN_HOLD)] == 1
+    slurm.run(["scancel", *map(str, fillers)])
+    wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the job to run on-prem", timeout=30)

@@ -39,7 +39,7 @@ def test_spent_hard_budget_keeps_the_slurm_job_on_prem(slurm: Any, tmp_path: Pat
         )  # fmt: skip
         s.commit()
     fill_gpus(slurm, minutes=60)
-    spec = {"max_total_usd": "40", "image": "ghcr.io/example/train:1", "work_gpu_hours": "2", "team": "nlp"}
+    spec = {"max_total_usd": "40", "image": "ghcr.io/example/train:1", "work_gpu_hours": "2"}  # account acme: nlp
     slurm_id = sbatch(
         slurm, "--job-name=nlp", "--gres=gpu:a100:1", "--time=60", f"--comment=overspill-burst {json.dumps(spec)}",
         "--wrap=sleep 1",

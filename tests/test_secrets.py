@@ -95,6 +95,10 @@ def test_secrets_come_from_secrets_manager(moto_url: str, aws_creds: None) -> No
         secrets_endpoint_url=moto_url,
     )
     assert s.bootstrap_api_key == PROD_KEY and s.callback_secret == CALLBACK
+    # the metrics token too (terraform/ generates it and passes OVERSPILL_METRICS_TOKEN_ARN), kept out of repr
+    token_arn = sm.create_secret(Name="ovs-metrics", SecretString="m" * 48)["ARN"]
+    scraped = Settings(metrics_token_arn=token_arn, secrets_endpoint_url=moto_url)
+    assert scraped.metrics_token == "m" * 48 and "m" * 48 not in repr(scraped)
     # a value given directly wins over the ARN
     direct = Settings(
         callback_secret="d" * 40, callback_secret_arn=f"{doc_arn}#callback", secrets_endpoint_url=moto_url

@@ -9,14 +9,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from broker import secrets as serverless_secrets
 from broker import serverless
 from broker.migrate import alembic_config
 from broker.settings import DEV_API_KEY
@@ -320,3 +324,90 @@ def test_concurrent_cold_starts_migrate_one_database_once(moto_url: str, postgre
     finally:
         engine.dispose()
     assert keys == 1
+
+
+# -- the database password rotates under a warm container ------------------------------------------------------------
+
+
+@contextmanager
+def password_role(postgres: Any, pg_url: str, password: str) -> Iterator[str]:
+    """A login role that owns the database at `pg_url` and must present its password over TCP (a pg_hba.conf line
+    for it alone, ahead of the test cluster's trust rules); yields its name."""
+    if postgres.data_dir is None:
+        pytest.skip("needs the suite's own PostgreSQL cluster (its pg_hba.conf) to require a password")
+    role = "rot_" + make_url(pg_url).database.removeprefix("t_")
+    hba = Path(postgres.data_dir) / "pg_hba.conf"
+    original = hba.read_text()
+    admin = make_url(pg_url).set(database="postgres", drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                sql.Identifier(make_url(pg_url).database), sql.Identifier(role)
+            )
+        )
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{original}")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield role
+    finally:
+        hba.write_text(original)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.integration
+def test_a_rotated_database_password_is_re_read_and_the_next_request_still_works(
+    moto_url: str, postgres: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pg_url = postgres.create_database()
+    url = make_url(pg_url)
+    with password_role(postgres, pg_url, "first-password") as role:
+        admin = url.set(database="postgres", drivername="postgresql").render_as_string(hide_password=False)
+        secrets = moto_client("secretsmanager", REGION, moto_url)
+        arn = secrets.create_secret(
+            Name=f"rds!cluster-{url.database}",
+            SecretString=json.dumps({"username": role, "password": "first-password"}),
+        )["ARN"]
+        for name in list(os.environ):
+            if name.startswith("OVERSPILL_"):
+                monkeypatch.delenv(name)
+        for k, v in {**_lambda_env(moto_url, pg_url, arn), "OVERSPILL_DATA_DIR": str(tmp_path)}.items():
+            monkeypatch.setenv(k, v)
+        reads: list[str] = []
+        real_fetch = serverless_secrets.fetch_secret_json
+
+        def counted_fetch(secret_arn: str, **kwargs: Any) -> dict[str, Any]:
+            reads.append(secret_arn)
+            return real_fetch(secret_arn, **kwargs)
+
+        monkeypatch.setattr(serverless_secrets, "fetch_secret_json", counted_fetch)
+
+        assert call(http_event("GET", "/v1/jobs", headers=AUTH))["statusCode"] == 200
+        first = serverless.container()
+        assert reads == [arn]
+
+        # RDS rotates: the role's password changes and the secret follows. The pooled connections are dropped
+        # (what recycling, an idle timeout or a resumed database does), so the next request must connect anew.
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal("second")))
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        secrets.put_secret_value(SecretId=arn, SecretString=json.dumps({"username": role, "password": "second"}))
+
+        listed = call(http_event("GET", "/v1/jobs", headers=AUTH))
+        assert listed["statusCode"] == 200, listed
+        assert reads == [arn, arn]  # read again once, on the refused connection
+        created = call(http_event("POST", "/v1/jobs", body=job_body(), headers=AUTH))
+        assert created["statusCode"] == 202, created
+        rebuilt = serverless.container()
+        assert rebuilt.runtime is first.runtime and rebuilt.asgi is not first.asgi  # the app took the new URL
+        assert make_url(rebuilt.runtime.settings.database_url).password == "second"
+
+        # A secret that still holds refused credentials is read once per refused connection, never in a loop.
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal("third")))
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        refused = call(http_event("GET", "/v1/jobs", headers=AUTH))
+        assert refused["statusCode"] >= 500
+        assert 3 <= len(reads) <= 5  # pre-ping's reconnect and the pool's retry: one read each at most
+        serverless.reset()

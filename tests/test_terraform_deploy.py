@@ -7,23 +7,31 @@ Without terraform (or checkov) these skip saying so; CI (OVERSPILL_REQUIRE_INTEG
 
 from __future__ import annotations
 
+import fnmatch
 import json
-import secrets
+import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from broker import serverless
-from tests.moto_server import moto_client, running_moto_server
-from tests.terraform_cli import ROOT, Workspace, checkov_bin, terraform_bin
-
-REGION = "us-east-1"
-EXAMPLE = "examples/basic"
+from broker.runtime import build_runtime
+from tests.moto_server import moto_client
+from tests.terraform_cli import (
+    EXAMPLE,
+    REGION,
+    ROOT,
+    Deployment,
+    Workspace,
+    checkov_bin,
+    example_deployment,
+    terraform_bin,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -107,58 +115,13 @@ def test_package_builder_makes_a_reproducible_zip_with_the_handler(tmp_path: Pat
 
 
 @pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    with running_moto_server() as url:
-        yield url
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    """The example applied on moto (shared with tests/attacks/test_terraform_metrics.py: one apply per session)."""
+    return example_deployment(request.config)
 
 
-def _network(moto_url: str) -> tuple[str, list[str]]:
-    ec2 = moto_client("ec2", REGION, moto_url)
-    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
-    subnets = [
-        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.42.{n}.0/24", AvailabilityZone=f"{REGION}{zone}")["Subnet"][
-            "SubnetId"
-        ]
-        for n, zone in ((1, "a"), (2, "b"))
-    ]
-    return vpc, subnets
-
-
-def _small_package(path: Path) -> Path:
-    """moto stores the function's code but never runs it: a small zip with the handler module is enough."""
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.write(ROOT / "broker" / "serverless.py", "broker/serverless.py")
-    return path
-
-
-def test_example_applies_on_moto_and_everything_declared_exists(
-    workspace: Workspace, moto_url: str, tmp_path: Path
-) -> None:
-    name = "ovs" + secrets.token_hex(3)
-    vpc, subnets = _network(moto_url)
-    tfvars = {
-        "aws_endpoint_url": moto_url,
-        "region": REGION,
-        "name": name,
-        "lambda_zip_path": str(_small_package(tmp_path / "package.zip")),
-        "vpc_id": vpc,
-        "subnet_ids": subnets,
-        "bootstrap_api_key": f"ovs_{secrets.token_hex(4)}_{secrets.token_urlsafe(24)}",
-        "db_deletion_protection": False,
-        "db_skip_final_snapshot": True,
-        "force_destroy_buckets": True,
-    }
-    varfile = tmp_path / "moto.tfvars.json"
-    varfile.write_text(json.dumps(tfvars))
-    workspace.env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION}
-    state = str(tmp_path / "terraform.tfstate")
-    plan = str(tmp_path / "deploy.tfplan")
-    common = ("-input=false", "-no-color", f"-state={state}")
-
-    workspace.run(EXAMPLE, "init", "-input=false", "-no-color")
-    workspace.run(EXAMPLE, "plan", *common, f"-var-file={varfile}", f"-out={plan}")
-    planned = json.loads(workspace.run(EXAMPLE, "show", "-json", plan).stdout)
-    planned_types = {r["type"] for r in planned["resource_changes"] if r["change"]["actions"] == ["create"]}
+def test_example_applies_on_moto_and_everything_declared_exists(deployment: Deployment) -> None:
+    planned_types = {r["type"] for r in deployment.planned["resource_changes"] if r["change"]["actions"] == ["create"]}
     assert {
         "aws_lambda_function",
         "aws_apigatewayv2_api",
@@ -170,18 +133,12 @@ def test_example_applies_on_moto_and_everything_declared_exists(
         "aws_iam_role_policy",
         "aws_cloudwatch_log_group",
         "aws_lambda_event_source_mapping",
+        "aws_iam_instance_profile",
+        "aws_secretsmanager_secret",
+        "aws_secretsmanager_secret_version",
     } <= planned_types
-
-    workspace.run(EXAMPLE, "apply", *common, "-auto-approve", plan, timeout=900)
-    try:
-        outputs = {
-            k: v["value"]
-            for k, v in json.loads(workspace.run(EXAMPLE, "output", "-json", f"-state={state}").stdout).items()
-        }
-        _check_deployment(moto_url, name, outputs, subnets)
-    finally:
-        workspace.run(EXAMPLE, "destroy", *common, "-auto-approve", f"-var-file={varfile}", timeout=900)
-    _check_gone(moto_url, name, outputs)
+    _check_deployment(deployment.moto_url, deployment.name, deployment.outputs, deployment.subnets)
+    _check_instance_identity(deployment)
 
 
 def _check_deployment(url: str, name: str, outputs: dict[str, Any], subnets: list[str]) -> None:
@@ -262,6 +219,288 @@ def _check_deployment(url: str, name: str, outputs: dict[str, Any], subnets: lis
     from tests.test_terraform_module import policy_actions
 
     assert applied == policy_actions("broker")
+
+
+def _check_instance_identity(deployment: Deployment) -> None:
+    """The function's environment names the instance profile, security group, checkpoint store, the generated
+    secrets and the API's URL, and each exists as declared."""
+    outputs, name = deployment.outputs, deployment.name
+    env = deployment.function_environment()
+    assert env["OVERSPILL_AWS_INSTANCE_PROFILE"] == outputs["instance_profile_arn"]
+    assert json.loads(env["OVERSPILL_AWS_SECURITY_GROUP_IDS"]) == [outputs["instance_security_group_id"]]
+    assert env["OVERSPILL_AWS_IMDS_V2_REQUIRED"] == "true"
+    bucket = outputs["checkpoint_bucket"]
+    assert json.loads(env["OVERSPILL_CHECKPOINT_STORES"]) == {f"aws/{REGION}": f"s3://{bucket}/overspill/"}
+    assert env["OVERSPILL_PUBLIC_URL"] == outputs["api_url"]
+    assert env["OVERSPILL_CALLBACK_SECRET_ARN"] == outputs["callback_secret_arn"]
+    assert env["OVERSPILL_METRICS_TOKEN_ARN"] == outputs["metrics_token_secret_arn"]
+    assert not {"OVERSPILL_CALLBACK_SECRET", "OVERSPILL_METRICS_TOKEN"} & set(env)  # values never in the environment
+
+    sm = deployment.client("secretsmanager")
+    for arn in (outputs["callback_secret_arn"], outputs["metrics_token_secret_arn"]):
+        described = sm.describe_secret(SecretId=arn)
+        assert described["Name"].startswith(f"{name}/broker/") and described["KmsKeyId"] == outputs["kms_key_arn"]
+        value = sm.get_secret_value(SecretId=arn)["SecretString"]
+        assert len(value) == 64 and value.isalnum()
+
+    iam = deployment.client("iam")
+    profile = iam.get_instance_profile(InstanceProfileName=f"{name}-instances")["InstanceProfile"]
+    assert profile["Arn"] == outputs["instance_profile_arn"]
+    assert [r["RoleName"] for r in profile["Roles"]] == [f"{name}-instances"]
+    trust = profile["Roles"][0]["AssumeRolePolicyDocument"]
+    trust = json.loads(trust) if isinstance(trust, str) else trust
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+    from tests.test_terraform_module import policy_actions
+
+    assert _policy_actions(_role_policy(deployment, f"{name}-instances", "training-instance")) == policy_actions(
+        "instances"
+    )
+
+    group = deployment.client("ec2").describe_security_groups(GroupIds=[outputs["instance_security_group_id"]])
+    group = group["SecurityGroups"][0]
+    assert group["VpcId"] == deployment.vpc
+    assert group["IpPermissions"] == []  # no inbound access at all
+    egress = group["IpPermissionsEgress"]
+    assert [(e["IpProtocol"], [r["CidrIp"] for r in e.get("IpRanges", [])]) for e in egress if e.get("IpRanges")] == [
+        ("-1", ["0.0.0.0/0"])
+    ]
+
+
+def _role_policy(deployment: Deployment, role: str, policy: str) -> dict[str, Any]:
+    document = deployment.client("iam").get_role_policy(RoleName=role, PolicyName=policy)["PolicyDocument"]
+    return dict(json.loads(document) if isinstance(document, str) else document)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _policy_actions(document: dict[str, Any]) -> set[str]:
+    return {a for s in document["Statement"] for a in _listed(s["Action"])}
+
+
+def test_the_example_passes_the_production_start_up_checks(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The environment the module renders, its secrets read from (moto's) Secrets Manager, is one the broker starts
+    with in production: Settings' checks pass and the runtime builds. Without the callback secret it would not."""
+    env = _broker_environment(deployment, monkeypatch)
+    settings = serverless.settings_from_env(env)  # what the function's cold start does, database secret included
+    assert settings.env == "production"
+    assert len(settings.callback_secret) >= 32 and len(settings.metrics_token) >= 32
+    assert settings.public_url == deployment.outputs["api_url"]
+    assert settings.checkpoint_stores == {f"aws/{REGION}": f"s3://{deployment.outputs['checkpoint_bucket']}/overspill/"}
+    assert settings.database_url.startswith("postgresql+psycopg://")  # from the RDS-managed secret
+    local = settings.model_copy(update={"database_url": f"sqlite:///{tmp_path / 'broker.db'}"})
+    rt = build_runtime(local)  # the rest of start-up: migrations, bootstrap key, feeds and providers from settings
+    rt.engine.dispose()
+
+    monkeypatch.delenv("OVERSPILL_CALLBACK_SECRET_ARN")
+    with pytest.raises(
+        ValidationError, match=r"refusing to start in production: .*OVERSPILL_CALLBACK_SECRET must be set"
+    ):
+        serverless.settings_from_env(dict(os.environ))
+
+
+def _broker_environment(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The function's environment in this process, with AWS endpoints pointed at the moto server."""
+    for name in list(os.environ):
+        if name.startswith("OVERSPILL_"):
+            monkeypatch.delenv(name)
+    env = deployment.function_environment() | {
+        "OVERSPILL_SECRETS_ENDPOINT_URL": deployment.moto_url,
+        "OVERSPILL_AWS_ENDPOINT_URL": deployment.moto_url,
+    }
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
+    for k, v in (env | aws).items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def test_generated_secrets_are_in_neither_the_plan_nor_the_state(deployment: Deployment) -> None:
+    sm = deployment.client("secretsmanager")
+    values = [
+        sm.get_secret_value(SecretId=deployment.outputs[k])["SecretString"]
+        for k in ("callback_secret_arn", "metrics_token_secret_arn")
+    ]
+    state = deployment.state.read_text()
+    plan = json.dumps(deployment.planned)
+    assert '"secret_string_wo"' in state  # the write-only argument is there, without its value
+    for value in values:
+        assert value not in state and value not in plan
+
+
+# -- the broker policy as IAM evaluates it, against the requests the AWS adapter really sends ----------------------
+
+
+def _matches(pattern: str, value: str) -> bool:
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def _condition_holds(operator: str, key: str, expected: Any, context: dict[str, Any]) -> bool:
+    if key not in context:
+        return False  # IAM: a missing key fails every operator used here (none is ...IfExists)
+    actual = [str(v) for v in _listed(context[key])]
+    wanted = [str(v) for v in _listed(expected)]
+    if operator == "StringEquals":
+        return any(a in wanted for a in actual)
+    if operator in ("StringLike", "ArnLike"):
+        return any(_matches(w, a) for a in actual for w in wanted)
+    raise AssertionError(f"the evaluator does not implement {operator}: extend it before trusting the test")
+
+
+def allowed(policy: dict[str, Any], action: str, resource: str, context: dict[str, Any]) -> bool:
+    """Whether an identity policy with only Allow statements allows `action` on `resource` in `context` (IAM's rules
+    for the subset used: wildcard actions and resources, AND of conditions, OR of values)."""
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow", "the evaluator handles Allow statements only"
+        if not any(_matches(a.lower(), action.lower()) for a in _listed(statement["Action"])):
+            continue
+        if not any(_matches(r, resource) for r in _listed(statement["Resource"])):
+            continue
+        conditions = statement.get("Condition", {})
+        if all(_condition_holds(op, k, v, context) for op, kv in conditions.items() for k, v in kv.items()):
+            return True
+    return False
+
+
+def _capture(ec2: Any) -> list[tuple[str, dict[str, Any]]]:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        sent.append((model.name, dict(params)))
+
+    ec2.meta.events.register("provide-client-params.ec2.*", record)
+    return sent
+
+
+def _tags(params: dict[str, Any], resource_type: str) -> dict[str, str]:
+    for spec in params.get("TagSpecifications", []):
+        if spec["ResourceType"] == resource_type:
+            return {t["Key"]: t["Value"] for t in spec["Tags"]}
+    return {}
+
+
+def _request_context(tags: dict[str, str], region: str = REGION, **more: Any) -> dict[str, Any]:
+    return {"aws:RequestedRegion": region, **{f"aws:RequestTag/{k}": v for k, v in tags.items()}, **more}
+
+
+def test_the_broker_policy_admits_the_adapters_launches_and_nothing_else(deployment: Deployment) -> None:
+    """The applied broker policy, evaluated for each resource of the requests providers/aws.py sends (captured
+    against moto, with the launch settings the module renders): the broker's own launches pass, and a launch with
+    another broker's tag, in another region, from another AMI or into another security group does not; tags only at
+    creation; the instance role only, and only to EC2."""
+    from providers.aws import AwsProvider
+    from providers.model import BROKER_TAG, CapacityType
+    from tests.provider_contract import ContractEnv
+    from tests.test_provider_aws import offering
+
+    outputs, env = deployment.outputs, deployment.function_environment()
+    policy = _role_policy(deployment, f"{deployment.name}-broker", "broker")
+    account = deployment.client("sts").get_caller_identity()["Account"]
+    arn = f"arn:aws:ec2:{REGION}:{account}"
+    broker_id, ami = env["OVERSPILL_BROKER_ID"], env["OVERSPILL_AWS_IMAGE_ID"]
+    profile = {"Arn": env["OVERSPILL_AWS_INSTANCE_PROFILE"]}
+    groups = json.loads(env["OVERSPILL_AWS_SECURITY_GROUP_IDS"])
+    ec2 = deployment.client("ec2")
+    sent = _capture(ec2)
+
+    for use_fleet in (False, True):
+        provider = AwsProvider(
+            {REGION: ec2},
+            broker_id=broker_id,
+            image_id_for=ami,
+            use_fleet=use_fleet,
+            run_params={"IamInstanceProfile": profile, "SecurityGroupIds": groups},
+        )
+        provider.launch(ContractEnv(provider, offering(CapacityType.SPOT), broker_id=broker_id).request())
+    calls = {op: params for op, params in sent if op != "DescribeInstances"}
+    assert set(calls) == {"RunInstances", "CreateLaunchTemplate", "CreateFleet", "DeleteLaunchTemplate"}
+
+    run = calls["RunInstances"]
+    instance, volume = _tags(run, "instance"), _tags(run, "volume")
+    assert instance[BROKER_TAG] == broker_id and volume[BROKER_TAG] == broker_id
+    launched = {
+        f"{arn}:instance/i-0123456789abcdef0": _request_context(instance),
+        f"{arn}:volume/vol-0123456789abcdef0": _request_context(volume),
+        f"arn:aws:ec2:{REGION}::image/{run['ImageId']}": _request_context({}),
+        f"arn:aws:ec2:{REGION}::snapshot/snap-0123456789abcdef0": _request_context({}),
+        f"{arn}:subnet/{deployment.subnets[0]}": _request_context({}),
+        f"{arn}:network-interface/eni-0123456789abcdef0": _request_context({}),
+        f"{arn}:spot-instances-request/sir-01234567": _request_context({}),
+        **{f"{arn}:security-group/{g}": _request_context({}) for g in run["SecurityGroupIds"]},
+    }
+    for resource, context in launched.items():
+        assert allowed(policy, "ec2:RunInstances", resource, context), resource
+    for resource, tags in ((f"{arn}:instance/i-0123456789abcdef0", instance), (f"{arn}:volume/vol-0", volume)):
+        assert allowed(
+            policy, "ec2:CreateTags", resource, _request_context(tags, **{"ec2:CreateAction": "RunInstances"})
+        )
+    role = deployment.client("iam").get_role(RoleName=f"{deployment.name}-instances")["Role"]["Arn"]
+    assert allowed(policy, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"})
+
+    template_tags = _tags(calls["CreateLaunchTemplate"], "launch-template")
+    template = f"{arn}:launch-template/lt-0123456789abcdef0"
+    assert calls["CreateLaunchTemplate"]["LaunchTemplateName"].startswith("overspill-")
+    assert allowed(policy, "ec2:CreateLaunchTemplate", template, _request_context(template_tags))
+    assert allowed(
+        policy,
+        "ec2:CreateTags",
+        template,
+        _request_context(template_tags, **{"ec2:CreateAction": "CreateLaunchTemplate"}),
+    )
+    owned = {"aws:RequestedRegion": REGION, f"aws:ResourceTag/{BROKER_TAG}": template_tags[BROKER_TAG]}
+    for action in ("ec2:CreateFleet", "ec2:DeleteLaunchTemplate", "ec2:RunInstances"):
+        assert allowed(policy, action, template, owned), action
+    fleet_tags = _tags(calls["CreateFleet"], "fleet")
+    assert allowed(policy, "ec2:CreateFleet", f"{arn}:fleet/fleet-0123", _request_context(fleet_tags))
+    data = calls["CreateLaunchTemplate"]["LaunchTemplateData"]
+    for resource_type in ("instance", "volume"):
+        tags = _tags(data, resource_type)
+        assert allowed(policy, "ec2:CreateFleet", f"{arn}:{resource_type}/x-0", _request_context(tags)), resource_type
+
+    # ... and what must not pass
+    other_broker = {**instance, BROKER_TAG: "someone-else"}
+    refused = [
+        ("ec2:RunInstances", f"{arn}:instance/i-0", _request_context(other_broker)),
+        (
+            "ec2:RunInstances",
+            f"{arn}:instance/i-0",
+            _request_context({k: v for k, v in instance.items() if k != BROKER_TAG}),
+        ),
+        ("ec2:RunInstances", f"{arn}:volume/vol-0", _request_context(other_broker)),
+        ("ec2:RunInstances", f"arn:aws:ec2:eu-west-1:{account}:instance/i-0", _request_context(instance, "eu-west-1")),
+        ("ec2:RunInstances", f"arn:aws:ec2:{REGION}::image/ami-0badbadbadbadbad0", _request_context({})),
+        ("ec2:RunInstances", f"{arn}:security-group/sg-0123456789abcdef0", _request_context({})),
+        ("ec2:CreateTags", f"{arn}:instance/i-0", _request_context(instance)),  # an existing instance: no CreateAction
+        (
+            "ec2:CreateTags",
+            f"{arn}:instance/i-0",
+            _request_context(other_broker, **{"ec2:CreateAction": "RunInstances"}),
+        ),
+        ("ec2:CreateLaunchTemplate", template, _request_context({})),
+        ("ec2:DeleteLaunchTemplate", template, {"aws:RequestedRegion": REGION, f"aws:ResourceTag/{BROKER_TAG}": "x"}),
+        ("ec2:RunInstances", template, {"aws:RequestedRegion": REGION}),  # someone else's untagged template
+        ("ec2:CreateFleet", template, _request_context(fleet_tags)),  # a tagged fleet from someone else's template
+        ("ec2:TerminateInstances", f"{arn}:instance/i-0", {f"aws:ResourceTag/{BROKER_TAG}": "someone-else"}),
+        ("iam:PassRole", role, {"iam:PassedToService": "lambda.amazonaws.com"}),
+        (
+            "iam:PassRole",
+            f"arn:aws:iam::{account}:role/{deployment.name}-broker",
+            {"iam:PassedToService": "ec2.amazonaws.com"},
+        ),
+    ]
+    for action, resource, context in refused:
+        assert not allowed(policy, action, resource, context), (action, resource, context)
+    assert allowed(
+        policy, "ec2:TerminateInstances", f"{arn}:instance/i-0", {f"aws:ResourceTag/{BROKER_TAG}": broker_id}
+    )
+    assert outputs["instance_security_group_id"] in groups
+
+
+def test_example_destroys_cleanly(deployment: Deployment) -> None:
+    deployment.destroy()
+    _check_gone(deployment.moto_url, deployment.name, deployment.outputs)
 
 
 def _check_gone(url: str, name: str, outputs: dict[str, Any]) -> None:

@@ -8,7 +8,15 @@
   {"overspill_task": NAME}.
 - Interruption rules: the EC2 detail-types providers/aws.py parses, delivered to the queue the function consumes
   with ReportBatchItemFailures.
-- Environment: every variable the function gets is a Settings field or one broker/serverless.py reads.
+- Launch scoping: every EC2 launch statement is limited to the configured regions; what a launch creates must carry
+  this broker's tag; images, launch templates, security groups are this deployment's; PassRole is the instance
+  role's, to EC2 only. (tests/test_terraform_deploy.py evaluates the applied policy against the adapter's requests.)
+- The training instances' role: exactly the broker's checkpoint-store layout (P tenants/*, P _agent/* read-only),
+  the jobs' secrets, ECR pulls when configured, the key through S3/Secrets Manager; their security group has no
+  ingress.
+- Secrets: the callback secret and metrics token are generated write-only and reach the function as ARNs.
+- Environment: every variable the function gets is a Settings field or one broker/serverless.py reads (or one the
+  workload plane is adding, `WORKLOAD_PLANE_SETTINGS`).
 - Variables have descriptions and types, outputs descriptions; the provider version is pinned.
 """
 
@@ -43,9 +51,11 @@ NOT_DEPLOYED = {
 
 # IAM actions for operations whose action is not "<service>:<OperationName>", or that need more than one.
 IAM_ACTIONS: dict[tuple[str, str], frozenset[str]] = {
-    # TagSpecifications at launch need ec2:CreateTags; CreateFleet launches through RunInstances.
-    ("ec2", "run_instances"): frozenset({"ec2:RunInstances", "ec2:CreateTags"}),
-    ("ec2", "create_fleet"): frozenset({"ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags"}),
+    # TagSpecifications at launch need ec2:CreateTags; CreateFleet launches through RunInstances; an instance
+    # profile (the training instances' role) needs iam:PassRole.
+    ("ec2", "run_instances"): frozenset({"ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"}),
+    ("ec2", "create_fleet"): frozenset({"ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"}),
+    ("ec2", "create_launch_template"): frozenset({"ec2:CreateLaunchTemplate", "ec2:CreateTags"}),
     ("sqs", "delete_message_batch"): frozenset({"sqs:DeleteMessage"}),
     # Objects are SSE-KMS encrypted with the module's key: reads decrypt, writes generate data keys.
     ("s3", "head_object"): frozenset({"s3:GetObject", "kms:Decrypt"}),
@@ -58,6 +68,12 @@ IAM_ACTIONS: dict[tuple[str, str], frozenset[str]] = {
     ("s3", "list_objects_v2"): frozenset({"s3:ListBucket"}),
     ("secretsmanager", "get_secret_value"): frozenset({"secretsmanager:GetSecretValue", "kms:Decrypt"}),
 }
+
+# Settings the workload-plane branch adds (instance profile, security groups, IMDSv2 at launch); the module already
+# passes them. Once that branch is merged they are Settings fields and this set is redundant.
+WORKLOAD_PLANE_SETTINGS = frozenset(
+    {"OVERSPILL_AWS_INSTANCE_PROFILE", "OVERSPILL_AWS_SECURITY_GROUP_IDS", "OVERSPILL_AWS_IMDS_V2_REQUIRED"}
+)
 
 # What Lambda itself needs on the function's behalf (aws_iam_role_policy.platform), not the broker's code.
 PLATFORM_ACTIONS = frozenset(
@@ -241,10 +257,190 @@ def test_terminate_is_limited_to_this_brokers_instances() -> None:
     terminate = next(s for s in statements if "ec2:TerminateInstances" in s["actions"])
     assert terminate["actions"] == ["ec2:TerminateInstances"]
     condition = terminate["condition"][0]
-    assert condition["variable"] == f"aws:ResourceTag/{BROKER_TAG}"
+    assert condition["variable"] == "aws:ResourceTag/${local.broker_tag}" and local("broker_tag") == BROKER_TAG
     assert condition["values"] == ["${var.broker_id}"]
     env = local("broker_environment")
     assert env["OVERSPILL_BROKER_ID"] == "${var.broker_id}"  # the tag the broker writes is the one IAM checks
+
+
+LAUNCH_ACTIONS = frozenset(
+    {"ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate", "ec2:DeleteLaunchTemplate", "ec2:CreateTags"}
+)
+
+
+def statements(document: str) -> list[dict[str, Any]]:
+    """The statements of a policy document, those in `dynamic "statement"` blocks included (with `dynamic`)."""
+    spec = named("data", "aws_iam_policy_document", document)
+    found = [dict(s) for s in spec.get("statement", [])]
+    for block in spec.get("dynamic", []):
+        for content in block["statement"]["content"]:
+            found.append({**content, "dynamic": block["statement"]["for_each"]})
+    return found
+
+
+def conditions(statement: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    return {c["variable"]: (c["test"], c["values"]) for c in statement.get("condition", [])}
+
+
+def test_launch_statements_are_limited_to_the_configured_regions_and_this_brokers_tag() -> None:
+    from providers.model import BROKER_TAG
+
+    assert local("broker_tag") == BROKER_TAG
+    launch = [s for s in statements("broker") if set(s["actions"]) & LAUNCH_ACTIONS]
+    assert len(launch) >= 6
+    for statement in launch:
+        assert conditions(statement)["aws:RequestedRegion"] == ("StringEquals", "${local.regions}"), statement["sid"]
+        resources = statement["resources"]
+        text = resources if isinstance(resources, str) else " ".join(resources)
+        assert "*:${local.account}:*" not in text and text != "*", statement["sid"]  # no "any EC2 resource"
+    tag = "aws:RequestTag/${local.broker_tag}"
+    created = {s["sid"]: s for s in launch if "instance/*" in str(s["resources"]) or "fleet/*" in str(s["resources"])}
+    created_by_launch = {sid: s for sid, s in created.items() if not set(s["actions"]) <= {"ec2:TerminateInstances"}}
+    for sid, statement in created_by_launch.items():
+        assert conditions(statement)[tag] == ("StringEquals", ["${var.broker_id}"]), sid
+    tagging = next(s for s in launch if s["actions"] == ["ec2:CreateTags"])
+    assert conditions(tagging)["ec2:CreateAction"][1] == ["CreateFleet", "CreateLaunchTemplate", "RunInstances"]
+    assert conditions(tagging)[tag] == ("StringEquals", ["${var.broker_id}"])
+    own_templates = next(s for s in launch if "ec2:DeleteLaunchTemplate" in s["actions"])
+    assert conditions(own_templates)["aws:ResourceTag/${local.broker_tag}"] == ("StringEquals", ["${var.broker_id}"])
+    assert "launch-template/*" in str(own_templates["resources"]) and "instance/" not in str(own_templates["resources"])
+
+
+def test_launches_use_only_the_allowed_images_and_the_instances_security_group() -> None:
+    launch = [s for s in statements("broker") if {"ec2:RunInstances", "ec2:CreateFleet"} & set(s["actions"])]
+    image_statements = [s for s in launch if "image/" in str(s["resources"])]
+    assert {s["sid"] for s in image_statements} == {"Ec2LaunchAllowedImages", "Ec2LaunchImagesOfAllowedOwners"}
+    by_id = next(s for s in image_statements if s["sid"] == "Ec2LaunchAllowedImages")
+    assert "image/${i}" in by_id["resources"] and "local.image_ids" in by_id["resources"]
+    assert "local.image_ids" in by_id["dynamic"]  # no images configured: no image statement, no launch
+    by_owner = next(s for s in image_statements if s["sid"] == "Ec2LaunchImagesOfAllowedOwners")
+    assert conditions(by_owner)["ec2:Owner"] == ("StringEquals", "${var.aws_allowed_image_owners}")
+    assert local("image_ids") == (
+        "${length(var.aws_allowed_image_ids) > 0 ? var.aws_allowed_image_ids : compact([var.aws_image_id])}"
+    )
+    network = next(s for s in launch if s["sid"] == "Ec2LaunchNetwork")
+    assert "security-group/${aws_security_group.instances.id}" in network["resources"]
+    assert "security-group/*" not in network["resources"]
+
+
+def test_pass_role_is_the_instance_roles_and_only_to_ec2() -> None:
+    passing = [s for s in statements("broker") if "iam:PassRole" in s["actions"]]
+    assert len(passing) == 1
+    assert passing[0]["actions"] == ["iam:PassRole"]
+    assert passing[0]["resources"] == ["${aws_iam_role.instances.arn}"]
+    assert conditions(passing[0]) == {"iam:PassedToService": ("StringEquals", ["ec2.amazonaws.com"])}
+    for document in ("platform", "scheduler", "instances"):
+        assert not any("iam:" in a for s in statements(document) for a in s["actions"]), document
+    profile = named("resource", "aws_iam_instance_profile", "instances")
+    assert profile["role"] == "${aws_iam_role.instances.name}"
+    env = local("broker_environment")
+    assert env["OVERSPILL_AWS_INSTANCE_PROFILE"] == "${aws_iam_instance_profile.instances.arn}"
+
+
+def test_instance_role_may_touch_the_tenant_areas_and_read_the_agent_wheel_only() -> None:
+    by_sid = {s["sid"]: s for s in statements("instances")}
+    bucket = "${aws_s3_bucket.checkpoints.arn}"
+    prefix = "${local.checkpoint_prefix}"
+    assert local("checkpoint_prefix") == "overspill/"
+    objects = by_sid["TenantObjects"]
+    assert set(objects["actions"]) == {
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListMultipartUploadParts",
+    }
+    assert objects["resources"] == [f"{bucket}/{prefix}tenants/*"]
+    listing = by_sid["TenantListing"]
+    assert listing["actions"] == ["s3:ListBucket"] and listing["resources"] == [bucket]
+    assert conditions(listing) == {"s3:prefix": ("StringLike", [f"{prefix}tenants/*"])}
+    wheel = by_sid["AgentWheel"]
+    assert wheel["actions"] == ["s3:GetObject"] and wheel["resources"] == [f"{bucket}/{prefix}_agent/*"]
+    s3_resources = [
+        r for s in by_sid.values() if any(a.startswith("s3:") for a in s["actions"]) for r in s["resources"]
+    ]
+    assert not any("reports" in r for r in s3_resources)  # the reports bucket not at all
+    secrets = by_sid["JobSecrets"]
+    assert secrets["actions"] == ["secretsmanager:GetSecretValue"]
+    assert ":secret:${local.instance_secret_prefix}*" in secrets["resources"]
+    assert local("instance_secret_prefix") == '${coalesce(var.instance_secret_prefix, "${var.name}/jobs/")}'
+    key = by_sid["DataKeyThroughS3AndSecrets"]
+    assert set(key["actions"]) == {"kms:Decrypt", "kms:GenerateDataKey"} and key["resources"] == [
+        "${aws_kms_key.this.arn}"
+    ]
+    assert "kms:ViaService" in conditions(key)
+    assert by_sid["ImagePull"]["resources"] == "${var.instance_ecr_repository_arns}"
+    assert set(by_sid["ImagePull"]["actions"]) == {
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchCheckLayerAvailability",
+    }
+    assert by_sid["RegistryLogin"]["actions"] == ["ecr:GetAuthorizationToken"]
+    assert "instance_ecr_repository_arns" in by_sid["ImagePull"]["dynamic"]  # none given: no ECR access
+    assert set(by_sid) == {
+        "TenantObjects",
+        "TenantListing",
+        "AgentWheel",
+        "JobSecrets",
+        "DataKeyThroughS3AndSecrets",
+        "RegistryLogin",
+        "ImagePull",
+    }
+
+
+def test_instance_security_group_has_no_ingress() -> None:
+    group = named("resource", "aws_security_group", "instances")
+    assert "ingress" not in group and group["vpc_id"] == "${var.vpc_id}"
+    resources = module_blocks()["resource"]
+    ingress = [
+        spec
+        for block in resources
+        for kind in ("aws_vpc_security_group_ingress_rule", "aws_security_group_rule")
+        for spec in block.get(kind, {}).values()
+    ]
+    assert not any("instances" in str(spec.get("security_group_id")) for spec in ingress)
+    egress = [spec for block in resources for spec in block.get("aws_vpc_security_group_egress_rule", {}).values()]
+    own = [e for e in egress if e["security_group_id"] == "${aws_security_group.instances.id}"]
+    assert {(e["ip_protocol"], e.get("cidr_ipv4") or e.get("cidr_ipv6")) for e in own} == {
+        ("-1", "0.0.0.0/0"),
+        ("-1", "::/0"),
+    }
+    env = local("broker_environment")
+    assert env["OVERSPILL_AWS_SECURITY_GROUP_IDS"] == "${jsonencode([aws_security_group.instances.id])}"
+    assert env["OVERSPILL_AWS_IMDS_V2_REQUIRED"] == "true"
+
+
+def test_metrics_token_and_callback_secret_are_generated_write_only_and_passed_as_arns() -> None:
+    generated = local("generated_secrets")
+    assert set(generated) == {"callback_secret", "metrics_token"}
+    version = named("resource", "aws_secretsmanager_secret_version", "generated")
+    assert "secret_string" not in version  # the value never enters the plan or the state
+    assert version["secret_string_wo"] == (
+        "${ephemeral.aws_secretsmanager_random_password.generated[each.key].random_password}"
+    )
+    assert version["secret_string_wo_version"] == "${var.generated_secrets_version}"
+    secret = named("resource", "aws_secretsmanager_secret", "generated")
+    assert secret["kms_key_id"] == "${aws_kms_key.this.arn}"
+    assert secret["name_prefix"].startswith("${var.name}/broker/")  # outside the instances' secret prefix
+    env = local("broker_environment")
+    assert env["OVERSPILL_METRICS_TOKEN_ARN"] == '${aws_secretsmanager_secret.generated["metrics_token"].arn}'
+    assert env["OVERSPILL_CALLBACK_SECRET_ARN"] == '${aws_secretsmanager_secret.generated["callback_secret"].arn}'
+    assert "OVERSPILL_METRICS_TOKEN" not in env and "OVERSPILL_CALLBACK_SECRET" not in env
+    reads = next(s for s in statements("broker") if s["sid"] == "BrokerSecrets")
+    assert "aws_secretsmanager_secret.generated" in str(reads["resources"])
+    function = named("resource", "aws_lambda_function", "broker")
+    assert "${aws_secretsmanager_secret_version.generated}" in function["depends_on"]
+    from broker.secrets import SECRET_FIELDS
+
+    assert {"callback_secret", "metrics_token"} <= set(SECRET_FIELDS)  # both can come from an ARN
+
+
+def test_checkpoint_store_is_the_checkpoint_bucket_under_the_stores_prefix() -> None:
+    env = local("broker_environment")
+    assert env["OVERSPILL_CHECKPOINT_STORES"] == (
+        '${jsonencode({"aws/${local.region}" = "s3://${aws_s3_bucket.checkpoints.id}/${local.checkpoint_prefix}"})}'
+    )
+    assert env["OVERSPILL_PUBLIC_URL"] == "${aws_apigatewayv2_api.this.api_endpoint}"
 
 
 def test_scheduler_may_only_invoke_the_function() -> None:
@@ -291,7 +487,7 @@ def test_function_environment_is_what_the_broker_reads() -> None:
     prefix = str(Settings.model_config.get("env_prefix", ""))
     settings_env = {prefix + name.upper() for name in Settings.model_fields}
     env = local("broker_environment")
-    unknown = set(env) - settings_env - serverless.OWN_ENV
+    unknown = set(env) - settings_env - serverless.OWN_ENV - WORKLOAD_PLANE_SETTINGS
     assert not unknown, f"the function gets variables nothing reads: {sorted(unknown)}"
     assert {
         serverless.SECRET_ARN_ENV,

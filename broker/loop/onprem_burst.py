@@ -1,47 +1,65 @@
 """Tick step: burst opted-in jobs waiting in the on-prem Slurm queue to the cloud, holding them there meanwhile.
 
-A Slurm user opts a job in with its comment: `overspill-burst` followed by an optional JSON object of job fields
-(`max_total_usd` is required; `image`, `command`, `work_gpu_hours` or `runtime_hours`, `team`, `project`,
-`deadline`, `max_hourly_usd`... as in POST /v1/jobs; the GPU type and count default to the Slurm request):
+A Slurm user opts a job in with its comment: `overspill-burst` followed by an optional JSON object of a few job
+fields, judged against the job's account policy (`broker.slurm_policy`: the account decides tenant, team,
+project, the largest ceiling, the images and the monthly budget; the comment may only narrow them):
 
-    sbatch --gres=gpu:a100:2 --comment='overspill-burst {"max_total_usd": "40", "image": "ghcr.io/x/train:1",
-           "work_gpu_hours": "16"}' train.sh
+    sbatch -A acme --gres=gpu:a100:2 --comment='overspill-burst {"max_total_usd": "40", "work_gpu_hours": "16"}' x.sh
 
-When such a job is pending for capacity (reasons Resources/Priority), the on-prem wait for its shape is longer
-than `burst_after_wait_hours`, and a cloud pool fits within its ceiling, the broker records a job for it (keyed by
-its Slurm id, so never twice) and holds the Slurm job with the reason. Afterwards, per tick:
-- the cloud job succeeded: the held Slurm job is cancelled (it ran elsewhere, exactly once);
-- the cloud job failed, was paused or cancelled, or could not be placed for `burst_give_up_minutes`: the broker
-  job is cancelled and the Slurm job released, back in its place in the queue.
-A crash between recording and holding is repaired by the next tick (holding converges).
+A job (or each pending task of an array, one at a time, keyed `<array>_<task>`) bursts when it is pending for
+capacity (Resources/Priority), its policy allows it, the on-prem wait for its shape exceeds
+`burst_after_wait_hours`, no hard budget of its team or project and not its account's monthly budget is spent,
+and a cloud pool fits its ceiling. Every decision to burst, refuse or drop is counted
+(`overspill_burst_decisions_total`), logged and written to the audit log with the Slurm user and account (a
+refusal once per job and reason in a day per process, not every tick).
+
+Exactly once. (1) Hold first: the Slurm job gets the broker's signed mark and `scontrol hold`. (2) Read it again:
+only if it is still PENDING and held by us (JobHeldAdmin + our mark) is (3) the broker job committed, keyed by its
+origin `<provider>:<target>` (unique, so two replicas cannot both commit it). If Slurm started it in between, the
+hold is undone (a running job keeps running) and nothing is recorded: it runs on-prem, once. A crash between (1)
+and (3) leaves a job held by us with no broker job: once its mark is `ORPHAN_GRACE` old, a replica records a
+cancelled job under that origin (so a late commit elsewhere fails on the unique origin) and releases it.
+
+Settling, per tick:
+- the cloud job succeeded: every pending dependent's dependency is rewritten as if the Slurm job had completed
+  (`afterok` dependents run, `afternotok` ones never do), then the held job (only that task) is cancelled
+  (`SlurmProvider.complete_held`); dependents submitted later are rewritten too while the success is recent;
+- the cloud job failed, was paused or cancelled, or found no pool within `burst_give_up_minutes`: the broker job is
+  cancelled and the Slurm job released: under priority/basic with its recorded priority (its place in the queue),
+  under other priority plugins by the release alone, so Slurm recomputes it and it keeps ageing.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from pydantic import ValidationError
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from broker.finance.budgets import budget_block_reason
+from broker.audit import record_system
+from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
 from broker.loop.place import extra_hourly, launchable_providers
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.tables import Job
+from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
+from broker.tables import CostEntryRow, Job
 from federation.placement import PlacementContext, place
 from providers.base import ProviderError
 from providers.model import JobState
+from providers.slurm import hold_note
 
 log = logging.getLogger(__name__)
 
-OPT_IN = "overspill-burst"
+ORPHAN_GRACE = timedelta(minutes=10)  # a hold older than this with no broker job was left by a crash
+REFUSAL_AUDIT_EVERY = timedelta(hours=24)
+DEPENDENT_SWEEP_DAYS = 7
+_UNFINISHED = (JobState.PENDING.value, JobState.RUNNING.value, JobState.PAUSED.value)
 
 
 def _burstable_providers(rt: Runtime) -> list[Any]:
@@ -49,7 +67,7 @@ def _burstable_providers(rt: Runtime) -> list[Any]:
 
 
 def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
-    """Returns the number of Slurm jobs newly burst."""
+    """Returns the number of Slurm jobs (or array tasks) newly burst."""
     burst = 0
     for provider in _burstable_providers(rt):
         try:
@@ -59,37 +77,59 @@ def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
             continue
         for q in queued:
             bind_job(None)
-            if q.burstable and OPT_IN in (q.job.comment or "") and q.held_by is None:
+            if q.held_by == provider.broker_id:
+                _repair_orphan(rt, provider, q, now)
+            elif q.burstable and OPT_IN in (q.job.comment or "") and q.held_by is None:
                 burst += _maybe_burst(rt, provider, q, now)
         _settle(rt, provider, now)
+        _sweep_dependents(rt, provider, now)
+    _forget_old_refusals(rt, now)
     return burst
 
 
-def _origin(provider: Any, job_id: int) -> str:
-    return f"{provider.name}:{job_id}"
+def _origin(provider: Any, target: str) -> str:
+    return f"{provider.name}:{target}"
+
+
+def _request(q: Any) -> SlurmRequest:
+    return SlurmRequest(
+        target=q.target,
+        name=q.job.name,
+        user=q.job.user,
+        account=q.job.account,
+        qos=q.job.qos,
+        partition=q.job.partitions[0] if q.job.partitions else "",
+        accelerator=q.accelerator,
+        gpus=q.gpus,
+        time_limit_minutes=q.job.time_limit,
+        comment=q.job.comment,
+    )
 
 
 def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
-    origin = _origin(provider, q.job.job_id)
+    origin = _origin(provider, q.target)
     with Session(rt.engine) as session:
-        existing = session.exec(select(Job).where(Job.origin == origin)).first()
-    if existing is not None:
-        if not existing.origin_settled:
-            _hold(provider, q.job.job_id, existing.id)  # a crash came between recording and holding
-        return 0
-    create = _spec_from_comment(q, [name for name in rt.providers if name != provider.name])
-    if create is None:
-        rt.metrics.burst_decision("stay", BurstReason.UNUSABLE_SPEC)
+        if session.exec(select(Job.id).where(Job.origin == origin)).first() is not None:
+            return 0  # burst once already (held now, or settled)
+    clouds = [name for name in rt.providers if name != provider.name]
+    decision = burst_request(_request(q), rt.settings.slurm_accounts, rt.settings.slurm_default_images, clouds)
+    if isinstance(decision, Refusal):
+        _refuse(rt, provider, q, decision, "", now)
         return 0
     wait = provider.model().expected_wait_hours(q.accelerator.upper(), q.gpus, now, work_hours=None)
     if wait < rt.settings.burst_after_wait_hours:
         rt.metrics.burst_decision("stay", BurstReason.SHORT_WAIT)
         return 0
-    job = _new_job(rt, create, origin, now)
+    job = _new_job(decision, origin, now, q)
     with Session(rt.engine) as session:
-        if budget_block_reason(session, job, now):
-            return 0  # its team's or project's hard budget is spent: it stays queued on-prem
-    book = rt.catalog.book(now)
+        hard = budget_block_reason(session, job, now)
+        over = _account_budget_refusal(session, provider, decision, now)
+    if hard:
+        _refuse(rt, provider, q, Refusal(BurstReason.HARD_BUDGET, hard), decision.policy.tenant, now)
+        return 0  # it stays queued on-prem
+    if over:
+        _refuse(rt, provider, q, over, decision.policy.tenant, now)
+        return 0
     spec = spec_of(job)
     ctx = PlacementContext(
         now=now,
@@ -98,9 +138,31 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         launchable=launchable_providers(rt),  # a pool nothing here launches on is no pool to burst to
         extra_hourly_usd=extra_hourly(rt),
     )
-    if place(spec, book, ctx) is None:
+    if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
+    try:
+        held = provider.hold(q.target, f"bursting to the cloud as overspill job {job.id}")
+    except ProviderError as exc:
+        log.warning("holding Slurm job %s failed: %s", q.target, exc)
+        return 0
+    if not held.held:
+        rt.metrics.burst_decision("drop", BurstReason.STARTED_ON_PREM)
+        _audit(rt, provider, q, "DROP", BurstReason.STARTED_ON_PREM, 409, decision.policy.tenant, now)
+        log.info("not bursting Slurm job %s: %s", q.target, held.detail)
+        return 0
+    job.spec["slurm"]["priority"] = held.priority
+    if not _commit(rt, job, q, wait, now):
+        return 0
+    rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
+    _audit(rt, provider, q, "BURST", BurstReason.LONG_WAIT, 202, job.tenant, now, ref=job.id)
+    bind_job(job)
+    log.info("bursting Slurm job %s to the cloud", q.target, extra={"expected_onprem_wait_hours": wait})
+    return 1
+
+
+def _commit(rt: Runtime, job: Job, q: Any, wait: float, now: datetime) -> bool:
+    """Record the burst; False when its origin is already taken (another replica's commit, or an orphan repair)."""
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(job)
         add_event(
@@ -108,65 +170,162 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
             job,
             now,
             "burst_from_onprem",
-            f"Slurm job {q.job.job_id} waited for {q.reason}; expected on-prem wait {wait:.1f} h: bursting",
-            slurm_job_id=q.job.job_id,
+            f"Slurm job {q.target} of {q.job.user}/{q.job.account} waited for {q.reason}; "
+            f"expected on-prem wait {wait:.1f} h: bursting",
+            slurm_job_id=q.target,
+            slurm_user=q.job.user,
+            slurm_account=q.job.account,
             expected_onprem_wait_hours=round(wait, 2),
         )
-        session.commit()
-    _hold(provider, q.job.job_id, job.id)
-    rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
-    bind_job(job)
-    log.info("bursting Slurm job %s to the cloud", q.job.job_id, extra={"expected_onprem_wait_hours": wait})
-    return 1
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            log.info("Slurm job %s was burst by another replica or given back: not committing", q.target)
+            return False
+    return True
 
 
-def _hold(provider: Any, slurm_job_id: int, broker_job_id: str) -> None:
-    try:
-        provider.hold(slurm_job_id, f"bursting to the cloud as overspill job {broker_job_id}")
-    except ProviderError as exc:
-        log.warning("holding Slurm job %s failed: %s", slurm_job_id, exc)
-
-
-def _spec_from_comment(q: Any, cloud_providers: list[str]) -> JobCreate | None:
-    text = q.job.comment.split(OPT_IN, 1)[1].strip()
-    try:
-        fields: dict[str, Any] = json.loads(text) if text else {}
-        fields.setdefault("name", q.job.name or f"slurm-{q.job.job_id}")
-        fields.setdefault("image", "slurm-batch")
-        fields.setdefault("accelerators", [q.accelerator])
-        fields.setdefault("gpu_count", q.gpus)
-        if "work_gpu_hours" not in fields and "runtime_hours" not in fields:
-            limit = q.job.time_limit or 60
-            fields["runtime_hours"] = str(Decimal(limit) / 60)
-        fields.setdefault("allowed_providers", cloud_providers)
-        return JobCreate(**fields)
-    except (ValueError, ValidationError) as exc:
-        log.warning("Slurm job %s asks to burst but its spec is unusable: %s", q.job.job_id, exc)
-        return None
-
-
-def _new_job(rt: Runtime, create: JobCreate, origin: str, now: datetime) -> Job:
+def _new_job(request: BurstRequest, origin: str, now: datetime, q: Any) -> Job:
+    create = request.create
+    spec = create.model_dump(mode="json")
+    spec["slurm"] = {"target": q.target, "user": q.job.user, "account": q.job.account, "priority": None}
     job = Job(
         id=new_id("job"),
-        tenant=rt.settings.bootstrap_tenant,
+        tenant=request.policy.tenant,
         team=create.team,
         project=create.project,
         name=create.name,
-        spec=create.model_dump(mode="json"),
+        spec=spec,
         state=JobState.PENDING.value,
         wait_reason="burst from the on-prem queue; waiting for the next placement round",
         priority=create.priority,
         max_total_usd=create.max_total_usd,
         max_hourly_usd=create.max_hourly_usd,
         deadline_at=create.deadline,
-        checkpoint_uri=create.checkpoint_uri,
+        checkpoint_uri=None,  # never from the comment: the broker derives checkpoint locations
         origin=origin,
         created_at=now,
         updated_at=now,
     )
-    spec = spec_of(job)
-    job.work_hours = job.remaining_work_hours = spec.work_hours
+    job.work_hours = job.remaining_work_hours = spec_of(job).work_hours
     return job
+
+
+def _account_budget_refusal(session: Session, provider: Any, request: BurstRequest, now: datetime) -> Refusal | None:
+    """The account's monthly budget: this month's ledger spend of its bursts, plus what its unfinished bursts may
+    still spend (their ceilings left), plus this job's ceiling, must fit. Ceilings are promises, so the budget is
+    never overrun."""
+    budget = request.policy.monthly_budget_usd
+    if budget is None:
+        return None
+    start, _ = month_window(now)
+    rows = session.exec(
+        select(Job.id, Job.spec, Job.state, Job.max_total_usd, Job.spent_usd).where(
+            col(Job.origin).startswith(f"{provider.name}:"), Job.tenant == request.policy.tenant
+        )
+    ).all()
+    mine = [r for r in rows if (r[1].get("slurm") or {}).get("account") == request.account]
+    spent = Decimal(0)
+    if mine:
+        total = session.exec(
+            select(func.coalesce(func.sum(CostEntryRow.usd), 0)).where(
+                col(CostEntryRow.job_id).in_([r[0] for r in mine]), CostEntryRow.period_start_at >= start
+            )
+        ).one()
+        spent = Decimal(str(total))
+    reserved = sum((r[3] - r[4] for r in mine if r[2] in _UNFINISHED), Decimal(0))
+    need = request.create.max_total_usd
+    if spent + reserved + need <= budget:
+        return None
+    return Refusal(
+        BurstReason.ACCOUNT_BUDGET,
+        f"account {request.account}: ${spent} spent this month + ${reserved} reserved by running bursts + "
+        f"${need} for this one exceeds its monthly_budget_usd ${budget}",
+    )
+
+
+def _refuse(rt: Runtime, provider: Any, q: Any, refusal: Refusal, tenant: str, now: datetime) -> None:
+    rt.metrics.burst_decision("refuse", refusal.reason)
+    key = f"burst-refusal:{provider.name}:{q.target}:{refusal.reason}"
+    last = rt.marks.get(key)
+    if last is not None and now - last < REFUSAL_AUDIT_EVERY:
+        return
+    rt.marks[key] = now
+    log.warning("Slurm job %s asks to burst, refused (%s): %s", q.target, refusal.reason, refusal.message)
+    _audit(rt, provider, q, "REFUSE", refusal.reason, 403, tenant, now)
+
+
+def _forget_old_refusals(rt: Runtime, now: datetime) -> None:
+    for key in [k for k, at in rt.marks.items() if k.startswith("burst-refusal:") and now - at >= REFUSAL_AUDIT_EVERY]:
+        del rt.marks[key]
+
+
+def _audit(
+    rt: Runtime, provider: Any, q: Any, action: str, reason: str, status: int, tenant: str, now: datetime, ref: str = ""
+) -> None:
+    record_system(
+        rt.engine,
+        at=now,
+        tenant=tenant,
+        action=action,
+        subject=f"/slurm/{provider.name}/jobs/{q.target}",
+        reason=reason,
+        status=status,
+        actor=f"slurm user={q.job.user} account={q.job.account}",
+        ref=ref,
+    )
+
+
+def _repair_orphan(rt: Runtime, provider: Any, q: Any, now: datetime) -> None:
+    """A job held by this broker with no burst recorded (a crash between hold and commit): after the grace,
+    take its origin with a cancelled job (a late commit then fails) and give the job back to the queue."""
+    origin = _origin(provider, q.target)
+    with Session(rt.engine) as session:
+        if session.exec(select(Job.id).where(Job.origin == origin)).first() is not None:
+            return
+    marked = _mark_time(q.job.comment)
+    if marked is None or now - marked < ORPHAN_GRACE:
+        return
+    policy = policy_for(rt.settings.slurm_accounts, q.job.account)
+    tenant = policy.tenant if policy is not None else rt.settings.bootstrap_tenant
+    tomb = Job(
+        id=new_id("job"),
+        tenant=tenant,
+        team="default",
+        project="default",
+        name=f"slurm-{q.target}",
+        spec={"image": "none", "accelerators": [q.accelerator], "gpu_count": q.gpus, "max_total_usd": "0"},
+        state=JobState.CANCELLED.value,
+        wait_reason="an on-prem hold left without a burst (a crash): released back to Slurm",
+        origin=origin,
+        origin_settled=True,
+        created_at=now,
+        updated_at=now,
+        finished_at=now,
+    )
+    with Session(rt.engine) as session:
+        session.add(tomb)
+        try:
+            session.commit()
+        except IntegrityError:
+            return  # committed meanwhile: it is a real burst
+    try:
+        provider.release(q.target, owned=True)
+    except ProviderError as exc:
+        log.warning("releasing orphaned hold on Slurm job %s failed: %s", q.target, exc)
+        return
+    rt.metrics.burst_decision("release", BurstReason.ORPHAN_HOLD)
+    _audit(rt, provider, q, "RELEASE", BurstReason.ORPHAN_HOLD, 200, tenant, now, ref=tomb.id)
+    log.warning("released Slurm job %s: held by this broker with no burst recorded", q.target)
+
+
+def _mark_time(comment: str) -> datetime | None:
+    note = hold_note(comment) or {}
+    try:
+        return datetime.strptime(note.get("at", ""), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
@@ -178,29 +337,36 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         ).all()
     for job in jobs:
         bind_job(job)
-        slurm_id = int(str(job.origin).split(":", 1)[1])
+        target = str(job.origin).split(":", 1)[1]
+        slurm = job.spec.get("slurm") or {}
         if job.state == JobState.SUCCEEDED.value:
-            action, message = "cancel", f"ran in the cloud as {job.id}; the held Slurm job is cancelled"
-            reason = BurstReason.CLOUD_SUCCEEDED
+            action, reason = "complete", BurstReason.CLOUD_SUCCEEDED
         elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value):
-            action, message = "release", f"cloud job {job.state}; Slurm job {slurm_id} released on-prem"
-            reason = BurstReason.CLOUD_ENDED + job.state
+            action, reason = "release", BurstReason.CLOUD_ENDED + job.state
         elif job.state == JobState.PENDING.value and now - job.created_at >= give_up:
-            action, message = "release", f"no cloud placement within {give_up}; Slurm job {slurm_id} released on-prem"
-            reason = BurstReason.GAVE_UP
+            action, reason = "release", BurstReason.GAVE_UP
         else:
             continue
+        dependents: list[str] = []
         try:
-            if action == "cancel":
-                provider.cancel_held(slurm_id)
+            if action == "complete":
+                dependents = provider.complete_held(target, owned=True)
+                message = f"ran in the cloud as {job.id}; the held Slurm job {target} ended as done"
+                if dependents:
+                    message += f" (dependencies of {', '.join(dependents)} rewritten)"
             else:
-                provider.release(slurm_id)
+                provider.release(target, priority=slurm.get("priority"), owned=True)
+                message = f"cloud job {job.state}; Slurm job {target} released on-prem"
+                if reason == BurstReason.GAVE_UP:
+                    message = f"no cloud placement within {give_up}; Slurm job {target} released on-prem"
         except ProviderError as exc:
-            log.warning("settling Slurm job %s failed (retried next tick): %s", slurm_id, exc)
+            log.warning("settling Slurm job %s failed (retried next tick): %s", target, exc)
             continue
         with Session(rt.engine) as session:
             row = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
             row.origin_settled = True
+            if action == "complete":  # the sweep must not touch these again (an afternotok turned afterok)
+                row.spec = {**row.spec, "slurm": {**slurm, "dependents": dependents}}
             if action == "release" and row.state in (JobState.PENDING.value, JobState.PAUSED.value):
                 # the job now runs on-prem: the cloud side must never be resumed or placed again
                 row.state = JobState.CANCELLED.value
@@ -208,7 +374,43 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
                 row.wait_reason = "returned to the on-prem queue"
             row.updated_at = now
             session.add(row)
-            add_event(session, row, now, "onprem_" + ("cancelled" if action == "cancel" else "released"), message)
+            add_event(session, row, now, "onprem_" + ("completed" if action == "complete" else "released"), message)
             session.commit()
-        rt.metrics.burst_decision("cancel_onprem" if action == "cancel" else "release", reason)
+        rt.metrics.burst_decision("cancel_onprem" if action == "complete" else "release", reason)
+        record_system(
+            rt.engine,
+            at=now,
+            tenant=job.tenant,
+            action="SETTLE",
+            subject=f"/slurm/{provider.name}/jobs/{target}",
+            reason=reason,
+            status=200,
+            actor=f"slurm user={slurm.get('user', '')} account={slurm.get('account', '')}",
+            ref=job.id,
+        )
         log.info(message)
+
+
+def _sweep_dependents(rt: Runtime, provider: Any, now: datetime) -> None:
+    """Dependents submitted after a burst's Slurm job was ended get their dependency rewritten too."""
+    since = now - timedelta(days=DEPENDENT_SWEEP_DAYS)
+    with Session(rt.engine) as session:
+        rows = session.exec(
+            select(Job.origin, Job.spec).where(
+                col(Job.origin).startswith(f"{provider.name}:"),
+                Job.origin_settled == True,  # noqa: E712
+                Job.state == JobState.SUCCEEDED.value,
+                col(Job.updated_at) >= since,
+            )
+        ).all()
+    targets = [str(origin).split(":", 1)[1] for origin, _ in rows]
+    if not targets:
+        return
+    done = {d for _, spec in rows for d in (spec.get("slurm") or {}).get("dependents", [])}
+    try:
+        rewritten = provider.sweep_dependents(targets, done)
+    except ProviderError as exc:
+        log.warning("rewriting late dependents on %s failed: %s", provider.name, exc)
+        return
+    if rewritten:
+        log.info("rewrote the dependencies of %s: their burst dependency ran in the cloud", ", ".join(rewritten))

@@ -223,13 +223,30 @@ def choose_pool(
     over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if over_budget:
         book = onprem_only(book, now)
+    refused = tenant_refusals(rt, job.tenant)
+    if refused:  # e.g. Slurm without a submit identity for this tenant: never run it as the broker's account
+        book = PriceBook.build([o for o in book if o.provider not in refused], now, book.feed_observed_at)
     if spec.deadline_at is not None:
         best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
         reason = over_budget or reason or quote(spec, book, ctx).wait_reason()
+        if refused:
+            reason = f"{reason}; {'; '.join(refused.values())}"[:500]
     return best, reason, pause
+
+
+def tenant_refusals(rt: Runtime, tenant: str) -> dict[str, str]:
+    """Providers that will not run this tenant's jobs at all, with why (`refuses_tenant`, e.g. the Slurm provider
+    for a tenant with no submit identity): their pools are left out of its placement."""
+    out: dict[str, str] = {}
+    for name, provider in rt.providers.items():
+        refuses = getattr(provider, "refuses_tenant", None)
+        reason = refuses(tenant) if refuses is not None else None
+        if reason:
+            out[name] = reason
+    return out
 
 
 def refused_pools(session: Session, job: Job) -> frozenset[str]:

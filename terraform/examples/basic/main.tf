@@ -5,7 +5,7 @@
 # null to deploy to AWS.
 
 terraform {
-  required_version = ">= 1.5.0, < 2.0.0"
+  required_version = ">= 1.11.0, < 2.0.0"
 
   required_providers {
     aws = {
@@ -65,6 +65,7 @@ module "overspill" {
   subnet_ids        = var.subnet_ids
   bootstrap_api_key = var.bootstrap_api_key
   aws_regions       = [var.region]
+  aws_image_id      = var.aws_image_id
 
   db_deletion_protection = var.db_deletion_protection
   db_skip_final_snapshot = var.db_skip_final_snapshot

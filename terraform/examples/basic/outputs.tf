@@ -37,3 +37,28 @@ output "database_secret_arn" {
   description = "Secret holding the database credentials."
   value       = module.overspill.database_secret_arn
 }
+
+output "metrics_token_secret_arn" {
+  description = "Secret holding the bearer token of GET /metrics."
+  value       = module.overspill.metrics_token_secret_arn
+}
+
+output "callback_secret_arn" {
+  description = "Secret holding the key that signs instances' callback tokens."
+  value       = module.overspill.callback_secret_arn
+}
+
+output "instance_profile_arn" {
+  description = "Instance profile of the training instances."
+  value       = module.overspill.instance_profile_arn
+}
+
+output "instance_security_group_id" {
+  description = "Security group of the training instances."
+  value       = module.overspill.instance_security_group_id
+}
+
+output "kms_key_arn" {
+  description = "Key encrypting the deployment's data."
+  value       = module.overspill.kms_key_arn
+}

@@ -38,6 +38,12 @@ variable "bootstrap_api_key" {
   sensitive   = true
 }
 
+variable "aws_image_id" {
+  description = "AMI of the training instances (Docker + NVIDIA drivers); the broker may launch no other."
+  type        = string
+  default     = ""
+}
+
 variable "db_deletion_protection" {
   description = "Protect the database from deletion."
   type        = bool

@@ -1,0 +1,1 @@
+"""Real workloads the agent runs in tests (as processes and inside container images)."""
