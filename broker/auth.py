@@ -26,6 +26,7 @@ from sqlmodel import Session
 
 from broker.settings import Settings
 from broker.tables import ApiKey
+from broker.tenants import validate_tenant
 
 CACHE_SECONDS = 60.0
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
@@ -62,8 +63,10 @@ def parse_key(key: str) -> tuple[str, str]:
 def create_key(engine: Engine, *, tenant: str, role: Role, name: str, now: datetime, key: str | None = None) -> str:
     """Store a new key and return it in clear (the only time it is ever shown).
 
-    `key` lets the bootstrap path install a configured key; otherwise a random one is made.
+    `key` lets the bootstrap path install a configured key; otherwise a random one is made. `tenant` must pass
+    `broker.tenants.validate_tenant` (`InvalidTenant` otherwise).
     """
+    validate_tenant(tenant)
     if key is None:
         key = f"ovs_{secrets.token_hex(4)}_{secrets.token_urlsafe(24)}"
     key_id, secret = parse_key(key)

@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_API_KEY = "ovs_devadmin_local-development-only"
@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     port: int = 8000
 
     broker_id: str = "overspill-local"
-    bootstrap_tenant: str = "demo"
+    bootstrap_tenant: str = Field(default="demo", description="tenant of the bootstrap key (broker/tenants.py rule)")
     bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
@@ -207,6 +207,13 @@ class Settings(BaseSettings):
     database_url_arn: str = ""
     libcloud_secret_arn: str = ""
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
+
+    @field_validator("bootstrap_tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        from broker.tenants import validate_tenant
+
+        return validate_tenant(value)
 
     @model_validator(mode="after")
     def _secrets(self) -> Settings:
