@@ -191,6 +191,28 @@ class Settings(BaseSettings):
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_unverified_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        description="per client address, for requests whose API key this process has not verified yet (each costs "
+        "a slow scrypt hash): guessing keys from one address is held to this rate",
+    )
+    rate_limit_unverified_burst: int = Field(
+        default=10, ge=1, description="unverified keys one address may send at once"
+    )
+    key_hash_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="slow key hashes run at once per API process, on their own threads (32 more per slot may wait; "
+        "beyond, 429): unverified keys cannot take the threads legitimate requests run on",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="`overspill serve`: comma-separated proxy addresses (or '*') whose X-Forwarded-For / "
+        "X-Forwarded-Proto uvicorn trusts for the client address; empty (default): none, the socket peer is the "
+        "client (uvicorn's own default would trust 127.0.0.1)",
+    )
     rate_limit_store: Literal["auto", "shared", "local"] = Field(
         default="auto",
         description="where the buckets live: 'shared' in the database (one limit per key across every process on "
