@@ -102,6 +102,10 @@ def serve(
     console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
     if settings.bootstrap_api_key == DEV_API_KEY:
         console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
+    # X-Forwarded-For is trusted only from the proxies configured (uvicorn by default trusts 127.0.0.1, so any
+    # local process could pose as any client address to the rate limiter and the audit log)
+    proxies = settings.forwarded_allow_ips.strip()
+    forwarding = {"proxy_headers": bool(proxies), "forwarded_allow_ips": proxies or None}
     if workers == 1:
         uvicorn.run(
             create_app(settings, loop=loop),
@@ -110,6 +114,7 @@ def serve(
             log_level="warning",
             log_config=None,  # uvicorn's records go through the broker's (JSON) handler
             access_log=False,  # the broker writes its own access records, with the request id
+            **forwarding,  # type: ignore[arg-type]
         )
         return
     build_runtime(settings)  # migrate and install the bootstrap key once, before the workers start
@@ -124,6 +129,7 @@ def serve(
             log_level="warning",
             log_config=None,
             access_log=False,
+            **forwarding,  # type: ignore[arg-type]
         )
     finally:
         if ticker is not None:
