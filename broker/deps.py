@@ -4,8 +4,9 @@ They are `async` so FastAPI does not hand each one to a worker thread. A key ver
 from the verifier's cache with no thread hand-off and no database; a state-changing request (POST, PUT, PATCH,
 DELETE) also confirms the key is not revoked (one primary-key read), and once a second one request re-checks every
 cached key (broker/auth.py). Only a key not yet verified goes to the slow hash, through the process's `HashGate`:
-at most `key_hash_concurrency` hashes at once on their own threads (so unverified keys never take the worker
-threads that legitimate requests run on), at most `MAX_WAITING_PER_SLOT` per slot waiting, and beyond that a 429.
+at most `key_hash_concurrency` hashes at once on its own threads, run at a lower CPU priority (so unverified keys
+never take the worker threads legitimate requests run on, nor their cores), at most `MAX_WAITING_PER_SLOT` per slot
+waiting, and beyond that a 429.
 
 Errors: no key 401; a credential header sent twice, or two different keys, 400 naming the header; any invalid key
 401 "invalid API key" (malformed, unknown, revoked and wrong alike); a wrong role 403.
@@ -14,11 +15,13 @@ Errors: no key 401; a credential header sent twice, or two different keys, 400 n
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, TypeVar
 
-import anyio
-import anyio.to_thread
 from fastapi import Depends, Header, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +30,7 @@ from broker.runtime import Runtime
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 MAX_WAITING_PER_SLOT = 32
+HASH_NICE = 10
 T = TypeVar("T")
 
 
@@ -34,28 +38,32 @@ class GateFull(Exception):
     """Too many unverified keys are waiting for the slow hash in this process."""
 
 
+def _lower_priority() -> None:
+    """Run this thread at a lower CPU priority (nice +10, Linux: per thread), so that hashing guessed keys yields
+    the cores to legitimate requests."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: the slots still cap its CPU
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICE)
+
+
 class HashGate:
-    """Runs slow key hashes on at most `slots` dedicated threads at once; refuses (`GateFull`) when `max_waiting`
-    callers already wait. One per app (process); rebinds to the running event loop (a new test client)."""
+    """Runs slow key hashes on its own `slots` threads (at a lower CPU priority), never on the worker threads
+    legitimate requests run on; refuses (`GateFull`) when `max_waiting` more callers already wait. One per app
+    (process)."""
 
     def __init__(self, slots: int, max_waiting: int | None = None) -> None:
         self.slots = slots
         self.max_waiting = max_waiting if max_waiting is not None else slots * MAX_WAITING_PER_SLOT
-        self.waiting = 0
-        self._limiter: anyio.CapacityLimiter | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pending = 0  # running + waiting
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="key-hash", initializer=_lower_priority)
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        loop = asyncio.get_running_loop()
-        if self._limiter is None or loop is not self._loop:
-            self._limiter, self._loop = anyio.CapacityLimiter(self.slots), loop
-        if self.waiting >= self.max_waiting:
+        if self.pending >= self.slots + self.max_waiting:
             raise GateFull
-        self.waiting += 1
+        self.pending += 1
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
-            self.waiting -= 1
+            self.pending -= 1
 
 
 async def get_runtime(request: Request) -> Runtime:
