@@ -245,7 +245,10 @@ def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory broker.app:app_from_env` (several worker processes, API only).
 
     Run the control loop separately (`overspill tick --loop`) when serving this way. The workers share one
-    rate-limit bucket per key through the database (unless `OVERSPILL_RATE_LIMIT_STORE=local`).
+    rate-limit bucket per key through the database (unless `OVERSPILL_RATE_LIMIT_STORE=local`). uvicorn's own
+    proxy settings apply here, and by default they trust `X-Forwarded-For` from 127.0.0.1: pass
+    `--no-proxy-headers`, or `--forwarded-allow-ips` naming your proxy (`overspill serve` does this from
+    `OVERSPILL_FORWARDED_ALLOW_IPS`).
     """
     settings = Settings()
     configure_logging(settings)
