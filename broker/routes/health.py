@@ -2,10 +2,11 @@
 
 `/readyz` answers everyone with the verdict and a coarse status per component: `status` ("ready" or "not
 ready"), `database` ("ok" or "unreachable") and `prices` ("fresh", "stale", or that no price data exists yet).
-The detail (each feed's age, freshness, whether it is failing and its last error text, the database error's
-type) is only for the operator's metrics token (`Authorization: Bearer <OVERSPILL_METRICS_TOKEN>`) or an admin
-API key: error text can name internal hosts and accounts. A missing or invalid credential is not an error here
-(probes send none): it gets the coarse answer.
+A valid API key of any role also gets `feeds`: each feed's age, freshness and whether it is failing (what
+`/v1/pools` already tells it, per pool; the console shows it). The error detail (each feed's `last_error` text,
+the database error's type) is only for the operator's metrics token (`Authorization: Bearer
+<OVERSPILL_METRICS_TOKEN>`) or an admin key: error text can name internal hosts and accounts. A missing or invalid
+credential is not an error here (probes send none): it gets the coarse answer.
 """
 
 from __future__ import annotations
@@ -42,24 +43,29 @@ async def readyz(request: Request, rt: RuntimeDep, response: Response) -> dict[s
     ready, coarse, detail = await run_in_threadpool(_readiness, rt)
     if not ready:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    verdict = {"status": "ready" if ready else "not ready"}
-    if await _may_see_detail(request, rt):
-        return {**verdict, **coarse, **detail}
-    return {**verdict, **coarse}
+    answer = {"status": "ready" if ready else "not ready", **coarse}
+    level = await _detail_level(request, rt)
+    if level == "errors":
+        return {**answer, **detail}
+    if level == "feeds":
+        feeds = {name: {k: v for k, v in f.items() if k != "last_error"} for name, f in detail["feeds"].items()}
+        return {**answer, "feeds": feeds}
+    return answer
 
 
-async def _may_see_detail(request: Request, rt: Runtime) -> bool:
+async def _detail_level(request: Request, rt: Runtime) -> str:
+    """ "errors" for the metrics token or an admin key, "feeds" for any other valid key, "" otherwise."""
     key = request_key(request)
     if not key:
-        return False
+        return ""
     token = rt.settings.metrics_token
     if token and hmac.compare_digest(key.encode(), token.encode()):
-        return True
+        return "errors"
     try:
         principal = await authenticate(request, rt, key)
     except HTTPException:  # invalid key, or too many being checked: the coarse answer, as for no key
-        return False
-    return principal.role is Role.ADMIN
+        return ""
+    return "errors" if principal.role is Role.ADMIN else "feeds"
 
 
 def _readiness(rt: Runtime) -> tuple[bool, dict[str, Any], dict[str, Any]]:

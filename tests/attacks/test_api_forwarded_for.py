@@ -17,11 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlmodel import Session, select
 
 from broker.db import make_engine
 from broker.settings import Settings
-from broker.tables import AuditRefused
 from tests.api_process import wait_healthy
 from tests.moto_server import free_port
 
@@ -74,6 +72,10 @@ def _guesses(base: str, n: int) -> list[httpx.Response]:
 
 
 def _refused_clients(database_url: str) -> set[str]:
+    from sqlmodel import Session, select
+
+    from broker.tables import AuditRefused
+
     engine = make_engine(Settings(database_url=database_url))
     with Session(engine) as s:
         clients = {r.client for r in s.exec(select(AuditRefused)).all()}

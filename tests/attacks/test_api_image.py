@@ -34,7 +34,6 @@ HOSTILE_IMAGES = [
     "file:///etc/passwd",
     "Ghcr.io/acme/Train:1.0",
     "ghcr.io/acme/train:" + "x" * 129,
-    "a" * 301,
 ]
 
 

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlmodel import Session
 
-from broker.auth import RECHECK_SECONDS, Role, create_key
+from broker.auth import Role, create_key
 from broker.db import utcnow
 from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
@@ -32,6 +32,13 @@ from broker.tables import ApiKey
 from tests.api_process import running_apis
 
 ROOT = Path(__file__).resolve().parents[2]
+RECHECK_SECONDS = 1.0  # broker.auth.RECHECK_SECONDS (checked below)
+
+
+def test_recheck_interval_is_the_one_documented() -> None:
+    from broker.auth import RECHECK_SECONDS as configured
+
+    assert configured == RECHECK_SECONDS
 
 
 def _id(key: str) -> str:

@@ -1,6 +1,6 @@
 """Attack: `/readyz` showed every feed's last error text (internal hosts, accounts) to anyone. Unauthenticated
-callers (and non-admin or invalid keys) now get only the verdict and a coarse status per component; the detail
-needs the metrics token or an admin key."""
+callers (and invalid keys) now get only the verdict and a coarse status per component; a valid key of any role
+also gets each feed's state; the error text needs the metrics token or an admin key."""
 
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ def test_feed_errors_are_shown_only_to_the_metrics_token_and_admins(
         s.commit()
     submitter = create_key(rt.engine, tenant="demo", role=Role.SUBMITTER, name="s", now=clock())
     with TestClient(create_app(runtime=rt)) as c:
+        as_submitter = c.get("/readyz", headers={"Authorization": f"Bearer {submitter}"})
+        assert as_submitter.json()["feeds"]["prices:aws"] == {"age_seconds": 0.0, "fresh": True, "failing": False}
+        assert "internal.corp" not in as_submitter.text, "any key sees feed states, not their errors"
         for headers in (
             {},
-            {"Authorization": f"Bearer {submitter}"},
             {"Authorization": "Bearer ovs_devadmin_" + "w" * 30},
             {"Authorization": "Bearer wrong-metrics-token"},
             {"X-API-Key": "garbage"},

@@ -16,7 +16,6 @@ from broker.cli import app
 from broker.db import make_engine, utcnow
 from broker.migrate import upgrade
 from broker.settings import Settings
-from broker.tenants import InvalidTenant, validate_tenant
 
 HOSTILE = [
     "../../etc",
@@ -39,12 +38,16 @@ IN_USE = ["demo", "acme", "other", "globex", "t", "tenant-a", "team_1", "a" * 63
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_tenant_name_is_refused_by_the_one_rule(name: str) -> None:
+    from broker.tenants import InvalidTenant, validate_tenant
+
     with pytest.raises(InvalidTenant):
         validate_tenant(name)
 
 
 @pytest.mark.parametrize("name", IN_USE)
 def test_tenant_names_in_use_stay_valid(name: str) -> None:
+    from broker.tenants import validate_tenant
+
     assert validate_tenant(name) == name
 
 
@@ -68,6 +71,6 @@ def test_keys_create_with_path_traversal_tenant_is_refused_naming_the_option(tmp
 def test_key_creation_in_code_refuses_a_hostile_tenant(tmp_path: Path) -> None:
     engine = make_engine(Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}"))
     upgrade(engine)
-    with pytest.raises(InvalidTenant):
+    with pytest.raises(ValueError, match="tenant"):
         create_key(engine, tenant="../reports", role=Role.ADMIN, name="x", now=utcnow())
     assert create_key(engine, tenant="acme", role=Role.ADMIN, name="x", now=utcnow()).startswith("ovs_")
