@@ -90,7 +90,9 @@ async def _flood(base: str, addresses: list[str], per_address: int) -> list[http
 
 async def _legitimate(base: str, key: str, stop: asyncio.Event) -> list[tuple[int, float]]:
     out = []
-    async with httpx.AsyncClient(timeout=120) as c:
+    # a new connection per request: no keep-alive race (the server closing an idle connection as the next
+    # request goes out) on a loaded machine
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as c:
         while not stop.is_set():
             started = time.perf_counter()
             r = await c.get(f"{base}/v1/whoami", headers={"Authorization": f"Bearer {key}"})
