@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.slurm_accounts import SlurmAccountPolicy
@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     port: int = 8000
 
     broker_id: str = "overspill-local"
-    bootstrap_tenant: str = "demo"
+    bootstrap_tenant: str = Field(default="demo", description="tenant of the bootstrap key (broker/tenants.py rule)")
     bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
@@ -214,6 +214,28 @@ class Settings(BaseSettings):
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_unverified_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        description="per client address, for requests whose API key this process has not verified yet (each costs "
+        "a slow scrypt hash): guessing keys from one address is held to this rate",
+    )
+    rate_limit_unverified_burst: int = Field(
+        default=10, ge=1, description="unverified keys one address may send at once"
+    )
+    key_hash_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="slow key hashes run at once per API process, on their own threads (32 more per slot may wait; "
+        "beyond, 429): unverified keys cannot take the threads legitimate requests run on",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="`overspill serve`: comma-separated proxy addresses (or '*') whose X-Forwarded-For / "
+        "X-Forwarded-Proto uvicorn trusts for the client address; empty (default): none, the socket peer is the "
+        "client (uvicorn's own default would trust 127.0.0.1)",
+    )
     rate_limit_store: Literal["auto", "shared", "local"] = Field(
         default="auto",
         description="where the buckets live: 'shared' in the database (one limit per key across every process on "
@@ -231,6 +253,13 @@ class Settings(BaseSettings):
     libcloud_secret_arn: str = ""
     metrics_token_arn: str = ""
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
+
+    @field_validator("bootstrap_tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        from broker.tenants import validate_tenant
+
+        return validate_tenant(value)
 
     @model_validator(mode="after")
     def _secrets(self) -> Settings:

@@ -422,10 +422,27 @@ class AuditEntry(SQLModel, table=True):
     request_id: str = Field(default="", max_length=128)
 
 
+class AuditRefused(SQLModel, table=True):
+    """State-changing requests refused before any key or callback token was verified (401, 400, 413...), counted
+    per minute, client address, method, route template ("" when no route matched) and status. Never attributed to
+    a tenant: an unverified request cannot write to a tenant's `audit_log`."""
+
+    __tablename__ = "audit_refused"
+
+    minute: datetime = Field(sa_type=UTCDateTime, primary_key=True)
+    client: str = Field(primary_key=True, max_length=100)
+    method: str = Field(primary_key=True, max_length=8)
+    route: str = Field(primary_key=True, max_length=200)
+    status: int = Field(primary_key=True)
+    count: int = 1
+    last_at: datetime = _at(nullable=False)
+
+
 class RateLimitBucket(SQLModel, table=True):
     """One API key's or client address's token bucket, shared by every API process (broker/ratelimit.py).
 
-    `key` is b"k" + the SHA-256 of a presented API key (never the key) or b"a" + a client address; `tat` is when
+    `key` is b"k" + the SHA-256 of a presented API key (never the key), b"a" + a client address (requests with no
+    key) or b"u" + a client address (requests with a key not verified yet); `tat` is when
     the bucket is full again (epoch seconds, database clock); `wait` is what the last take was told to wait (0: it
     got a token). A row whose `tat` has passed means a full bucket, so such rows are deleted at will. UNLOGGED on
     PostgreSQL."""

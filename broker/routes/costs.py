@@ -19,6 +19,7 @@ from broker.finance.billing import BillError, import_bill, reconcile
 from broker.finance.budgets import month_window
 from broker.finance.costs import GROUP_KEYS
 from broker.finance.schemas import CorrectionCreate
+from broker.schemas import aware_utc
 
 router = APIRouter(prefix="/v1/costs", tags=["costs"])
 
@@ -33,7 +34,10 @@ def parse_time(value: str | None, field: str) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise Unprocessable(field, f"{value!r} is not an ISO 8601 date or time") from exc
-    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        return aware_utc(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC))
+    except ValueError as exc:  # e.g. 9999-12-31T23:59:59-14:00, past the end of the calendar in UTC
+        raise Unprocessable(field, str(exc)) from None
 
 
 @router.get("")
