@@ -7,7 +7,9 @@ when the response starts, before the client sees it, so a client that got an ans
 `broker.deps.get_principal` sets once a key is verified; for an unverified request the presented key's id (the
 public `ovs_<id>_` part) is recorded with an empty role; an instance's callback (no API key: a per-placement
 token) is filed under the placement's tenant with role `instance` once the route set
-`request.state.audit_tenant`. Never recorded: the body, the key's secret, any header but `X-Request-ID`. The
+`request.state.audit_tenant`. A route may add what it did to `detail` by setting `request.state.audit_detail`
+(the corrections route records the entry, amount, job and note). Never recorded: the body (beyond such a
+detail), the key's secret, any header but `X-Request-ID`. The
 client address is the socket peer (uvicorn's `--forwarded-allow-ips` makes it the forwarded one behind a trusted
 proxy). If the row cannot be written the failure is logged and the answer still goes out (the change it reports
 may already be committed).
@@ -67,6 +69,7 @@ def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry:
         status=status,
         client=(client[0] if client else "")[:100],
         request_id=request_id,
+        detail=str(state.get("audit_detail", ""))[:500],
     )
 
 
