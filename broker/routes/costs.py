@@ -60,9 +60,18 @@ def costs(
 
 
 @router.post("/corrections", status_code=status.HTTP_201_CREATED)
-def correct(body: CorrectionCreate, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
-    """Append a correction (positive or negative USD) to a ledger entry; the entry itself never changes."""
-    return manage.correct_entry(rt, principal.tenant, body.entry_id, body.usd, body.note)
+def correct(body: CorrectionCreate, request: Request, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
+    """Append a correction (positive or negative USD) to a ledger entry; the entry itself never changes. With its
+    earlier corrections the entry must stay between 0 and twice its amount (422 otherwise); a credit never gives
+    a job more room under its ceiling (`broker.finance.ledger.record_correction`). The audit log records the
+    entry, amount, job and note, refused attempts included."""
+    request.state.audit_detail = f"correction of cost entry {body.entry_id}: {body.usd} USD, note {body.note[:200]!r}"
+    made = manage.correct_entry(rt, principal.tenant, body.entry_id, body.usd, body.note)
+    request.state.audit_detail = (
+        f"correction {made['id']} of cost entry {body.entry_id} (job {made['job_id']}): {made['usd']} USD, "
+        f"note {body.note[:200]!r}"
+    )
+    return made
 
 
 @router.post("/bills", status_code=status.HTTP_201_CREATED)
