@@ -11,7 +11,8 @@ the hard-budget gate that keeps new cloud placements on-prem.
   `MAX_ATTEMPTS`), so an alert is delivered at least once and never re-fired. Alerts are sent side by side
   (`broker.finance.dispatch.run_bounded`), each within `delivery_deadline_seconds` and under its own guard: one
   budget's bad address or dead webhook fails that alert alone (its `last_error`), never another budget's or
-  tenant's. Webhooks go to public addresses only (`broker.finance.outbound`).
+  tenant's. Webhooks go to public addresses only (`broker.finance.outbound`); an alert whose webhook resolves to
+  an address that is not allowed is not retried.
 - Gate: `budget_block_reason(session, job, now)` names the first hard budget of the job's team or project that is
   spent (>= 100%); the placement step then only considers on-prem pools for that job, and it waits with the reason.
   `HardBudgetGate` answers the same question for every job of a step with one read of the budgets.

@@ -134,7 +134,7 @@ def deliver(
 ) -> str:
     """Deliver and return where it went (a path, s3:// URL, addresses or `scheme://host` of the URL)."""
     try:
-        check_destination(settings, tenant, validate_destination(dest))
+        dest = check_destination(settings, tenant, validate_destination(dest))  # normalised, as checked
     except ValueError as exc:
         raise DestinationRefused(str(exc)) from exc
     kind = dest.get("type")
