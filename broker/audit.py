@@ -11,9 +11,11 @@ before the client sees it, so a client that got an answer was audited:
   address, method, route template and status (`record_refused`: an upsert), so a flood of refused requests
   neither writes to a tenant's log nor grows a table row by row.
 The request id stored is the sanitised one `broker.request_id` bound (the client's only if it is sane, else a
-fresh one). Never recorded: the body, the key's secret, any header but `X-Request-ID`. The client address is the
-socket peer (`OVERSPILL_FORWARDED_ALLOW_IPS` makes it the forwarded one behind a trusted proxy). If the row cannot
-be written the failure is logged and the answer still goes out (the change it reports may already be committed).
+fresh one). A route may add what it did to `detail` by setting `request.state.audit_detail` (the corrections
+route records the entry, amount, job and note). Never recorded: the body (beyond such a detail), the key's secret,
+any header but `X-Request-ID`. The client address is the socket peer (`OVERSPILL_FORWARDED_ALLOW_IPS` makes it the
+forwarded one behind a trusted proxy). If the row cannot be written the failure is logged and the answer still goes
+out (the change it reports may already be committed).
 
 `list_audit` reads a tenant's entries, newest first, with an opaque cursor.
 
@@ -69,6 +71,7 @@ def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry | AuditRefuse
         status=status,
         client=client,
         request_id=str(state.get("request_id", ""))[:128],  # sanitised by broker.request_id
+        detail=str(state.get("audit_detail", ""))[:500],
     )
 
 

@@ -9,6 +9,7 @@ are kept out of `repr(settings)`.
 from __future__ import annotations
 
 from decimal import Decimal
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Literal
 
@@ -199,6 +200,38 @@ class Settings(BaseSettings):
         default=None, description="root of 'directory' report deliveries (data_dir/reports)"
     )
     reports_s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for report delivery")
+    report_destinations: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='S3 report destinations each tenant may use, e.g. {"acme": ["s3://finance-reports/acme/"]}: a '
+        "destination must lie under one of its tenant's prefixes (none configured: no S3 destination)",
+    )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description='private networks webhooks may reach, as CIDRs (e.g. ["10.20.0.0/16"]); by default budget and '
+        "report webhooks go to public addresses only",
+    )
+    delivery_deadline_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="total time one webhook, email or S3 delivery may take, DNS included"
+    )
+    delivery_workers: int = Field(default=4, ge=1, le=32, description="deliveries a tick runs at once")
+    delivery_step_seconds: float = Field(
+        default=20.0, gt=0, description="a tick starts no new delivery after this (the rest wait for the next tick)"
+    )
+    serverless: bool = Field(
+        default=False,
+        description="set by broker.serverless on AWS Lambda (no durable local disk: no directory reports)",
+    )
+    bill_max_decompressed_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024, description="a bill's size once decompressed (CSV bytes, Parquet values)"
+    )
+    bill_max_rows: int = Field(default=2_000_000, ge=1, description="rows a bill may have")
+    bill_max_columns: int = Field(default=400, ge=3, description="columns a bill may have")
+    bill_max_expansion_ratio: float = Field(
+        default=100.0,
+        ge=2,
+        description="how much a bill may grow beyond its first MiB: a .csv.gz's decompressed / compressed bytes, a "
+        "Parquet file's decoded values / the pages' stated size (real exports: 5-30x; bombs: 1000x)",
+    )
     finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
 
     max_request_bytes: int = 1_000_000
@@ -260,6 +293,24 @@ class Settings(BaseSettings):
         from broker.tenants import validate_tenant
 
         return validate_tenant(value)
+
+    @model_validator(mode="after")
+    def _finance_targets(self) -> Settings:
+        from broker.finance.outbound import parse_networks
+        from broker.finance.reports.deliver import parse_s3_prefix
+
+        parse_networks(self.webhook_allowed_networks)  # ValueError naming the bad CIDR
+        for tenant, prefixes in self.report_destinations.items():
+            for prefix in prefixes:
+                parse_s3_prefix(prefix, f"report_destinations[{tenant!r}]")
+        return self
+
+    @property
+    def webhook_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """`webhook_allowed_networks` parsed."""
+        from broker.finance.outbound import parse_networks
+
+        return parse_networks(self.webhook_allowed_networks)
 
     @model_validator(mode="after")
     def _secrets(self) -> Settings:
