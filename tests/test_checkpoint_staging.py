@@ -116,7 +116,7 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     )
     api = _api(rt)
     tick(rt, clock())
-    source = f"s3://{s3_bucket}/runs/llm-7b/"
+    source = f"s3://{s3_bucket}/tenants/demo/runs/llm-7b/"  # in the demo tenant's area of the AWS store
     body = job_body(work_gpu_hours="3", max_total_usd="80", checkpoint_uri=source, checkpoint_size_gb="0.004")
     job_id = api.post("/v1/jobs", json=body).json()["id"]
     tick(rt, clock())
@@ -124,8 +124,8 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     assert aws.requests[0].resume_from is None  # nothing to move: the checkpoint store is in the same region
     _run(rt, clock, 7)  # 70 minutes: two 30-minute checkpoints
     model, optim = os.urandom(3 * MiB + 17), os.urandom(MiB)
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/llm-7b/model.pt", Body=model)
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/llm-7b/optim/state.pt", Body=optim)
+    s3_client.put_object(Bucket=s3_bucket, Key="tenants/demo/runs/llm-7b/model.pt", Body=model)
+    s3_client.put_object(Bucket=s3_bucket, Key="tenants/demo/runs/llm-7b/optim/state.pt", Body=optim)
 
     aws.preempt(next(iter(aws.vms)))
     aws.prices = {"us-east-1a": Decimal("30")}  # the reclaimed pool comes back dear: GCP wins despite the egress
@@ -133,14 +133,15 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     tick(rt, clock())  # re-places on GCP: stages, then launches
 
     job = _job(rt, job_id)
-    staged = f"gs://{gcs_bucket}/{job_id}/"
+    staged = f"gs://{gcs_bucket}/tenants/demo/jobs/{job_id}/checkpoint/"  # the job's prefix in the GCS store
     assert job.checkpoint_uri == staged
     assert (job.checkpoint_provider, job.checkpoint_region) == ("gcp", "us-central1")
     [launch] = gcp.requests
     assert launch.resume_from == staged
     bucket = gcs_client.bucket(gcs_bucket)
-    assert bucket.blob(f"{job_id}/model.pt").download_as_bytes() == model
-    assert bucket.blob(f"{job_id}/optim/state.pt").download_as_bytes() == optim
+    prefix = f"tenants/demo/jobs/{job_id}/checkpoint/"
+    assert bucket.blob(f"{prefix}model.pt").download_as_bytes() == model
+    assert bucket.blob(f"{prefix}optim/state.pt").download_as_bytes() == optim
 
     [egress] = [e for e in _ledger(rt, job_id) if e.kind == "egress"]
     sent = Decimal(len(model) + len(optim))
@@ -156,8 +157,14 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     assert len([e for e in ledger if e.kind == "egress"]) == 1  # booked once across every later tick
 
 
-def _local_stores(tmp_path: Path) -> dict[str, str]:
-    return {"aws/us-east-1": f"file://{tmp_path}/use1/", "gcp/us-central1": f"file://{tmp_path}/usc1/"}
+@pytest.fixture
+def stores_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where local checkpoint stores go: apart from the data dir (tmp_path), which no store may be near."""
+    return tmp_path_factory.mktemp("stores")
+
+
+def _local_stores(root: Path) -> dict[str, str]:
+    return {"aws/us-east-1": f"file://{root}/use1/", "gcp/us-central1": f"file://{root}/usc1/"}
 
 
 def _placed_on_gcp(rt: Runtime, clock: MovableClock, source: str, **body: Any) -> tuple[str, str]:
@@ -173,20 +180,20 @@ def _placed_on_gcp(rt: Runtime, clock: MovableClock, source: str, **body: Any) -
     return job_id, placement_id
 
 
-def _seed_local_checkpoint(tmp_path: Path, size: int) -> str:
-    source_dir = tmp_path / "use1" / "runs" / "big"
+def _seed_local_checkpoint(root: Path, size: int) -> str:
+    source_dir = root / "use1" / "tenants" / "demo" / "runs" / "big"
     source_dir.mkdir(parents=True)
     (source_dir / "model.pt").write_bytes(os.urandom(size))
     return f"file://{source_dir}/"
 
 
 def test_a_transfer_the_ceiling_cannot_pay_pauses_the_job_before_any_byte_moves(
-    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, tmp_path: Path
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
 ) -> None:
     aws, gcp = _clouds(clock)
     gcp.prices = {"us-central1-a": Decimal("1")}
-    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(tmp_path))
-    source = _seed_local_checkpoint(tmp_path, 2 * MiB)
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    source = _seed_local_checkpoint(stores_dir, 2 * MiB)
     # the user declared no checkpoint size, so the placement priced no transfer
     job_id, placement_id = _placed_on_gcp(rt, clock, source, work_gpu_hours="1", max_total_usd="20")
     with Session(rt.engine) as s:  # earlier attempts have spent everything but this placement's expected cost
@@ -199,7 +206,7 @@ def test_a_transfer_the_ceiling_cannot_pay_pauses_the_job_before_any_byte_moves(
     launch_placement(rt, placement_id, clock())
     job = _job(rt, job_id)
     assert job.state == "paused" and "ceiling" in job.wait_reason
-    assert not (tmp_path / "usc1").exists()  # nothing was copied
+    assert not (stores_dir / "usc1").exists()  # nothing was copied
     assert gcp.requests == []
     assert [e.kind for e in _ledger(rt, job_id)] == []
     [refusal] = _events(rt, job_id, "checkpoint_stage_refused")
@@ -217,7 +224,7 @@ def test_a_store_outage_is_retried_then_the_job_resumes_from_the_remote_checkpoi
     db_url: str,
     make_runtime: Callable[..., Runtime],
     clock: MovableClock,
-    tmp_path: Path,
+    stores_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in CREDS.items():
@@ -229,10 +236,10 @@ def test_a_store_outage_is_retried_then_the_job_resumes_from_the_remote_checkpoi
         make_runtime,
         db_url,
         (aws, gcp),
-        checkpoint_stores={"aws/us-east-1": "s3://down/", "gcp/us-central1": f"file://{tmp_path}/usc1/"},
+        checkpoint_stores={"aws/us-east-1": "s3://down/", "gcp/us-central1": f"file://{stores_dir}/usc1/"},
         s3_endpoint_url=f"http://127.0.0.1:{_closed_port()}",  # S3 unreachable
     )
-    source = "s3://down/runs/llm/"
+    source = "s3://down/tenants/demo/runs/llm/"
     job_id, placement_id = _placed_on_gcp(rt, clock, source, work_gpu_hours="1", max_total_usd="20")
     launch_placement(rt, placement_id, clock())
     assert gcp.requests == []  # not launched while the checkpoint could not be moved
