@@ -34,7 +34,6 @@ from providers.model import CENT, CapacityType, JobState
 
 DEMO_START = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 STEP = timedelta(minutes=10)
-DEMO_CHECKPOINTS = "s3://checkpoints/"  # where the demo jobs checkpoint (a prefix of the demo tenant)
 
 
 class SimClock:
@@ -94,7 +93,8 @@ def job_mix(n: int, seed: int, now: datetime) -> list[dict[str, Any]]:
             "gpu_count": gpus,
             "work_gpu_hours": str(work),
             "max_total_usd": str((work * Decimal(rng.choice([3, 4, 6]))).quantize(CENT)),
-            "checkpoint_uri": f"{DEMO_CHECKPOINTS}{name}-{i:02d}/",
+            # no checkpoint_uri: the demo configures no checkpoint store, and a job's checkpoint_uri must lie under
+            # one of its tenant's store prefixes
             "checkpoint_size_gb": str(rng.choice([2, 10, 40])),
         }
         if rng.random() < 0.4:
@@ -127,9 +127,6 @@ def run_demo(n_jobs: int = 24, hours: float = 36.0, seed: int = 7, progress: boo
             seed=seed,
             tick_interval_seconds=STEP.total_seconds(),
             bootstrap_api_key=DEV_API_KEY,
-            # the demo's checkpoints live in an S3 bucket of the simulated AWS (nothing is read from it: no store
-            # is configured to stage into); a job's checkpoint_uri must lie under one of its tenant's prefixes
-            tenant_checkpoint_prefixes={"demo": {DEMO_CHECKPOINTS: "sim-aws/us-east-1"}},
         )
         rt = build_runtime(settings, clock=clock)
         tick(rt, clock())
