@@ -21,6 +21,8 @@ Contract:
 - `resolve_for_tenant(uri, tenant)` is `match` and then the store confined beneath that prefix, with the key;
   `resolve(uri)` does the same against every configured store and extra prefix (the broker's own view).
   There is no other way from a URI to a store: `providers.storage` hands out stores only beneath a given prefix.
+  Every store is opened at its configured root (resolved once) and narrowed to the prefix, so for local files
+  the tenant's and the job's directories are walked without following symlinks, like the keys beneath them.
 - `near`, `locate` and `job_checkpoint_uri` answer where a store is, where a checkpoint is, and where the broker
   puts a job's checkpoint.
 
@@ -53,12 +55,26 @@ class CheckpointRefused(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Match:
-    """Where an allowed URI is: the allowed `prefix` holding it, the `key` beneath it, and its `location`."""
+class Allowed:
+    """One prefix a tenant may use: its `location`, the configured `root` it lies in (a store prefix or the extra
+    prefix itself), and whether it is the tenant's area of a store (whose reserved places users may not name)."""
 
     prefix: str
-    key: str
     location: Location
+    root: str
+    is_area: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Where an allowed URI is: the allowed prefix holding it (`allowed`), the `key` beneath it."""
+
+    allowed: Allowed
+    key: str
+
+    @property
+    def location(self) -> Location:
+        return self.allowed.location
 
 
 def _location(var: str, entry: str, location: str) -> Location:
@@ -188,16 +204,16 @@ class CheckpointStores:
         """The URI prefix of the store at `provider/region`, if one is configured."""
         return self.by_location.get((provider, region))
 
-    def prefixes(self, tenant: str) -> list[tuple[str, Location, bool]]:
-        """`(prefix, location, is_store_area)` of every prefix `tenant` may use, store areas first."""
+    def prefixes(self, tenant: str) -> list[Allowed]:
+        """Every prefix `tenant` may use: its area in every store, then its extra prefixes."""
         try:
-            areas = [(layout.tenant_area(p, tenant), loc, True) for loc, p in self.by_location.items()]
+            areas = [Allowed(layout.tenant_area(p, tenant), loc, p, True) for loc, p in self.by_location.items()]
         except UnsafeKey:
             areas = []  # a tenant name that is not one safe segment owns no area anywhere
-        return areas + [(p, loc, False) for p, loc in self.extra.get(tenant, {}).items()]
+        return areas + [Allowed(p, loc, p, False) for p, loc in self.extra.get(tenant, {}).items()]
 
     def allowed_prefixes(self, tenant: str) -> list[str]:
-        return [prefix for prefix, _, _ in self.prefixes(tenant)]
+        return [a.prefix for a in self.prefixes(tenant)]
 
     def match(self, uri: str, tenant: str) -> Match:
         """Which of `tenant`'s allowed prefixes holds `uri`; raises `CheckpointRefused` saying why none does."""
@@ -216,18 +232,18 @@ class CheckpointStores:
         except (ValueError, UnsafeKey) as exc:
             reason = str(exc)
         else:
-            for prefix, location, is_area in allowed:
+            for candidate in allowed:
                 try:
-                    key = relative_key(uri, prefix, azure_endpoint=endpoint)
+                    key = relative_key(uri, candidate.prefix, azure_endpoint=endpoint)
                 except UnsafeKey:
                     continue
-                reserved = layout.reserved_reason(key) if is_area else None
+                reserved = layout.reserved_reason(key) if candidate.is_area else None
                 if reserved is None:
-                    return Match(prefix, key, location)
+                    return Match(candidate, key)
                 reason = reserved
         raise CheckpointRefused(
             f"{uri!r} is not a checkpoint location of tenant {tenant!r}: {reason}. Allowed prefixes: "
-            + ", ".join(p for p, _, _ in allowed)
+            + ", ".join(a.prefix for a in allowed)
         )
 
     def locate(self, uri: str, tenant: str) -> Location | None:
@@ -245,21 +261,25 @@ class CheckpointStores:
     # -- stores --------------------------------------------------------------------------------------------------
 
     def store(self, prefix: str) -> ObjectStore:
-        """The store confined beneath `prefix` (a prefix this object handed out: a store, an area, a job's)."""
-        return store_at(prefix, self.clients())
+        """The store confined beneath `prefix`, a prefix built from a configured one (a store, a tenant's area, a
+        job's checkpoint prefix): opened at the configured root and narrowed to the rest."""
+        roots = [root for root in self._all_prefixes() if prefix.startswith(root)]
+        if not roots:
+            raise CheckpointRefused(f"{prefix!r} is under no configured checkpoint store or tenant prefix")
+        root = max(roots, key=len)
+        return store_at(root, self.clients(), prefix=prefix[len(root) :])
 
     def resolve_for_tenant(self, uri: str, tenant: str) -> tuple[ObjectStore, str]:
         """`(store confined beneath the tenant's prefix holding uri, key of uri in it)`; `CheckpointRefused` when
         `uri` is not one of the tenant's checkpoint locations."""
         found = self.match(uri, tenant)
-        return self.store(found.prefix), found.key
+        return self.store(found.allowed.prefix), found.key
 
     def resolve(self, uri: str) -> tuple[ObjectStore, str]:
         """`(store confined at the configured store or extra prefix holding uri, key of uri in it)`;
         `CheckpointRefused` for a URI under none of them."""
         endpoint = self.azure_endpoint()
-        candidates = [*self.by_location.values(), *(p for prefixes in self.extra.values() for p in prefixes)]
-        for prefix in candidates:
+        for prefix in self._all_prefixes():
             try:
                 key = relative_key(uri, prefix, azure_endpoint=endpoint)
             except (UnsafeKey, ValueError):

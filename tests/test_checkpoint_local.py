@@ -113,7 +113,7 @@ def test_resolve_refuses_what_is_not_beneath_the_prefix(uri: str) -> None:
 
 
 def test_local_keys_cannot_escape_the_root(tmp_path: Path) -> None:
-    with pytest.raises(UnsafeKey, match="'..' path segment"):
+    with pytest.raises(UnsafeKey, match=r"'\.\.' path segment"):
         LocalStore(tmp_path).stat("../etc/passwd")
 
 

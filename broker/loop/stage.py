@@ -138,8 +138,11 @@ def transfer_rate(rt: Runtime, source: Location, target: Location) -> Decimal:
     )
 
 
-def stage_checkpoint(rt: Runtime, placement_id: str, now: datetime) -> Staging:
-    """Bring the checkpoint of the job behind `placement_id` next to it; see the module docstring."""
+def stage_checkpoint(
+    rt: Runtime, placement_id: str, now: datetime, *, clock: Callable[[], float] = time.monotonic
+) -> Staging:
+    """Bring the checkpoint of the job behind `placement_id` next to it; see the module docstring. `clock`
+    (seconds, monotonic) times the attempt against `checkpoint_stage_timeout_seconds`."""
     with Session(rt.engine) as session:
         p = session.get(Placement, placement_id)
         job = session.get(Job, p.job_id) if p is not None else None
@@ -170,9 +173,15 @@ def stage_checkpoint(rt: Runtime, placement_id: str, now: datetime) -> Staging:
     until = now + timedelta(seconds=rt.settings.checkpoint_stage_lease_seconds)
     if not claim_lease(rt.engine, lease, _OWNER, until, now):
         return Staging.BUSY
-    deadline = time.monotonic() + rt.settings.checkpoint_stage_timeout_seconds
+    timeout = rt.settings.checkpoint_stage_timeout_seconds
+    deadline = clock() + timeout
+
+    def check(what: str) -> None:
+        if clock() >= deadline:
+            raise StageDeadline(f"staging stopped after {timeout:g} s ({what}); the copy resumes where it stopped")
+
     try:
-        return _copy_and_book(rt, p, job, plan, now, deadline)
+        return _copy_and_book(rt, p, job, plan, now, check)
     except (StorageError, ValueError) as exc:
         log.warning("staging the checkpoint of %s for %s failed: %s", job.id, p.id, exc)
         _note(rt, job.id, now, "checkpoint_stage_failed", f"{exc}; retrying next tick", placement_id=p.id)
@@ -210,11 +219,6 @@ def _assign_location(rt: Runtime, p: Placement, job: Job, now: datetime) -> None
         session.commit()
 
 
-def _expired(deadline: float, what: str, timeout: float) -> None:
-    if time.monotonic() >= deadline:
-        raise StageDeadline(f"staging stopped after {timeout:g} s ({what}); the copy resumes where it stopped")
-
-
 def _objects(store: ObjectStore, key: str, uri: str, check: Callable[[], None]) -> tuple[list[SourceObject], list[str]]:
     """The checkpoint's objects (every object under a prefix URI, else the one object) and the names of those
     skipped because their name relative to the checkpoint would escape (`safe_key`)."""
@@ -250,12 +254,14 @@ def _copied_before(state: DbCopyStateStore, src: ObjectStore, obj: SourceObject,
     return mark.bytes_done if there is not None and there.size == obj.size else None
 
 
-def _copy_and_book(rt: Runtime, p: Placement, job: Job, plan: StagePlan, now: datetime, deadline: float) -> Staging:
-    timeout = rt.settings.checkpoint_stage_timeout_seconds
+def _copy_and_book(
+    rt: Runtime, p: Placement, job: Job, plan: StagePlan, now: datetime, check: Callable[[str], None]
+) -> Staging:
+    """Copy the plan's objects (`check(what)` raises `StageDeadline` once the attempt's time is up), then book."""
     stores = rt.checkpoint_stores
     src, src_key = stores.resolve_for_tenant(plan.source_uri, job.tenant)  # confined to the tenant's prefix
     dst = stores.store(plan.target_prefix)  # confined to the job's checkpoint prefix
-    objects, skipped = _objects(src, src_key, plan.source_uri, lambda: _expired(deadline, "listing", timeout))
+    objects, skipped = _objects(src, src_key, plan.source_uri, lambda: check("listing the checkpoint"))
     if skipped:
         _skipped(rt, p, job, plan, skipped, now)
     if not objects:
@@ -275,7 +281,7 @@ def _copy_and_book(rt: Runtime, p: Placement, job: Job, plan: StagePlan, now: da
     read_bytes = 0
     marks: list[str] = []
     for obj in objects:
-        _expired(deadline, f"before {obj.name}", timeout)
+        check(f"before {obj.name}")
         src_uri, dst_uri = src.uri(obj.key), dst.uri(obj.name)
         done = _copied_before(state, src, obj, dst)
         if done is None:
@@ -285,7 +291,7 @@ def _copy_and_book(rt: Runtime, p: Placement, job: Job, plan: StagePlan, now: da
                 dst,
                 obj.name,
                 state=state,
-                progress=lambda _done, _total, name=obj.name: _expired(deadline, f"copying {name}", timeout),
+                progress=lambda _done, _total, name=obj.name: check(f"copying {name}"),
             )
             done = int((result.egress_gb * BYTES_PER_GB).to_integral_value())
             mark = CopyState(src_uri, dst_uri, obj.size, obj.version, result.digests.part_size, _COPIED, done)

@@ -8,7 +8,10 @@ O_NONBLOCK` and `fstat`-checked: only regular files are read or written, so a FI
 where a checkpoint is expected is refused at once instead of blocking the caller. An upload's partial file must
 also have a single link (a hard link would write through to another file). `list` does not descend into
 symlinked directories and returns only regular files. The root itself is resolved once, when the store is made:
-it is the operator's choice, not an object name.
+it is the operator's choice, not an object name. A store may be narrowed to a `prefix` beneath the root (a
+tenant's area, a job's checkpoint directory): keys are then joined beneath the prefix, and the prefix's own
+directories are walked from the root like any other, so a symlink planted in them is not followed either (a
+store opened *at* such a directory, by resolving its path, would follow it: open the trusted root and narrow).
 
 Uploads. An upload writes `<key>.partial` next to the target, each part at its own offset; `complete` truncates it
 to the final size, fsyncs it, renames it over `<key>` (a rename replaces a symlink at `<key>`, it never writes
@@ -42,7 +45,7 @@ from providers.storage.base import (
     part_count,
     part_length,
 )
-from providers.storage.keys import safe_key, safe_list_prefix
+from providers.storage.keys import safe_key, safe_list_prefix, safe_store_prefix
 
 PARTIAL_SUFFIX = ".partial"
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -76,18 +79,20 @@ def _kind(mode: int) -> str:
 
 
 class LocalStore:
-    """Objects are regular files under `root`; see the module docstring for what a key may and may not reach."""
+    """Objects are regular files under `root` (and under `prefix` in it, empty or ending in `/`); see the module
+    docstring for what a key may and may not reach."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, prefix: str = "") -> None:
         self.root = Path(root).resolve()
+        self.prefix = safe_store_prefix(prefix)
 
     def path(self, key: str) -> Path:
         """Where `key` is, for display and tests: the lexical path under the root. The store itself never opens
         it by name (a symlink on the way would be followed); it walks descriptors instead."""
-        return self.root / safe_key(key)
+        return self.root / (self.prefix + safe_key(key))
 
     def uri(self, key: str) -> str:
-        return f"{self.root.as_uri().rstrip('/')}/{quote(key, safe='/')}"
+        return f"{self.root.as_uri().rstrip('/')}/{quote(self.prefix + key, safe='/')}"
 
     # -- descriptor walk ---------------------------------------------------------------------------------------
 
@@ -115,9 +120,10 @@ class LocalStore:
 
     @contextlib.contextmanager
     def _parent(self, key: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
-        """`(descriptor of the directory holding key, key's last segment)`, walked without following symlinks.
-        Raises FileNotFoundError when a directory on the way is missing (and `create` is False)."""
-        segments = safe_key(key).split("/")
+        """`(descriptor of the directory holding key, key's last segment)`, walked from the root through the
+        prefix without following symlinks. Raises FileNotFoundError when a directory on the way is missing (and
+        `create` is False)."""
+        segments = (self.prefix + safe_key(key)).split("/")
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root, _DIR_FLAGS)
@@ -185,20 +191,21 @@ class LocalStore:
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Regular files whose key starts with `prefix`, in key order; symlinks, special files, partial uploads
         and anything below a symlinked directory are left out."""
-        safe_list_prefix(prefix)
-        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        full = self.prefix + safe_list_prefix(prefix)
+        base = full.rsplit("/", 1)[0] if "/" in full else ""
         try:
             if base:
-                with self._parent(base + "/x") as (dir_fd, _):
+                with LocalStore(self.root)._parent(base + "/x") as (dir_fd, _):
                     fd = os.dup(dir_fd)
             else:
                 fd = os.open(self.root, _DIR_FLAGS)
         except FileNotFoundError:
             return
-        yield from self._walk(fd, base + "/" if base else "", prefix)
+        for info in self._walk(fd, base + "/" if base else "", full):
+            yield ObjectInfo(key=info.key[len(self.prefix) :], size=info.size, version=info.version)
 
     def _walk(self, dir_fd: int, rel: str, prefix: str) -> Iterator[ObjectInfo]:
-        """Entries of the directory `dir_fd` (at key prefix `rel`), depth first; closes `dir_fd`."""
+        """Entries of the directory `dir_fd` (at root-relative path `rel`), depth first; closes `dir_fd`."""
         try:
             with os.scandir(dir_fd) as it:
                 names = sorted(entry.name for entry in it)

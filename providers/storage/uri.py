@@ -5,10 +5,12 @@ Accepted forms: `s3://bucket/key`, `gs://bucket/key`, `az://container/key`,
 endpoint, such as Azurite's `http://127.0.0.1:P/devstoreaccount1/...`) and `file:///absolute/path`. Keys are
 percent-decoded here, so every later check sees the name the store will see (`%2e%2e` is `..`).
 
-There is no way to get a store for "whatever this URI names": `store_at(prefix_uri, clients)` opens the store
-confined beneath a prefix the caller trusts (a configured checkpoint store, a tenant's area), and `resolve(uri,
-clients, within=prefix_uri)` gives that store and the key of `uri` relative to it, refusing (`UnsafeKey`) a URI that
-is not beneath the prefix or whose relative key is not `safe_key`. Deciding which prefixes a URI may be resolved
+There is no way to get a store for "whatever this URI names": `store_at(root_uri, clients, prefix=...)` opens the
+store at a root the caller trusts (a configured checkpoint store), optionally narrowed to a key prefix beneath it
+(a tenant's area, a job's checkpoint directory), and `resolve(uri, clients, within=root_uri)` gives that store and
+the key of `uri` relative to it, refusing (`UnsafeKey`) a URI that is not beneath the root or whose relative key
+is not `safe_key`. Narrow a trusted root rather than opening a store at a deeper path: for local files the
+directories of the prefix are then walked without following symlinks too. Deciding which prefixes a URI may be resolved
 within is the caller's business (the broker's `CheckpointStores`). SDK clients come from `StoreClients`, built by
 the caller; an adapter's SDK is imported only when its scheme is used.
 """
@@ -119,34 +121,37 @@ def relative_key(uri: str, prefix_uri: str, *, azure_endpoint: str | None = None
     return rel
 
 
-def store_at(prefix_uri: str, clients: StoreClients) -> ObjectStore:
-    """The store confined beneath `prefix_uri` (ending in `/`): a `LocalStore` rooted at that directory, or a
-    bucket store whose key prefix it is. Raises ValueError for a malformed prefix and StorageError when the client
-    its scheme needs was not given."""
+def store_at(root_uri: str, clients: StoreClients, *, prefix: str = "") -> ObjectStore:
+    """The store at `root_uri` (ending in `/`), narrowed to the keys under `prefix` (empty or a safe key ending in
+    `/`): a `LocalStore` rooted at that directory, or a bucket store whose key prefix is the root's key plus
+    `prefix`. Raises ValueError for a malformed root, `UnsafeKey` for an unsafe prefix, and StorageError when the
+    client its scheme needs was not given."""
     endpoint = clients.azure.url if clients.azure is not None else None
-    parsed = parse_prefix(prefix_uri, azure_endpoint=endpoint)
+    parsed = parse_prefix(root_uri, azure_endpoint=endpoint)
+    prefix = safe_store_prefix(prefix)
+    prefix_uri = root_uri + prefix
     if parsed.scheme == "file":
-        return LocalStore(Path(parsed.key))
+        return LocalStore(Path(parsed.key), prefix=prefix)
     if parsed.scheme == "s3":
         if clients.s3 is None:
             raise StorageError(f"no S3 client configured to reach {prefix_uri}", uri=prefix_uri)
         from providers.storage.s3 import S3Store
 
-        return S3Store(clients.s3, parsed.container, prefix=parsed.key)
+        return S3Store(clients.s3, parsed.container, prefix=parsed.key + prefix)
     if parsed.scheme == "gs":
         if clients.gcs is None:
             raise StorageError(f"no GCS client configured to reach {prefix_uri}", uri=prefix_uri)
         from providers.storage.gcs import GCSStore
 
-        return GCSStore(clients.gcs, parsed.container, prefix=parsed.key)
+        return GCSStore(clients.gcs, parsed.container, prefix=parsed.key + prefix)
     if clients.azure is None:
         raise StorageError(f"no Azure Blob client configured to reach {prefix_uri}", uri=prefix_uri)
-    host = urlsplit(prefix_uri).netloc.lower()
+    host = urlsplit(root_uri).netloc.lower()
     if host.endswith(AZURE_HOST_SUFFIX) and host.split(".", 1)[0] != str(clients.azure.account_name).lower():
         raise StorageError(f"the Azure client is for account {clients.azure.account_name}, not {host}", uri=prefix_uri)
     from providers.storage.azure_blob import AzureBlobStore
 
-    return AzureBlobStore(clients.azure.get_container_client(parsed.container), prefix=parsed.key)
+    return AzureBlobStore(clients.azure.get_container_client(parsed.container), prefix=parsed.key + prefix)
 
 
 def resolve(uri: str, clients: StoreClients, *, within: str) -> tuple[ObjectStore, str]:
