@@ -294,3 +294,74 @@ def test_the_staging_lease_admits_one_replica_at_a_time(db_url: str, clock: Mova
     assert not claim_lease(engine, "stage:p1", "a", later + timedelta(minutes=30), later)
     release_lease(engine, "stage:p1", "b")
     assert claim_lease(engine, "stage:p1", "a", later + timedelta(minutes=30), later)
+
+
+def test_a_job_without_a_checkpoint_uri_gets_its_prefix_in_the_store_where_it_launches(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
+) -> None:
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    api = _api(rt)
+    tick(rt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="3", max_total_usd="80")).json()["id"]
+    tick(rt, clock())  # placed on GCP and launched
+
+    assigned = f"file://{stores_dir}/usc1/tenants/demo/jobs/{job_id}/checkpoint/"
+    job = _job(rt, job_id)
+    assert (job.checkpoint_uri, job.checkpoint_provider, job.checkpoint_region) == (assigned, "gcp", "us-central1")
+    [launch] = gcp.requests
+    assert launch.spec.checkpoint_uri == assigned and launch.resume_from is None  # nothing to resume yet
+    [event] = _events(rt, job_id, "checkpoint_location_assigned")
+    assert event.data["checkpoint_uri"] == assigned
+
+    # the instance checkpoints there; reclaimed, the job moves to AWS with its checkpoint
+    written = stores_dir / "usc1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint" / "model.pt"
+    written.parent.mkdir(parents=True)
+    written.write_bytes(os.urandom(MiB))
+    _run(rt, clock, 4)
+    gcp.preempt(next(iter(gcp.vms)))
+    gcp.prices = {"us-central1-a": Decimal("30")}
+    tick(rt, clock())
+    tick(rt, clock())
+    staged = f"file://{stores_dir}/use1/tenants/demo/jobs/{job_id}/checkpoint/"
+    [relaunch] = aws.requests
+    assert relaunch.resume_from == staged and _job(rt, job_id).checkpoint_uri == staged
+    copied = stores_dir / "use1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint" / "model.pt"
+    assert copied.read_bytes() == written.read_bytes()
+
+
+def test_a_staging_attempt_stops_at_its_deadline_and_the_next_resumes_without_copying_again(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
+) -> None:
+    from broker.tables import CheckpointCopyRow
+
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    source = stores_dir / "use1" / "tenants" / "demo" / "runs" / "big"
+    source.mkdir(parents=True)
+    sizes = {"a.pt": 2 * MiB, "b.pt": 3 * MiB, "c.pt": MiB}
+    for name, size in sizes.items():
+        (source / name).write_bytes(os.urandom(size))
+    job_id, placement_id = _placed_on_gcp(rt, clock, f"file://{source}/", work_gpu_hours="1", max_total_usd="20")
+    target = stores_dir / "usc1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint"
+
+    def expires_once_a_is_copied() -> float:  # a slow source: the attempt's time is up after the first object
+        return 1e9 if (target / "a.pt").exists() else 0.0
+
+    assert stage_checkpoint(rt, placement_id, clock(), clock=expires_once_a_is_copied) is Staging.FAILED
+    [stopped] = _events(rt, job_id, "checkpoint_stage_failed")
+    assert "staging stopped after 300 s" in stopped.message
+    assert sorted(p.name for p in target.iterdir()) == ["a.pt"]
+    first = (target / "a.pt").stat()
+
+    assert stage_checkpoint(rt, placement_id, clock()) is Staging.STAGED
+    again = (target / "a.pt").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # not copied a second time
+    for name in sizes:
+        assert (target / name).read_bytes() == (source / name).read_bytes()
+    [egress] = [e for e in _ledger(rt, job_id) if e.kind == "egress"]
+    assert egress.quantity == (Decimal(sum(sizes.values())) / BYTES_PER_GB).quantize(LEDGER_QUANTUM)
+    with Session(rt.engine) as s:
+        assert s.exec(select(CheckpointCopyRow)).all() == []  # no copy state or marks left behind
