@@ -51,6 +51,9 @@ HOSTILE = ["../../x.pth", "..\\x.pth", "/abs.pth", "a/../../b.pth", "nul\x00.pth
 # gcp-storage-emulator refuses to store names with '..' segments (it turns backslashes into '/' first); real GCS
 # keeps them. The GCS attack plants the hostile names the emulator does hold.
 HOSTILE_GCS = ["/abs.pth", "nul\x00.pth", "ctl\x1b.pth"]
+# Azurite refuses '..' segments, but turns a backslash into '/', so '..\\x.pth' is stored as '../x.pth' (a real
+# '..' segment); it cannot list a container holding a name with a control character
+HOSTILE_AZURE = ["..\\x.pth", "/abs.pth"]
 LEGIT = {"model.pt": os.urandom(MiB + 3), "optim/state.pt": os.urandom(1000)}
 
 
@@ -206,6 +209,47 @@ def test_checkpoint_object_named_dotdot_in_gcs_cannot_write_outside_the_local_st
 
     checkpoint_dir = target / "tenants" / TENANT / "jobs" / job_id / "checkpoint"
     _assert_only_legit_copies(rt, job_id, stores_dir, checkpoint_dir, HOSTILE_GCS)
+
+
+@pytest.mark.integration
+def test_checkpoint_object_with_a_hostile_name_in_azure_blob_cannot_write_outside_the_local_store(
+    db_url: str,
+    make_runtime: Callable[..., Runtime],
+    clock: MovableClock,
+    azurite_endpoint: str,
+    azure_service: Any,
+    stores_dir: Path,
+) -> None:
+    from tests.storage_emulators import AZURITE_ACCOUNT, AZURITE_KEY
+
+    container = azure_service.create_container(f"ckpt-{uuid.uuid4().hex[:8]}")
+    target = stores_dir / "use1"
+    aws, gcp = _clouds(clock)  # the Azure store stands at gcp/us-central1; AWS is the cheaper
+    rt = _runtime(
+        make_runtime,
+        db_url,
+        (aws, gcp),
+        checkpoint_stores={
+            "gcp/us-central1": f"az://{container.container_name}/",
+            "aws/us-east-1": f"file://{target}/",
+        },
+        azure_storage_connection_string=(
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={azurite_endpoint};"
+        ),
+    )
+    run = f"tenants/{TENANT}/runs/llm/"
+    for name, data in LEGIT.items():
+        container.upload_blob(run + name, data)
+    for name in HOSTILE_AZURE:
+        container.upload_blob(run + name, PAYLOAD)
+    job_id, placement_id = _placed(rt, clock, f"az://{container.container_name}/{run}", "aws")
+
+    launch_placement(rt, placement_id, clock())
+
+    checkpoint_dir = target / "tenants" / TENANT / "jobs" / job_id / "checkpoint"
+    as_stored = [name.replace("\\", "/") for name in HOSTILE_AZURE]
+    _assert_only_legit_copies(rt, job_id, stores_dir, checkpoint_dir, as_stored)
 
 
 def _local_pair(stores_dir: Path) -> dict[str, str]:
