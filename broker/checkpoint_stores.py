@@ -144,7 +144,7 @@ class CheckpointStores:
     by_location: dict[Location, str] = field(default_factory=dict)
     extra: dict[str, dict[str, Location]] = field(default_factory=dict)
     _clients: StoreClients | None = None
-    _azure_endpoint: str | None = None
+    _azure_client: Any = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CheckpointStores:
@@ -300,10 +300,11 @@ class CheckpointStores:
 
     def azure_endpoint(self) -> str | None:
         """The Azure client's endpoint (so URLs under an emulator's endpoint parse), when an az:// store is used."""
-        azure = self._azure_endpoint is None and self.settings.azure_storage_connection_string
-        if azure and any(parse_prefix(p).scheme == "az" for p in self._all_prefixes()):
-            self._azure_endpoint = str(self.clients().azure.url)  # type: ignore[union-attr]
-        return self._azure_endpoint
+        if not self.settings.azure_storage_connection_string:
+            return None
+        if not any(parse_prefix(p).scheme == "az" for p in self._all_prefixes()):
+            return None
+        return str(self._azure().url)
 
     def _all_prefixes(self) -> list[str]:
         return [*self.by_location.values(), *(p for prefixes in self.extra.values() for p in prefixes)]
@@ -335,6 +336,11 @@ class CheckpointStores:
         )
 
     def _azure(self) -> Any:
+        if self._azure_client is None:
+            self._azure_client = self._new_azure()
+        return self._azure_client
+
+    def _new_azure(self) -> Any:
         from azure.storage.blob import BlobServiceClient
 
         if not self.settings.azure_storage_connection_string:

@@ -27,7 +27,6 @@ from typing import Any
 from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
-from broker.checkpoint_stores import CheckpointRefused
 from broker.finance.budgets import budget_block_reason
 from broker.loop.common import bind_job
 from broker.metrics import BurstReason
@@ -78,12 +77,6 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
             _hold(provider, q.job.job_id, existing.id)  # a crash came between recording and holding
         return 0
     create = _spec_from_comment(q, [name for name in rt.providers if name != provider.name])
-    if create is not None and create.checkpoint_uri is not None:
-        try:  # the comment's checkpoint_uri is checked as at POST /v1/jobs, for the tenant the job is recorded in
-            rt.checkpoint_stores.match(create.checkpoint_uri, rt.settings.bootstrap_tenant)
-        except CheckpointRefused as exc:
-            log.warning("Slurm job %s asks to burst but its checkpoint_uri is refused: %s", q.job.job_id, exc)
-            create = None
     if create is None:
         rt.metrics.burst_decision("stay", BurstReason.UNUSABLE_SPEC)
         return 0
