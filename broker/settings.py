@@ -172,8 +172,21 @@ class Settings(BaseSettings):
     checkpoint_interval_hours: float = 0.5
     checkpoint_stores: dict[str, str] = Field(
         default_factory=dict,
-        description="where checkpoints are pre-staged before a launch, by location, e.g. "
-        '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}',
+        description="the checkpoint store prefix per location, e.g. "
+        '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}; '
+        "tenant T owns <prefix>tenants/T/ in each (broker/checkpoint_layout.py)",
+    )
+    tenant_checkpoint_prefixes: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="further checkpoint prefixes the operator assigns to a tenant, each with the location it is at, "
+        'e.g. {"acme": {"s3://acme-ml/ckpt/": "aws/us-east-1"}}; a job\'s checkpoint_uri must lie under one of its '
+        "tenant's prefixes",
+    )
+    checkpoint_stage_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long one attempt at pre-staging a checkpoint may copy before it stops (the copy resumes on "
+        "the next tick)",
     )
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for checkpoint stores")
     gcs_endpoint: str | None = Field(default=None, description="GCS endpoint override (e.g. an emulator)")
