@@ -6,7 +6,7 @@ DELETE) also confirms the key is not revoked (one primary-key read), and once a 
 cached key (broker/auth.py). Only a key not yet verified goes to the slow hash, through the process's `HashGate`:
 at most `key_hash_concurrency` hashes at once on its own threads, run at a lower CPU priority (so unverified keys
 never take the worker threads legitimate requests run on, nor their cores), at most `MAX_WAITING_PER_SLOT` per slot
-waiting, and beyond that a 429.
+waiting, and beyond that a 429; concurrent requests with the same key share one hash.
 
 Errors: no key 401; a credential header sent twice, or two different keys, 400 naming the header; any invalid key
 401 "invalid API key" (malformed, unknown, revoked and wrong alike); a wrong role 403.
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
@@ -48,22 +49,36 @@ def _lower_priority() -> None:
 class HashGate:
     """Runs slow key hashes on its own `slots` threads (at a lower CPU priority), never on the worker threads
     legitimate requests run on; refuses (`GateFull`) when `max_waiting` more callers already wait. One per app
-    (process)."""
+    (process).
+
+    Concurrent requests presenting the same key share one hash (single flight): a client that opens many
+    connections at once with a key this process has not verified yet (a fresh worker, a burst of submissions)
+    costs one slot, not one per request, and is never refused for its own parallelism."""
 
     def __init__(self, slots: int, max_waiting: int | None = None) -> None:
         self.slots = slots
         self.max_waiting = max_waiting if max_waiting is not None else slots * MAX_WAITING_PER_SLOT
-        self.pending = 0  # running + waiting
+        self.pending = 0  # running + waiting hashes (one per distinct key in flight)
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="key-hash", initializer=_lower_priority)
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
+    async def run(self, key: str, fn: Callable[[str], T]) -> T:
+        """`fn(key)` on the gate's threads, or the result of the same call already in flight for `key`."""
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        shared = self._inflight.get(digest)
+        if shared is not None:
+            return await asyncio.shield(shared)  # type: ignore[no-any-return]
         if self.pending >= self.slots + self.max_waiting:
             raise GateFull
         self.pending += 1
+        flight = asyncio.get_running_loop().run_in_executor(self._pool, fn, key)
+        self._inflight[digest] = flight
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await asyncio.shield(flight)
         finally:
             self.pending -= 1
+            if self._inflight.get(digest) is flight:
+                del self._inflight[digest]
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -104,7 +119,7 @@ async def authenticate(request: Request, rt: Runtime, key: str) -> Principal:
             if gate is None:
                 principal = await run_in_threadpool(verifier.verify, key)
             else:
-                principal = await gate.run(verifier.verify, key)  # slow hash + lookup, on the gate's threads
+                principal = await gate.run(key, verifier.verify)  # slow hash + lookup, on the gate's threads
         except InvalidKey as exc:
             raise _unauthorised(INVALID) from exc
         except GateFull as exc:
