@@ -1,6 +1,6 @@
 """The start-up script that installs and starts the agent: the same POSIX shell script on every cloud and on Slurm.
 
-It needs only `python3` (3.11+) on the machine: it fetches the agent's wheel (the broker publishes it to each
+It needs only `python3` (3.8+) on the machine: it fetches the agent's wheel (the broker publishes it to each
 checkpoint store and passes a URL the instance can read: a presigned HTTPS URL, or `file://` on a shared
 filesystem), checks its SHA-256, and runs `PYTHONPATH=<wheel> python3 -m agent run --spec <URI>`, as a transient
 systemd service when systemd is the init (so a shutdown sends the agent SIGTERM and waits for it: KillMode=mixed,

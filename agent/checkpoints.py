@@ -28,10 +28,11 @@ import shutil
 import stat
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from agent.compat import UTC
 from agent.protocol import MANIFEST_NAME, Progress
 from agent.stores import Store, StoreError
 
@@ -119,7 +120,7 @@ def parse_manifest(data: bytes) -> Manifest:
 
     def number(name: str) -> float | None:
         v = raw.get(name)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     return Manifest(
         tuple(entries),

@@ -18,10 +18,11 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from agent import net
+from agent.compat import UTC, parse_iso8601
 from agent.sigv4 import AwsCredentials
 
 METADATA_ENV = "OVERSPILL_METADATA_URL"
@@ -104,7 +105,7 @@ class AwsIdentity:
                 raw["AccessKeyId"],
                 raw["SecretAccessKey"],
                 raw.get("Token"),
-                datetime.fromisoformat(raw["Expiration"].replace("Z", "+00:00")) if raw.get("Expiration") else None,
+                parse_iso8601(raw["Expiration"]) if raw.get("Expiration") else None,
             )
         except (IndexError, KeyError, ValueError, TypeError) as exc:
             raise IdentityError(f"AWS instance role credentials at {root}: unexpected answer ({exc})") from None

@@ -36,11 +36,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from agent import protocol as p
 from agent.checkpoints import Checkpointer, CheckpointError, Manifest
+from agent.compat import UTC, parse_iso8601
 from agent.identity import Identities
 from agent.logship import LogShipper, Redactor
 from agent.notices import NoticeWatcher
@@ -524,7 +525,7 @@ class Agent:
         deadline = time.time() + 30.0
         if notice.deadline:
             with contextlib.suppress(ValueError):
-                deadline = datetime.fromisoformat(notice.deadline.replace("Z", "+00:00")).timestamp()
+                deadline = parse_iso8601(notice.deadline).timestamp()
         give_up = deadline - spec.notice.upload_reserve_seconds
         start = self._read_progress()
         base = start.checkpoint if start and start.checkpoint is not None else -1.0

@@ -23,10 +23,11 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 from agent import net
+from agent.compat import UTC, parse_iso8601
 from agent.identity import AwsIdentity, AzureIdentity, GcpIdentity, Identities, IdentityError
 from agent.protocol import Notice, NoticeSource
 
@@ -42,7 +43,7 @@ def _iso(moment: datetime) -> str:
 
 def _parse_time(text: str) -> datetime | None:
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+        return parse_iso8601(text).astimezone(UTC)
     except ValueError:
         pass
     try:

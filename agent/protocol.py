@@ -38,7 +38,8 @@ import hmac
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+
+from agent.compat import StrEnum
 
 PROTOCOL_VERSION = 1
 
@@ -114,7 +115,7 @@ class RegistryAuthKind(StrEnum):
     SECRET = "secret"  # a named secret holding {"username": ..., "password": ...}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SecretRef:
     """One secret the workload receives as environment variable `env`: a reference, never the value."""
 
@@ -124,14 +125,14 @@ class SecretRef:
     field: str | None = None  # for a JSON secret: the key whose value to use
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RegistryAuth:
     kind: RegistryAuthKind = RegistryAuthKind.NONE
     server: str = ""  # e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com, europe-docker.pkg.dev, acme.azurecr.io
     secret: SecretRef | None = None  # for kind=secret
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CheckpointSpec:
     """Where the job's checkpoint lives (a store prefix ending in `/`), and whether to restore it first."""
 
@@ -140,7 +141,7 @@ class CheckpointSpec:
     interval_seconds: int = 1800
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NoticeSpec:
     source: NoticeSource = NoticeSource.NONE
     signal: str = "SIGUSR1"  # sent to the workload on a notice
@@ -148,7 +149,7 @@ class NoticeSpec:
     upload_reserve_seconds: int = 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AttemptSpec:
     """Everything the agent needs to run one attempt. Built by the broker, read by the agent; see module doc."""
 
@@ -238,7 +239,7 @@ class AttemptSpec:
         return spec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Progress:
     """What the workload last wrote to its progress file: `done` and `checkpoint` units of `total`."""
 
@@ -271,7 +272,7 @@ def parse_progress(data: bytes | str) -> Progress:
         if v is None and name == "checkpoint":
             values[name] = None
             continue
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v in (float("inf"), float("-inf")):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
             raise ProtocolError(f"progress.{name} must be a finite number")
         if v < 0:
             raise ProtocolError(f"progress.{name} must not be negative")
@@ -281,7 +282,7 @@ def parse_progress(data: bytes | str) -> Progress:
     return Progress(done=done, total=total, checkpoint=values["checkpoint"])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Notice:
     """An interruption notice as the agent hands it to the workload (the notice file) and to the broker."""
 
@@ -291,7 +292,7 @@ class Notice:
     deadline: str | None = None  # ISO 8601 UTC, when the provider will stop the instance
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Report:
     """One signed message from the agent to the broker. `seq` grows strictly for one placement (microseconds of
     the agent's clock, bumped past the previous one), so the broker can apply each report once."""

@@ -20,11 +20,12 @@ import os
 import queue
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent import net
+from agent.compat import UTC
 from agent.protocol import Report, ReportKind, mailbox_entry_name
 from agent.stores import Store, StoreError
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from agent.compat import remove_prefix
 from agent.protocol import Outcome, Runtime
 
 CONTAINER_CHECKPOINT_DIR = "/overspill/checkpoint"
@@ -284,7 +285,7 @@ class ContainerWorkload(Workload):
 
     def signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self._runtime(["kill", "--signal", sig.name.removeprefix("SIG"), self.launch.name], timeout=30)
+            self._runtime(["kill", "--signal", remove_prefix(sig.name, "SIG"), self.launch.name], timeout=30)
 
     def poll(self) -> int | None:
         assert self.proc is not None

@@ -68,7 +68,7 @@ def _field(ref: SecretRef, value: str) -> str:
         raise SecretError(
             f"secret {ref.env} ({ref.ref}): not a JSON object with the key {ref.field!r}", user_fault=True
         ) from None
-    if isinstance(picked, dict | list) or picked is None:
+    if isinstance(picked, (dict, list)) or picked is None:
         raise SecretError(f"secret {ref.env} ({ref.ref}): key {ref.field!r} is not a string or number", user_fault=True)
     return str(picked)
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from urllib.parse import quote, urlsplit
+
+from agent.compat import UTC
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNSIGNED = frozenset({"authorization", "user-agent", "expect", "connection", "keep-alive", "x-amzn-trace-id"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AwsCredentials:
     access_key: str
     secret_key: str

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
-from agent import net
+from agent import compat, net
 from agent.identity import AzureIdentity, Identities, IdentityError
 from agent.sigv4 import EMPTY_SHA256, AwsCredentials, sign, uri_encode
 
@@ -55,7 +55,7 @@ class _Reader:
 
     def __init__(self, fp: IO[bytes], limit: int) -> None:
         self.fp, self.left = fp, limit
-        self.md5, self.sha256 = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+        self.md5, self.sha256 = compat.md5(), hashlib.sha256()
 
     def read(self, n: int = -1) -> bytes:
         n = self.left if n is None or n < 0 else min(n, self.left)

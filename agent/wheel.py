@@ -3,7 +3,7 @@
 Instances run it without installing anything (`PYTHONPATH=agent.whl python3 -m agent run ...`: a wheel is a zip,
 and Python imports packages from zips), so they need no package index. The build is reproducible (sorted entries,
 fixed timestamps): the same sources give the same bytes and SHA-256, which the broker can pin in start-up scripts.
-Needs Python 3.11 or newer on the instance.
+Needs Python 3.8 or newer on the instance (see `agent/__init__.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def wheel_files(package_dir: Path | None = None) -> dict[str, bytes]:
     dist = f"{NAME}-{VERSION}.dist-info"
     files[f"{dist}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: overspill-agent\nVersion: {VERSION}\n"
-        "Summary: Overspill instance agent (standard library only)\nRequires-Python: >=3.11\n"
+        "Summary: Overspill instance agent (standard library only)\nRequires-Python: >=3.8\n"
     ).encode()
     files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: overspill\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     return files

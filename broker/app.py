@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.audit import AuditLog
 from broker.console import router as console_router
+from broker.deps import HashGate
 from broker.errors import BrokerError
 from broker.logging_setup import configure_logging
 from broker.ratelimit import RateLimit, SharedBuckets
@@ -172,6 +173,7 @@ def create_app(
     )
     if runtime is not None:
         app.state.runtime = runtime
+    app.state.hash_gate = HashGate(config.key_hash_concurrency)  # slow hashes of unverified keys (broker/deps.py)
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
@@ -190,6 +192,8 @@ def create_app(
             RateLimit,
             rate=config.rate_limit_per_second,
             burst=config.rate_limit_burst,
+            unverified_rate=config.rate_limit_unverified_per_second,
+            unverified_burst=config.rate_limit_unverified_burst,
             is_verified=verified,
             shared=shared_buckets,
         )
@@ -241,7 +245,10 @@ def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory broker.app:app_from_env` (several worker processes, API only).
 
     Run the control loop separately (`overspill tick --loop`) when serving this way. The workers share one
-    rate-limit bucket per key through the database (unless `OVERSPILL_RATE_LIMIT_STORE=local`).
+    rate-limit bucket per key through the database (unless `OVERSPILL_RATE_LIMIT_STORE=local`). uvicorn's own
+    proxy settings apply here, and by default they trust `X-Forwarded-For` from 127.0.0.1: pass
+    `--no-proxy-headers`, or `--forwarded-allow-ips` naming your proxy (`overspill serve` does this from
+    `OVERSPILL_FORWARDED_ALLOW_IPS`).
     """
     settings = Settings()
     configure_logging(settings)

@@ -1,16 +1,21 @@
 """Audit log of every state-changing API request: who (key id, tenant, role), what (method, path, route, status),
 when, and from where (client address, request id).
 
-Role: `AuditLog` is pure ASGI middleware. For every POST, PUT, PATCH and DELETE it writes one `audit_log` row
-when the response starts, before the client sees it, so a client that got an answer was audited; refused ones
-(401, 403, 413, 422...) are recorded too. The caller comes from `request.state.principal`, which
-`broker.deps.get_principal` sets once a key is verified; for an unverified request the presented key's id (the
-public `ovs_<id>_` part) is recorded with an empty role; an instance's callback (no API key: a per-placement
-token) is filed under the placement's tenant with role `instance` once the route set
-`request.state.audit_tenant`. Never recorded: the body, the key's secret, any header but `X-Request-ID`. The
-client address is the socket peer (uvicorn's `--forwarded-allow-ips` makes it the forwarded one behind a trusted
-proxy). If the row cannot be written the failure is logged and the answer still goes out (the change it reports
-may already be committed).
+Role: `AuditLog` is pure ASGI middleware. For every POST, PUT, PATCH and DELETE it writes when the response starts,
+before the client sees it, so a client that got an answer was audited:
+- a request whose API key was verified (`request.state.principal`, set by `broker.deps.get_principal`), refused
+  ones included (403, 404, 422...), or an instance's callback whose per-placement token was verified (the route
+  sets `request.state.audit_tenant`; role `instance`): one `audit_log` row in that tenant's log;
+- any other request (no key, an invalid or revoked key, a bad callback token, a body refused before the key was
+  checked): no `audit_log` row and no tenant; it is counted in `audit_refused`, one row per minute, client
+  address, method, route template and status (`record_refused`: an upsert), so a flood of refused requests
+  neither writes to a tenant's log nor grows a table row by row.
+The request id stored is the sanitised one `broker.request_id` bound (the client's only if it is sane, else a
+fresh one). A route may add what it did to `detail` by setting `request.state.audit_detail` (the corrections
+route records the entry, amount, job and note). Never recorded: the body (beyond such a detail), the key's secret,
+any header but `X-Request-ID`. The client address is the socket peer (`OVERSPILL_FORWARDED_ALLOW_IPS` makes it the
+forwarded one behind a trusted proxy). If the row cannot be written the failure is logged and the answer still goes
+out (the change it reports may already be committed).
 
 `list_audit` reads a tenant's entries, newest first, with an opaque cursor.
 
@@ -24,42 +29,37 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.auth import InvalidKey, Principal, parse_key
+from broker.auth import Principal
 from broker.errors import Unprocessable
-from broker.ratelimit import presented_key
-from broker.tables import ApiKey, AuditEntry
+from broker.tables import AuditEntry, AuditRefused
 
 log = logging.getLogger(__name__)
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry:
+def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry | AuditRefused:
+    """The audit row for this request: an `AuditEntry` for a verified caller, else an `AuditRefused` count."""
     state = scope.get("state", {})
     principal = state.get("principal")
+    route = str(getattr(scope.get("route"), "path", ""))[:200]
+    client = (scope.get("client") or ("",))[0][:100]
     if isinstance(principal, Principal):
         tenant, key_id, role = principal.tenant, principal.key_id, principal.role.value
     elif "audit_tenant" in state:  # an instance's callback, proven by its placement token
         tenant, key_id, role = str(state["audit_tenant"]), "", "instance"
     else:
-        tenant, role = "", ""
-        try:
-            key = presented_key(scope)
-            key_id = parse_key(key)[0][:32] if key else ""
-        except InvalidKey:
-            key_id = ""
-    route = scope.get("route")
-    request_id = ""
-    for name, value in scope.get("headers", ()):
-        if name == b"x-request-id":
-            request_id = value.decode("latin-1")[:128]
-    client = scope.get("client")
+        minute = now.replace(second=0, microsecond=0)
+        method = scope["method"][:8]
+        return AuditRefused(minute=minute, client=client, method=method, route=route, status=status, last_at=now)
     return AuditEntry(
         at=now,
         tenant=tenant,
@@ -67,21 +67,20 @@ def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry:
         role=role,
         method=scope["method"][:8],
         path=scope["path"][:500],
-        route=str(getattr(route, "path", ""))[:200],
+        route=route,
         status=status,
-        client=(client[0] if client else "")[:100],
-        request_id=request_id,
+        client=client,
+        request_id=str(state.get("request_id", ""))[:128],  # sanitised by broker.request_id
+        detail=str(state.get("audit_detail", ""))[:500],
     )
 
 
-def record(engine: Engine, entry: AuditEntry) -> None:
-    """Store one entry. A refused key that names a real key id is filed under that key's tenant (its admins
-    should see someone trying it), still with no role: it was not verified."""
+def record(engine: Engine, entry: AuditEntry | AuditRefused) -> None:
+    """Store one entry: an `AuditEntry` appended, an `AuditRefused` added to its minute's count."""
+    if isinstance(entry, AuditRefused):
+        record_refused(engine, entry)
+        return
     with Session(engine) as session:
-        if not entry.tenant and entry.key_id:
-            owner = session.get(ApiKey, entry.key_id)
-            if owner is not None:
-                entry.tenant = owner.tenant
         session.add(entry)
         session.commit()
 
@@ -116,6 +115,20 @@ def record_system(
         record(engine, entry)
     except SQLAlchemyError as exc:
         log.error("audit: could not record %s %s (%s): %s", action, subject, reason, exc)
+
+
+def record_refused(engine: Engine, entry: AuditRefused) -> None:
+    """Count one refused request in its (minute, client, method, route, status) row: one atomic upsert."""
+    table = AuditRefused.__table__  # type: ignore[attr-defined]
+    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+    values = {c: getattr(entry, c) for c in ("minute", "client", "method", "route", "status", "last_at")}
+    statement = insert(table).values(count=1, **values)
+    statement = statement.on_conflict_do_update(
+        index_elements=["minute", "client", "method", "route", "status"],
+        set_={"count": table.c.count + 1, "last_at": statement.excluded.last_at},
+    )
+    with engine.begin() as conn:
+        conn.execute(statement)
 
 
 class AuditLog:

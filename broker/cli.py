@@ -32,12 +32,36 @@ UrlOpt = Annotated[str | None, typer.Option("--url", envvar="OVERSPILL_URL", hel
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")]
 
 
+MAX_SPEC_BYTES = 1_000_000  # the API's default body limit: a bigger spec could not be sent anyway
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases: a job spec never needs one, and a few hundred bytes of nested aliases
+    expand to gigabytes (the "billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
 def _load_spec(path: Path) -> dict[str, Any]:
+    """A job spec from a YAML or JSON file: at most `MAX_SPEC_BYTES`, no YAML aliases (BadParameter otherwise)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if len(raw) > MAX_SPEC_BYTES:
+        raise typer.BadParameter(f"{path} is larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        text = raw.decode()
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_NoAliasLoader)
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"{path} is not a valid job spec: {exc}") from exc
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path} must hold one job spec (a mapping)")
     return data
@@ -78,6 +102,10 @@ def serve(
     console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
     if settings.bootstrap_api_key == DEV_API_KEY:
         console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
+    # X-Forwarded-For is trusted only from the proxies configured (uvicorn by default trusts 127.0.0.1, so any
+    # local process could pose as any client address to the rate limiter and the audit log)
+    proxies = settings.forwarded_allow_ips.strip()
+    forwarding = {"proxy_headers": bool(proxies), "forwarded_allow_ips": proxies or None}
     if workers == 1:
         uvicorn.run(
             create_app(settings, loop=loop),
@@ -86,6 +114,7 @@ def serve(
             log_level="warning",
             log_config=None,  # uvicorn's records go through the broker's (JSON) handler
             access_log=False,  # the broker writes its own access records, with the request id
+            **forwarding,  # type: ignore[arg-type]
         )
         return
     build_runtime(settings)  # migrate and install the bootstrap key once, before the workers start
@@ -100,6 +129,7 @@ def serve(
             log_level="warning",
             log_config=None,
             access_log=False,
+            **forwarding,  # type: ignore[arg-type]
         )
     finally:
         if ticker is not None:
@@ -451,11 +481,16 @@ def keys_create(
     from broker.db import make_engine, utcnow
     from broker.migrate import upgrade
     from broker.settings import Settings
+    from broker.tenants import InvalidTenant, validate_tenant
 
     try:
         role_ = Role(role)
     except ValueError as exc:
         raise typer.BadParameter("role must be admin, submitter or finance", param_hint="--role") from exc
+    try:
+        validate_tenant(tenant)
+    except InvalidTenant as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
     engine = make_engine(Settings())
     upgrade(engine)
     key = create_key(engine, tenant=tenant, role=role_, name=name, now=utcnow())

@@ -93,7 +93,8 @@ def job_mix(n: int, seed: int, now: datetime) -> list[dict[str, Any]]:
             "gpu_count": gpus,
             "work_gpu_hours": str(work),
             "max_total_usd": str((work * Decimal(rng.choice([3, 4, 6]))).quantize(CENT)),
-            "checkpoint_uri": f"s3://checkpoints/{name}-{i:02d}/",
+            # no checkpoint_uri: the demo configures no checkpoint store, and a job's checkpoint_uri must lie under
+            # one of its tenant's store prefixes
             "checkpoint_size_gb": str(rng.choice([2, 10, 40])),
         }
         if rng.random() < 0.4:

@@ -1,18 +1,84 @@
 """FastAPI dependencies: the process's Runtime and the authenticated, authorised caller.
 
-They are `async` so FastAPI does not hand each one to a worker thread; only a key not yet verified in this
-process goes to a thread for the slow hash."""
+They are `async` so FastAPI does not hand each one to a worker thread. A key verified in this process is answered
+from the verifier's cache with no thread hand-off and no database; a state-changing request (POST, PUT, PATCH,
+DELETE) also confirms the key is not revoked (one primary-key read), and once a second one request re-checks every
+cached key (broker/auth.py). Only a key not yet verified goes to the slow hash, through the process's `HashGate`:
+at most `key_hash_concurrency` hashes at once on its own threads, run at a lower CPU priority (so unverified keys
+never take the worker threads legitimate requests run on, nor their cores), at most `MAX_WAITING_PER_SLOT` per slot
+waiting, and beyond that a 429; concurrent requests with the same key share one hash.
+
+Errors: no key 401; a credential header sent twice, or two different keys, 400 naming the header; any invalid key
+401 "invalid API key" (malformed, unknown, revoked and wrong alike); a wrong role 403.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import os
+import threading
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
 
-from broker.auth import InvalidKey, Principal, Role
+from broker.auth import INVALID, AmbiguousCredentials, InvalidKey, Principal, Role, presented_key
 from broker.runtime import Runtime
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_WAITING_PER_SLOT = 32
+HASH_NICE = 10
+T = TypeVar("T")
+
+
+class GateFull(Exception):
+    """Too many unverified keys are waiting for the slow hash in this process."""
+
+
+def _lower_priority() -> None:
+    """Run this thread at a lower CPU priority (nice +10, Linux: per thread), so that hashing guessed keys yields
+    the cores to legitimate requests."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: the slots still cap its CPU
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICE)
+
+
+class HashGate:
+    """Runs slow key hashes on its own `slots` threads (at a lower CPU priority), never on the worker threads
+    legitimate requests run on; refuses (`GateFull`) when `max_waiting` more callers already wait. One per app
+    (process).
+
+    Concurrent requests presenting the same key share one hash (single flight): a client that opens many
+    connections at once with a key this process has not verified yet (a fresh worker, a burst of submissions)
+    costs one slot, not one per request, and is never refused for its own parallelism."""
+
+    def __init__(self, slots: int, max_waiting: int | None = None) -> None:
+        self.slots = slots
+        self.max_waiting = max_waiting if max_waiting is not None else slots * MAX_WAITING_PER_SLOT
+        self.pending = 0  # running + waiting hashes (one per distinct key in flight)
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="key-hash", initializer=_lower_priority)
+
+    async def run(self, key: str, fn: Callable[[str], T]) -> T:
+        """`fn(key)` on the gate's threads, or the result of the same call already in flight for `key`."""
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        shared = self._inflight.get(digest)
+        if shared is not None:
+            return await asyncio.shield(shared)  # type: ignore[no-any-return]
+        if self.pending >= self.slots + self.max_waiting:
+            raise GateFull
+        self.pending += 1
+        flight = asyncio.get_running_loop().run_in_executor(self._pool, fn, key)
+        self._inflight[digest] = flight
+        try:
+            return await asyncio.shield(flight)
+        finally:
+            self.pending -= 1
+            if self._inflight.get(digest) is flight:
+                del self._inflight[digest]
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -22,31 +88,61 @@ async def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
+def _unauthorised(message: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def request_key(request: Request) -> str | None:
+    """The key the request presents (`broker.auth.presented_key`); 400 naming the header if ambiguous."""
+    try:
+        return presented_key(request.scope["headers"])
+    except AmbiguousCredentials as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+
+async def authenticate(request: Request, rt: Runtime, key: str) -> Principal:
+    """The principal of `key` (see the module docstring); HTTPException 401 or 429 otherwise."""
+    verifier = rt.verifier
+    principal = verifier.cached(key)  # the common case: no thread hand-off, no database
+    if principal is not None and verifier.recheck_due():
+        await run_in_threadpool(verifier.recheck)
+        principal = verifier.cached(key)
+    if (
+        principal is not None
+        and request.method in STATE_CHANGING
+        and not await run_in_threadpool(verifier.confirm, principal)
+    ):
+        raise _unauthorised(INVALID)
+    if principal is None:
+        gate: HashGate | None = getattr(request.app.state, "hash_gate", None)
+        try:
+            if gate is None:
+                principal = await run_in_threadpool(verifier.verify, key)
+            else:
+                principal = await gate.run(key, verifier.verify)  # slow hash + lookup, on the gate's threads
+        except InvalidKey as exc:
+            raise _unauthorised(INVALID) from exc
+        except GateFull as exc:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                "Authorization: too many unverified API keys are being checked at once; retry after 1 s",
+                headers={"Retry-After": "1"},
+            ) from exc
+    return principal
+
+
 async def get_principal(
     request: Request,
     rt: RuntimeDep,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
+    authorization: Annotated[str | None, Header(description="Bearer <API key>")] = None,
+    x_api_key: Annotated[str | None, Header(description="the API key (instead of Authorization)")] = None,
 ) -> Principal:
-    key = x_api_key
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        if scheme.lower() == "bearer":
-            key = value.strip()
+    # the two headers are declared for the OpenAPI document; the key is read from the raw headers, where a
+    # header sent twice is visible (FastAPI would give the first), by the same function as the rate limiter's
+    key = request_key(request)
     if not key:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing API key: send 'Authorization: Bearer <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    principal = rt.verifier.cached(key)  # the common case: no thread hand-off, no database
-    if principal is None:
-        try:
-            principal = await run_in_threadpool(rt.verifier.verify, key)  # slow hash + lookup, off the event loop
-        except InvalidKey as exc:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, f"invalid API key ({exc})", headers={"WWW-Authenticate": "Bearer"}
-            ) from exc
+        raise _unauthorised("missing API key: send 'Authorization: Bearer <key>'")
+    principal = await authenticate(request, rt, key)
     request.state.principal = principal  # for the audit log (broker.audit)
     return principal
 

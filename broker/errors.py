@@ -31,3 +31,9 @@ class NotFoundError(BrokerError):
 
     def __init__(self, kind: str, ident: str) -> None:
         super().__init__(kind, f"no {kind} {ident!r}")
+
+
+class PayloadTooLarge(BrokerError):
+    """The request's content passes a size limit once read or decompressed (413); the message names the limit."""
+
+    status_code = 413

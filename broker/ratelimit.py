@@ -5,10 +5,15 @@ Role: pure ASGI middleware in front of the app (cheaper than Starlette's BaseHTT
   of the presented credential (`Authorization: Bearer` or `X-API-Key`), never the key itself, and before the key
   is verified, so a flood is refused without paying the slow hash. A wrong key guessed with another key's id gets
   its own bucket: it cannot drain the real key's.
-- A request with no key, or with a key this process has not verified yet (which costs a slow scrypt hash), also
-  takes a token from its client address's bucket: guessing keys from one address is rate limited too. The
-  address is charged first, so a refused guess leaves no bucket behind for its key.
-- Health checks (`/healthz`, `/readyz`) are never limited.
+- A request with no key also takes a token from its client address's bucket (`rate`, `burst`). A request with a
+  key this process has not verified yet (which costs a slow scrypt hash) takes one from its client address's
+  unverified-key bucket instead, at its own, lower rate (`unverified_rate`, `unverified_burst`): guessing keys
+  from one address is held to a few hashes per second. The address is charged first, so a refused guess leaves
+  no bucket behind for its key. (`broker.deps.HashGate` caps the hashes running at once in the process.)
+- The key is read by `broker.auth.presented_key`, as authentication reads it; a request whose credentials are
+  ambiguous (a header twice, two different keys) is answered 400 naming the header here.
+- Health checks (`/healthz`, `/readyz`) without credentials are never limited; with credentials (`/readyz` shows
+  its detail to the metrics token or an admin key) they are limited like any request.
 - 429 answers say which limit was hit and when to retry: `Retry-After` in whole seconds (rounded up).
 
 Where buckets live (`RateLimit(shared=...)`):
@@ -47,6 +52,8 @@ import anyio.to_thread
 import psycopg
 from sqlalchemy import create_engine, event
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from broker.auth import AmbiguousCredentials, presented_key
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +173,16 @@ class SharedBuckets(ABC):
             return SqliteBuckets(database_url, rate, burst, **options)
         return PostgresBuckets(database_url, rate, burst, **options)
 
-    async def take(self, key: bytes) -> float:
+    async def take(self, key: bytes, limit: tuple[float, int] | None = None) -> float:
+        """Take a token from `key`'s bucket; `limit` (rate, burst) overrides the store's for this bucket."""
         now = time.monotonic()
         due = self._refused.get(key)
         if due is not None:
             if due > now:  # refused before, and no token can have come back since: no round trip
                 return due - now
             del self._refused[key]
-        row = await self._execute("take", {"key": key, **self._params})
+        params = self._params if limit is None else {"interval": 1.0 / limit[0], "slack": (limit[1] - 1) / limit[0]}
+        row = await self._execute("take", {"key": key, **params})
         wait = float(row[0]) if row else 0.0
         if wait <= 0:
             return 0.0
@@ -318,19 +327,6 @@ def _sqlite_autocommit(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.execute("PRAGMA synchronous=NORMAL")  # as broker.db: no fsync per commit in WAL mode
 
 
-def presented_key(scope: Scope) -> str | None:
-    """The API key a request presents (Bearer or X-API-Key), as `broker.deps.get_principal` reads it."""
-    key = None
-    for name, value in scope.get("headers", ()):
-        if name == b"x-api-key":
-            key = value.decode("latin-1").strip()
-        elif name == b"authorization":
-            scheme, _, rest = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer":
-                return rest.strip() or None
-    return key or None
-
-
 class RateLimit:
     """ASGI middleware applying token buckets per key (and per client address for unverified keys).
 
@@ -344,6 +340,8 @@ class RateLimit:
         *,
         rate: float,
         burst: int,
+        unverified_rate: float | None = None,
+        unverified_burst: int | None = None,
         is_verified: Callable[[Scope, str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         shared: SharedBuckets | None = None,
@@ -352,6 +350,8 @@ class RateLimit:
         self.app = app
         self.keys = TokenBuckets(rate, burst, clock=clock)
         self.addresses = TokenBuckets(rate, burst, clock=clock)
+        self.unverified_limit = (unverified_rate or rate, unverified_burst or burst)
+        self.unverified = TokenBuckets(*self.unverified_limit, clock=clock)
         self.is_verified = is_verified or (lambda scope, key: False)
         self.shared = shared
         self.retry_seconds = retry_seconds
@@ -360,20 +360,32 @@ class RateLimit:
         self._state_lock = threading.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        key = presented_key(scope)
+        try:
+            key = presented_key(scope.get("headers", ()))
+        except AmbiguousCredentials as exc:
+            await _answer(send, 400, str(exc))
+            return
+        if key is None and scope["path"] in EXEMPT_PATHS:
+            await self.app(scope, receive, send)
+            return
         wanted: list[tuple[bytes, str]] = []
-        if key is None or not self.is_verified(scope, key):
-            client = scope.get("client")
-            address = client[0] if client else "unknown"
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        if key is None:
             wanted.append((b"a" + address.encode(), f"client address {address}"))
+        elif not self.is_verified(scope, key):
+            wanted.append((b"u" + address.encode(), f"unverified API keys from client address {address}"))
         if key is not None:
             wanted.append((b"k" + hashlib.sha256(key.encode()).digest(), "this API key"))
         wait, refused = await self.take(wanted) if self.shared is not None else self.take_local(wanted)
         if wait:
-            await _reject(send, wait, refused, self.keys.rate, int(self.keys.burst))
+            rate, burst = (
+                self.unverified_limit if refused.startswith("unverified") else (self.keys.rate, self.keys.burst)
+            )
+            await _reject(send, wait, refused, rate, int(burst))
             return
         await self.app(scope, receive, send)
 
@@ -384,7 +396,7 @@ class RateLimit:
             try:
                 result = (0.0, "")
                 for bucket, which in wanted:
-                    wait = await self.shared.take(bucket)
+                    wait = await self.shared.take(bucket, self.unverified_limit if bucket[:1] == b"u" else None)
                     if wait:
                         result = (wait, which)
                         break
@@ -401,8 +413,9 @@ class RateLimit:
 
     def take_local(self, wanted: Sequence[tuple[bytes, str]]) -> tuple[float, str]:
         """As `take`, from this process's buckets."""
+        stores = {b"a": self.addresses, b"u": self.unverified}
         for bucket, which in wanted:
-            wait = (self.addresses if bucket[:1] == b"a" else self.keys).take(bucket)
+            wait = stores.get(bucket[:1], self.keys).take(bucket)
             if wait:
                 return wait, which
         return 0.0, ""
@@ -444,15 +457,19 @@ async def _reject(send: Send, wait: float, which: str, rate: float, burst: int) 
         f"rate limit: too many requests for {which} (at most {burst} at once, then {rate:g} per second); "
         f"retry after {retry_after} s"
     )
+    await _answer(send, 429, message, [(b"retry-after", str(retry_after).encode())])
+
+
+async def _answer(send: Send, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"message": message, "detail": []}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 429,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(retry_after).encode()),
+                *headers,
             ],
         }
     )

@@ -1,7 +1,8 @@
 """Request ids: every HTTP request gets one, logs carry it, the response returns it in `X-Request-ID`.
 
 Contract: a client's own `X-Request-ID` is kept when it is sane (1-128 characters of `A-Za-z0-9._:-`), so a
-caller can follow its request through the broker's logs; anything else is replaced by a fresh `req-<uuid>`.
+caller can follow its request through the broker's logs; anything else (a newline included) is replaced by a fresh
+`req-<uuid>`. The audit log stores this sanitised id, never the raw header.
 The id is bound in the log context (`broker.logging_setup.log_context`) for the whole request, and a job submitted
 by the request keeps it (`job.request_id`), so the control loop's records about that job carry it too. One
 `http request` record per request logs method, route, status and duration (INFO, logger `broker.access`).
@@ -19,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.logging_setup import log_context
 
 HEADER = "X-Request-ID"
-_SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_SANE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 access_log = logging.getLogger("broker.access")
 
 
@@ -29,7 +30,7 @@ def new_request_id(prefix: str = "req") -> str:
 
 def accepted_request_id(value: str | None) -> str:
     """The client's id if it is sane, else a new one."""
-    return value if value is not None and _SANE.match(value) else new_request_id()
+    return value if value is not None and _SANE.fullmatch(value) else new_request_id()
 
 
 class RequestIdMiddleware:

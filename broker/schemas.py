@@ -5,13 +5,14 @@ Unknown fields are refused (a typo must not silently drop a ceiling). Money trav
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from providers.accelerators import canonical
+from providers.images import validate_image
 
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 Hours = Annotated[Decimal, Field(gt=0, le=100_000, max_digits=14, decimal_places=6)]
@@ -27,10 +28,21 @@ def _canonical_list(names: list[str]) -> list[str]:
     return out
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
+def aware_utc(value: datetime | None) -> datetime | None:
+    """A client's instant as UTC: it must carry a time zone and fall within years 1970-9998 once in UTC (so no
+    later arithmetic or comparison overflows: `9999-12-31T23:59:59-14:00` is in year 10000). `ValueError` says why.
+    """
+    if value is None:
+        return None
+    if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("must include a time zone, e.g. 2026-12-01T00:00:00Z")
-    return value
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range: must fall within years 1970-9998 in UTC") from None
+    if not 1970 <= utc.year <= 9998:
+        raise ValueError("out of range: must fall within years 1970-9998 in UTC")
+    return utc
 
 
 class JobCreate(BaseModel):
@@ -41,7 +53,16 @@ class JobCreate(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     team: Label = "default"
     project: Label = "default"
-    image: str = Field(min_length=1, max_length=300, examples=["ghcr.io/acme/train:1.4"])
+    image: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=300,
+            examples=["ghcr.io/acme/train:1.4"],
+            description="OCI image reference: [registry[:port]/]path[:tag][@algorithm:hex]",
+        ),
+        AfterValidator(validate_image),
+    ]
     command: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=64)
     accelerators: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=32)]],
@@ -54,7 +75,7 @@ class JobCreate(BaseModel):
     memory_gib: Decimal = Field(default=Decimal("0"), ge=0, le=65536, max_digits=10, decimal_places=3)
     work_gpu_hours: Hours | None = None
     runtime_hours: Hours | None = None
-    deadline: Annotated[datetime | None, AfterValidator(_aware)] = None
+    deadline: Annotated[datetime | None, AfterValidator(aware_utc)] = None
     max_total_usd: Usd
     max_hourly_usd: Usd | None = None
     checkpoint_uri: str | None = Field(default=None, max_length=500)
@@ -81,7 +102,7 @@ class JobUpdate(BaseModel):
 
     max_total_usd: Usd | None = None
     max_hourly_usd: Usd | None = None
-    deadline: Annotated[datetime | None, AfterValidator(_aware)] = None
+    deadline: Annotated[datetime | None, AfterValidator(aware_utc)] = None
     priority: int | None = Field(default=None, ge=-1000, le=1000)
 
     @model_validator(mode="after")

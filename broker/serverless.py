@@ -18,9 +18,11 @@ Dispatch is by the event's shape, before Mangum (which only understands HTTP eve
   fix them. Notices are at-least-once; a repeat is a no-op.
 - Anything else raises `ValueError`.
 
-Cold start: `Settings()` from the environment; when `OVERSPILL_DATABASE_SECRET_ARN` is set (and
-`OVERSPILL_DATABASE_URL` is not) the database URL is built from that Secrets Manager secret (`username`,
-`password`, and `host`/`port`/`dbname` when the secret has them, else `OVERSPILL_DATABASE_HOST`/`_PORT`/`_NAME`).
+Cold start: `Settings()` from the environment, with `serverless=True` (a Lambda container's disk is ephemeral and
+private to it, so report destinations of type `directory` are refused: `broker.finance.reports.deliver`); when
+`OVERSPILL_DATABASE_SECRET_ARN` is set (and `OVERSPILL_DATABASE_URL` is not) the database URL is built from that
+Secrets Manager secret (`username`, `password`, and `host`/`port`/`dbname` when the secret has them, else
+`OVERSPILL_DATABASE_HOST`/`_PORT`/`_NAME`).
 `build_runtime` then migrates under PostgreSQL's advisory lock, so concurrent cold starts are safe: one upgrades,
 the others wait and find nothing to do. The runtime and the Mangum app are built once per container (module-level
 cache guarded by a lock) and reused by every warm invocation.
@@ -198,7 +200,7 @@ class SecretCredentials:
 
 
 def _settings_and_credentials(env: Mapping[str, str]) -> tuple[Settings, SecretCredentials | None]:
-    settings = Settings()
+    settings = Settings(serverless=True)  # no durable local disk here: no directory report destinations
     arn = env.get(SECRET_ARN_ENV, "")
     if not arn or settings.database_url:
         return settings, None

@@ -9,10 +9,11 @@ are kept out of `repr(settings)`.
 from __future__ import annotations
 
 from decimal import Decimal
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.slurm_accounts import SlurmAccountPolicy
@@ -30,7 +31,7 @@ class Settings(BaseSettings):
     port: int = 8000
 
     broker_id: str = "overspill-local"
-    bootstrap_tenant: str = "demo"
+    bootstrap_tenant: str = Field(default="demo", description="tenant of the bootstrap key (broker/tenants.py rule)")
     bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
@@ -217,8 +218,21 @@ class Settings(BaseSettings):
     checkpoint_interval_hours: float = 0.5
     checkpoint_stores: dict[str, str] = Field(
         default_factory=dict,
-        description="where checkpoints are pre-staged before a launch, by location, e.g. "
-        '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}',
+        description="the checkpoint store prefix per location, e.g. "
+        '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}; '
+        "tenant T owns <prefix>tenants/T/ in each (broker/checkpoint_layout.py)",
+    )
+    tenant_checkpoint_prefixes: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="further checkpoint prefixes the operator assigns to a tenant, each with the location it is at, "
+        'e.g. {"acme": {"s3://acme-ml/ckpt/": "aws/us-east-1"}}; a job\'s checkpoint_uri must lie under one of its '
+        "tenant's prefixes",
+    )
+    checkpoint_stage_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long one attempt at pre-staging a checkpoint may copy before it stops (the copy resumes on "
+        "the next tick)",
     )
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for checkpoint stores")
     gcs_endpoint: str | None = Field(default=None, description="GCS endpoint override (e.g. an emulator)")
@@ -245,6 +259,38 @@ class Settings(BaseSettings):
         default=None, description="root of 'directory' report deliveries (data_dir/reports)"
     )
     reports_s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint override for report delivery")
+    report_destinations: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='S3 report destinations each tenant may use, e.g. {"acme": ["s3://finance-reports/acme/"]}: a '
+        "destination must lie under one of its tenant's prefixes (none configured: no S3 destination)",
+    )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description='private networks webhooks may reach, as CIDRs (e.g. ["10.20.0.0/16"]); by default budget and '
+        "report webhooks go to public addresses only",
+    )
+    delivery_deadline_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="total time one webhook, email or S3 delivery may take, DNS included"
+    )
+    delivery_workers: int = Field(default=4, ge=1, le=32, description="deliveries a tick runs at once")
+    delivery_step_seconds: float = Field(
+        default=20.0, gt=0, description="a tick starts no new delivery after this (the rest wait for the next tick)"
+    )
+    serverless: bool = Field(
+        default=False,
+        description="set by broker.serverless on AWS Lambda (no durable local disk: no directory reports)",
+    )
+    bill_max_decompressed_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024, description="a bill's size once decompressed (CSV bytes, Parquet values)"
+    )
+    bill_max_rows: int = Field(default=2_000_000, ge=1, description="rows a bill may have")
+    bill_max_columns: int = Field(default=400, ge=3, description="columns a bill may have")
+    bill_max_expansion_ratio: float = Field(
+        default=100.0,
+        ge=2,
+        description="how much a bill may grow beyond its first MiB: a .csv.gz's decompressed / compressed bytes, a "
+        "Parquet file's decoded values / the pages' stated size (real exports: 5-30x; bombs: 1000x)",
+    )
     finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
 
     max_request_bytes: int = 1_000_000
@@ -260,6 +306,28 @@ class Settings(BaseSettings):
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_unverified_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        description="per client address, for requests whose API key this process has not verified yet (each costs "
+        "a slow scrypt hash): guessing keys from one address is held to this rate",
+    )
+    rate_limit_unverified_burst: int = Field(
+        default=10, ge=1, description="unverified keys one address may send at once"
+    )
+    key_hash_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="slow key hashes run at once per API process, on their own threads (32 more per slot may wait; "
+        "beyond, 429): unverified keys cannot take the threads legitimate requests run on",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="`overspill serve`: comma-separated proxy addresses (or '*') whose X-Forwarded-For / "
+        "X-Forwarded-Proto uvicorn trusts for the client address; empty (default): none, the socket peer is the "
+        "client (uvicorn's own default would trust 127.0.0.1)",
+    )
     rate_limit_store: Literal["auto", "shared", "local"] = Field(
         default="auto",
         description="where the buckets live: 'shared' in the database (one limit per key across every process on "
@@ -277,6 +345,31 @@ class Settings(BaseSettings):
     libcloud_secret_arn: str = ""
     metrics_token_arn: str = ""
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
+
+    @field_validator("bootstrap_tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        from broker.tenants import validate_tenant
+
+        return validate_tenant(value)
+
+    @model_validator(mode="after")
+    def _finance_targets(self) -> Settings:
+        from broker.finance.outbound import parse_networks
+        from broker.finance.reports.deliver import parse_s3_prefix
+
+        parse_networks(self.webhook_allowed_networks)  # ValueError naming the bad CIDR
+        for tenant, prefixes in self.report_destinations.items():
+            for prefix in prefixes:
+                parse_s3_prefix(prefix, f"report_destinations[{tenant!r}]")
+        return self
+
+    @property
+    def webhook_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """`webhook_allowed_networks` parsed."""
+        from broker.finance.outbound import parse_networks
+
+        return parse_networks(self.webhook_allowed_networks)
 
     @model_validator(mode="after")
     def _secrets(self) -> Settings:

@@ -335,6 +335,7 @@ class ReportRunRow(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("schedule_id", "scheduled_for", name="uq_report_run_schedule_slot"),
         Index("ix_report_run_tenant_created", "tenant", "created_at"),
+        Index("ix_report_run_delivery_state", "delivery_state"),
     )
 
     id: str = Field(primary_key=True, max_length=40)
@@ -344,7 +345,7 @@ class ReportRunRow(SQLModel, table=True):
     format: str = Field(max_length=16)
     period_start_at: datetime = _at(nullable=False)
     period_end_at: datetime = _at(nullable=False)
-    state: str = Field(max_length=16)  # running | succeeded | failed
+    state: str = Field(max_length=16)  # running | delivering | succeeded | failed
     filename: str = Field(default="", max_length=200)
     content_type: str = Field(default="", max_length=100)
     content: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
@@ -355,6 +356,10 @@ class ReportRunRow(SQLModel, table=True):
     error: str = Field(default="", max_length=1000)
     created_at: datetime = _at(nullable=False)
     finished_at: datetime | None = _at()
+    # where it goes, delivered by the control loop (never inside a request): "" none | pending | delivered | failed
+    destination: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    delivery_state: str = Field(default="", max_length=16)
+    delivery_attempts: int = 0
 
 
 class BillImportRow(SQLModel, table=True):
@@ -420,12 +425,30 @@ class AuditEntry(SQLModel, table=True):
     status: int
     client: str = Field(default="", max_length=100)
     request_id: str = Field(default="", max_length=128)
+    detail: str = Field(default="", max_length=500)  # what a route chose to record (e.g. a correction's amount)
+
+
+class AuditRefused(SQLModel, table=True):
+    """State-changing requests refused before any key or callback token was verified (401, 400, 413...), counted
+    per minute, client address, method, route template ("" when no route matched) and status. Never attributed to
+    a tenant: an unverified request cannot write to a tenant's `audit_log`."""
+
+    __tablename__ = "audit_refused"
+
+    minute: datetime = Field(sa_type=UTCDateTime, primary_key=True)
+    client: str = Field(primary_key=True, max_length=100)
+    method: str = Field(primary_key=True, max_length=8)
+    route: str = Field(primary_key=True, max_length=200)
+    status: int = Field(primary_key=True)
+    count: int = 1
+    last_at: datetime = _at(nullable=False)
 
 
 class RateLimitBucket(SQLModel, table=True):
     """One API key's or client address's token bucket, shared by every API process (broker/ratelimit.py).
 
-    `key` is b"k" + the SHA-256 of a presented API key (never the key) or b"a" + a client address; `tat` is when
+    `key` is b"k" + the SHA-256 of a presented API key (never the key), b"a" + a client address (requests with no
+    key) or b"u" + a client address (requests with a key not verified yet); `tat` is when
     the bucket is full again (epoch seconds, database clock); `wait` is what the last take was told to wait (0: it
     got a token). A row whose `tat` has passed means a full bucket, so such rows are deleted at will. UNLOGGED on
     PostgreSQL."""

@@ -6,6 +6,9 @@ Contract with the training container (documented for users): the broker sets `OV
 to write and read checkpoints), `OVERSPILL_RESUME=1` when a checkpoint from an earlier attempt should be loaded,
 `OVERSPILL_JOB_ID` and `OVERSPILL_PLACEMENT_ID`, and `OVERSPILL_CHECKPOINT_INTERVAL_SECONDS` (how often to
 checkpoint). The container should checkpoint at that cadence and on SIGTERM.
+
+The image reference is validated again here (`providers.images.validate_image`, `ValueError` if it is not one) and
+passed after `--` in `docker pull` and `docker run`, after every option.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import shlex
 
 from providers.base import LaunchRequest
+from providers.images import validate_image
 
 
 def container_env(request: LaunchRequest) -> dict[str, str]:
@@ -33,7 +37,10 @@ def startup_script(request: LaunchRequest) -> str:
     env_flags = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(container_env(request).items()))
     command = " ".join(shlex.quote(part) for part in request.spec.command)
     gpus = "--gpus all" if request.spec.gpu_count else ""
-    run = f"docker run --rm {gpus} {env_flags} {shlex.quote(request.spec.image)} {command}".rstrip()
+    image = shlex.quote(validate_image(request.spec.image))
+    # every option first, then `--`: the image can never be read as an option (`--privileged`...), even if a
+    # reference slipped past validation; docker and podman both take `--` before the image
+    run = f"docker run --rm {gpus} {env_flags} -- {image} {command}".rstrip()
     lines = [
         "#!/bin/bash",
         "# written by Overspill: runs one training job attempt, then powers off",
@@ -49,7 +56,7 @@ def startup_script(request: LaunchRequest) -> str:
             f"-H {shlex.quote('X-Overspill-Callback-Token: ' + request.callback_token)} "
             f'-d "$ev" {shlex.quote(relay)} ;; esac; done ) &'
         )
-    lines += [f"docker pull {shlex.quote(request.spec.image)}", f"{run}", "rc=$?"]
+    lines += [f"docker pull -- {image}", f"{run}", "rc=$?"]
     if request.callback_url and request.callback_token:
         url = f"{request.callback_url.rstrip('/')}/v1/placements/{request.tags.placement_id}/exit"
         lines.append(

@@ -65,12 +65,14 @@ def test_health_and_readiness(db_url: str, make_runtime: Callable[..., Runtime],
     before = c.get("/readyz")
     assert before.status_code == 503 and "first tick" in before.json()["prices"]
     tick(rt, clock())
-    ready = c.get("/readyz")
+    admin = {"Authorization": f"Bearer {DEV_API_KEY}"}  # feed detail is for admins and the metrics token
+    ready = c.get("/readyz", headers=admin)
     assert ready.status_code == 200, ready.text
     assert ready.json()["feeds"]["prices:sim-aws"]["fresh"]
     clock.advance(hours=4)
-    stale = c.get("/readyz")
+    stale = c.get("/readyz", headers=admin)
     assert stale.status_code == 503 and not stale.json()["feeds"]["prices:sim-aws"]["fresh"]
+    assert c.get("/readyz").json() == {"status": "not ready", "database": "ok", "prices": "stale"}
 
 
 def test_job_runs_on_the_simulated_market_to_completion(client: TestClient, rt: Runtime, clock: MovableClock) -> None:

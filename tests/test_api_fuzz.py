@@ -99,3 +99,136 @@ def _fuzz(
         if mode is GenerationMode.POSITIVE:
             raise
         # nothing in this operation can be made invalid (no parameters, no body): its valid requests were sent
+
+
+# Values that broke the API once (or could): each is sent in every body field and query and path parameter of every
+# operation, on top of a valid request, and must get a 4xx or a 2xx on the spec, never a 5xx.
+HOSTILE_VALUES: list[Any] = [
+    "9999-12-31T23:59:59-14:00",  # a deadline whose UTC instant is in year 10000
+    "0001-01-01T00:00:00+14:00",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e999999",
+    "-1e999999",
+    "a\x00b",
+    "\x00",
+    "line\r\nInjected: header",
+    "--privileged",
+    "../../../etc/passwd",
+    "file:///etc/passwd",
+    "é\u2028\U0001f600",
+    1e308,
+    -(2**63),
+]
+# header values: non-ASCII and control bytes where the API reads a header itself
+HOSTILE_HEADERS: dict[str, list[bytes]] = {
+    "X-Overspill-Callback-Token": ["é".encode() * 64, b"\xff\xfe", b"tok\x00en"],
+    "X-Request-ID": ["é".encode(), b"a\x7fb", b"x" * 4000],
+    "Idempotency-Key": ["é".encode(), b"\x01\x02", b"k" * 4000],
+    "Authorization": [b"Bearer \xc3\xa9", b"Bearer ovs_\xff_" + b"s" * 20],
+    "X-API-Key": ["é".encode()],
+}
+
+
+def _valid_case(operation: Any) -> Any:
+    found: list[Any] = []
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(max_examples=1, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    def grab(case: Any) -> None:
+        found.append(case)
+
+    grab()
+    return found[0]
+
+
+def _variants(operation: Any, base: Any) -> Iterator[Any]:
+    """`base` with one body field, query or path parameter replaced by one hostile value."""
+
+    def case(**changes: Any) -> Any:
+        fields = {
+            "method": base.method,
+            "path_parameters": dict(base.path_parameters or {}),
+            "query": dict(base.query or {}),
+            "headers": dict(base.headers or {}),
+            "media_type": base.media_type,
+        }
+        if not isinstance(base.body, schemathesis.core.NotSet):
+            fields["body"] = base.body
+        fields.update(changes)
+        return operation.Case(**fields)
+
+    names = {p.name: p.location for p in operation.iter_parameters()}
+    for value in HOSTILE_VALUES:
+        for name, location in names.items():
+            if location == "query":
+                yield case(query={**(base.query or {}), name: value})
+            elif location == "path" and isinstance(value, str) and value and "/" not in value:
+                yield case(path_parameters={**(base.path_parameters or {}), name: value})
+        if isinstance(base.body, dict):
+            schema = operation.body[0].definition.get("schema", {}) if operation.body else {}
+            fields = set(base.body) | set(_properties(operation, schema))
+            for field in fields:
+                yield case(body={**base.body, field: value})
+
+
+def _properties(operation: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref:
+        schema = operation.schema.raw_schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return dict(schema.get("properties", {}))
+
+
+def test_hostile_values_never_get_a_5xx_or_an_answer_off_the_spec(fuzz_rt: Runtime) -> None:
+    app = create_app(runtime=fuzz_rt)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    auth = {"Authorization": f"Bearer {DEV_API_KEY}"}
+    statuses: Counter[int] = Counter()
+    failures: list[str] = []
+    sent = 0
+    for operation in (result.ok() for result in schema.get_all_operations()):
+        base = _valid_case(operation)
+        for case in _variants(operation, base):
+            sent += 1
+            try:
+                response = case.call(headers=auth)
+            except Exception as exc:  # the app raised: a 5xx for a real client
+                failures.append(f"{operation.label} {case.body if case.body else case.query} [raised]: {exc!r:.300}")
+                statuses[500] += 1
+                continue
+            statuses[response.status_code] += 1
+            try:
+                case.validate_response(response, checks=CHECKS, headers=auth)
+            except Exception as exc:  # a check failed: keep going, report them all
+                sent_what = case.body if case.body else case.query
+                failures.append(f"{operation.label} {sent_what} [{response.status_code}]: {str(exc)[:300]}")
+    print(f"\n{sent} hostile-value requests; statuses {dict(sorted(statuses.items()))}")
+    assert sent >= 1000
+    assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures)"
+
+
+def test_hostile_header_values_never_get_a_5xx(fuzz_rt: Runtime) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(runtime=fuzz_rt), raise_server_exceptions=False) as client:
+        routes = [
+            ("GET", "/v1/jobs"),
+            ("POST", "/v1/jobs"),
+            ("POST", "/v1/placements/plc_x/exit"),
+            ("POST", "/v1/placements/plc_x/scheduled-events"),
+            ("GET", "/readyz"),
+            ("GET", "/v1/whoami"),
+        ]
+        bad = []
+        for method, path in routes:
+            for header, values in HOSTILE_HEADERS.items():
+                for value in values:
+                    headers = (
+                        [(b"authorization", f"Bearer {DEV_API_KEY}".encode())] if header != "Authorization" else []
+                    )
+                    headers.append((header.lower().encode(), value))
+                    r = client.request(method, path, headers=headers, json={"exit_code": 0})
+                    if r.status_code >= 500 or (r.status_code >= 400 and "message" not in r.json()):
+                        bad.append(f"{method} {path} {header}={value[:20]!r}: {r.status_code} {r.text[:200]}")
+    assert not bad, "\n".join(bad)

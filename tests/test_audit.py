@@ -1,5 +1,6 @@
-"""Audit log: every state-changing request (refused ones included) is recorded with who, what, when and from where;
-admins read their own tenant's entries, newest first, page by page; nothing secret is stored."""
+"""Audit log: every state-changing request of a verified caller (refused ones included) is recorded with who, what,
+when and from where; admins read their own tenant's entries, newest first, page by page; nothing secret is stored.
+Requests with no valid key are only counted (audit_refused), never in a tenant's log."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.auth import Role
-from broker.tables import AuditEntry
+from broker.tables import AuditEntry, AuditRefused
 from tests.builders import job_body
 
 
@@ -37,8 +38,7 @@ def test_state_changing_requests_are_audited_and_readable_by_admins_of_the_tenan
     assert page.status_code == 200
     items = page.json()["items"]
     seen = [(i["method"], i["route"], i["status"], i["key_id"], i["role"]) for i in items]
-    assert seen == [
-        ("POST", "/v1/jobs", 401, sub_id, ""),  # a refused key: filed under its tenant, with no role
+    assert seen == [  # the refused key (401) is not in any tenant's log: it is counted in audit_refused
         ("POST", "/v1/keys", 403, sub_id, "submitter"),
         ("POST", "/v1/jobs", 422, sub_id, "submitter"),
         ("POST", "/v1/jobs/{job_id}/cancel", 200, sub_id, "submitter"),
@@ -56,6 +56,9 @@ def test_state_changing_requests_are_audited_and_readable_by_admins_of_the_tenan
     first_page = client.get("/v1/audit", params={"limit": 2}, headers=a_admin).json()
     second = client.get("/v1/audit", params={"limit": 2, "cursor": first_page["next_cursor"]}, headers=a_admin).json()
     assert [i["id"] for i in first_page["items"] + second["items"]] == [i["id"] for i in items[:4]]
+    with Session(client.app.state.runtime.engine) as s:  # type: ignore[attr-defined]
+        refused = s.exec(select(AuditRefused)).all()
+    assert [(r.method, r.route, r.status, r.count) for r in refused] == [("POST", "/v1/jobs", 401, 1)]
     bad = client.get("/v1/audit", params={"cursor": "x1"}, headers=a_admin)
     assert bad.status_code == 422 and "cursor" in bad.json()["message"]
 

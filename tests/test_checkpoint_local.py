@@ -21,6 +21,7 @@ from providers.storage import (
     SourceChanged,
     StorageError,
     StoreClients,
+    UnsafeKey,
     copy_checkpoint,
     parse_uri,
     resolve,
@@ -64,7 +65,7 @@ def test_parse_uri_rejects_what_it_cannot_place(uri: str) -> None:
 
 def test_resolve_needs_the_client_for_the_scheme() -> None:
     with pytest.raises(StorageError, match="no S3 client"):
-        resolve("s3://b/k", StoreClients())
+        resolve("s3://b/k", StoreClients(), within="s3://b/")
 
 
 def test_resolve_builds_adapters_from_injected_clients() -> None:
@@ -76,16 +77,43 @@ def test_resolve_builds_adapters_from_injected_clients() -> None:
     s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     azure = blob.BlobServiceClient("https://acct.blob.core.windows.net", credential=None)
     clients = StoreClients(s3=s3, azure=azure)
-    store, key = resolve("s3://ckpts/j1/a.pt", clients)
+    store, key = resolve("s3://ckpts/j1/a.pt", clients, within="s3://ckpts/")
     assert isinstance(store, S3Store) and key == "j1/a.pt" and store.uri(key) == "s3://ckpts/j1/a.pt"
-    store, key = resolve("https://acct.blob.core.windows.net/ckpts/j1/a.pt", clients)
+    store, key = resolve("s3://ckpts/t/j1/a.pt", clients, within="s3://ckpts/t/")  # confined to a prefix
+    assert isinstance(store, S3Store) and key == "j1/a.pt" and store.uri(key) == "s3://ckpts/t/j1/a.pt"
+    store, key = resolve(
+        "https://acct.blob.core.windows.net/ckpts/j1/a.pt", clients, within="https://acct.blob.core.windows.net/ckpts/"
+    )
     assert isinstance(store, AzureBlobStore) and store.uri(key) == "az://ckpts/j1/a.pt"
     with pytest.raises(StorageError, match=r"not other\.blob"):
-        resolve("https://other.blob.core.windows.net/ckpts/j1/a.pt", clients)
+        resolve(
+            "https://other.blob.core.windows.net/ckpts/j1/a.pt",
+            clients,
+            within="https://other.blob.core.windows.net/ckpts/",
+        )
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://ckpts/t/../u/a.pt",
+        "s3://ckpts/t/%2e%2e/u/a.pt",
+        "s3://ckpts/t/",
+        "s3://ckpts/tx/a.pt",
+        "s3://other/t/a.pt",
+        "gs://ckpts/t/a.pt",
+        "s3://ckpts/t//a.pt",
+        "s3://ckpts/t/a%00.pt",
+        "s3://ckpts/t/a%5Cb",
+    ],
+)
+def test_resolve_refuses_what_is_not_beneath_the_prefix(uri: str) -> None:
+    with pytest.raises(UnsafeKey):
+        resolve(uri, StoreClients(s3=object()), within="s3://ckpts/t/")  # type: ignore[arg-type]
 
 
 def test_local_keys_cannot_escape_the_root(tmp_path: Path) -> None:
-    with pytest.raises(StorageError, match="escapes"):
+    with pytest.raises(UnsafeKey, match=r"'\.\.' path segment"):
         LocalStore(tmp_path).stat("../etc/passwd")
 
 
@@ -159,8 +187,9 @@ def _put(store: LocalStore, key: str, data: bytes) -> None:
 def test_copy_by_file_uris(tmp_path: Path) -> None:
     data = os.urandom(CHUNK + 7)
     (tmp_path / "a.pt").write_bytes(data)
-    src, src_key = resolve((tmp_path / "a.pt").as_uri(), StoreClients())
-    dst, dst_key = resolve((tmp_path / "out" / "b.pt").as_uri(), StoreClients())
+    root = tmp_path.as_uri() + "/"
+    src, src_key = resolve((tmp_path / "a.pt").as_uri(), StoreClients(), within=root)
+    dst, dst_key = resolve((tmp_path / "out" / "b.pt").as_uri(), StoreClients(), within=root)
     result = copy_checkpoint(src, src_key, dst, dst_key)
     assert (tmp_path / "out" / "b.pt").read_bytes() == data
     assert result.dst_uri == (tmp_path / "out" / "b.pt").as_uri()

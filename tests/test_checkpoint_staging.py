@@ -116,7 +116,7 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     )
     api = _api(rt)
     tick(rt, clock())
-    source = f"s3://{s3_bucket}/runs/llm-7b/"
+    source = f"s3://{s3_bucket}/tenants/demo/runs/llm-7b/"  # in the demo tenant's area of the AWS store
     body = job_body(work_gpu_hours="3", max_total_usd="80", checkpoint_uri=source, checkpoint_size_gb="0.004")
     job_id = api.post("/v1/jobs", json=body).json()["id"]
     tick(rt, clock())
@@ -124,8 +124,8 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     assert aws.requests[0].resume_from is None  # nothing to move: the checkpoint store is in the same region
     _run(rt, clock, 7)  # 70 minutes: two 30-minute checkpoints
     model, optim = os.urandom(3 * MiB + 17), os.urandom(MiB)
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/llm-7b/model.pt", Body=model)
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/llm-7b/optim/state.pt", Body=optim)
+    s3_client.put_object(Bucket=s3_bucket, Key="tenants/demo/runs/llm-7b/model.pt", Body=model)
+    s3_client.put_object(Bucket=s3_bucket, Key="tenants/demo/runs/llm-7b/optim/state.pt", Body=optim)
 
     aws.preempt(next(iter(aws.vms)))
     aws.prices = {"us-east-1a": Decimal("30")}  # the reclaimed pool comes back dear: GCP wins despite the egress
@@ -133,14 +133,15 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     tick(rt, clock())  # re-places on GCP: stages, then launches
 
     job = _job(rt, job_id)
-    staged = f"gs://{gcs_bucket}/{job_id}/"
+    staged = f"gs://{gcs_bucket}/tenants/demo/jobs/{job_id}/checkpoint/"  # the job's prefix in the GCS store
     assert job.checkpoint_uri == staged
     assert (job.checkpoint_provider, job.checkpoint_region) == ("gcp", "us-central1")
     [launch] = gcp.requests
     assert launch.resume_from == staged
     bucket = gcs_client.bucket(gcs_bucket)
-    assert bucket.blob(f"{job_id}/model.pt").download_as_bytes() == model
-    assert bucket.blob(f"{job_id}/optim/state.pt").download_as_bytes() == optim
+    prefix = f"tenants/demo/jobs/{job_id}/checkpoint/"
+    assert bucket.blob(f"{prefix}model.pt").download_as_bytes() == model
+    assert bucket.blob(f"{prefix}optim/state.pt").download_as_bytes() == optim
 
     [egress] = [e for e in _ledger(rt, job_id) if e.kind == "egress"]
     sent = Decimal(len(model) + len(optim))
@@ -156,8 +157,14 @@ def test_preempted_job_resumes_from_a_checkpoint_staged_next_to_its_new_pool(
     assert len([e for e in ledger if e.kind == "egress"]) == 1  # booked once across every later tick
 
 
-def _local_stores(tmp_path: Path) -> dict[str, str]:
-    return {"aws/us-east-1": f"file://{tmp_path}/use1/", "gcp/us-central1": f"file://{tmp_path}/usc1/"}
+@pytest.fixture
+def stores_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where local checkpoint stores go: apart from the data dir (tmp_path), which no store may be near."""
+    return tmp_path_factory.mktemp("stores")
+
+
+def _local_stores(root: Path) -> dict[str, str]:
+    return {"aws/us-east-1": f"file://{root}/use1/", "gcp/us-central1": f"file://{root}/usc1/"}
 
 
 def _placed_on_gcp(rt: Runtime, clock: MovableClock, source: str, **body: Any) -> tuple[str, str]:
@@ -173,20 +180,20 @@ def _placed_on_gcp(rt: Runtime, clock: MovableClock, source: str, **body: Any) -
     return job_id, placement_id
 
 
-def _seed_local_checkpoint(tmp_path: Path, size: int) -> str:
-    source_dir = tmp_path / "use1" / "runs" / "big"
+def _seed_local_checkpoint(root: Path, size: int) -> str:
+    source_dir = root / "use1" / "tenants" / "demo" / "runs" / "big"
     source_dir.mkdir(parents=True)
     (source_dir / "model.pt").write_bytes(os.urandom(size))
     return f"file://{source_dir}/"
 
 
 def test_a_transfer_the_ceiling_cannot_pay_pauses_the_job_before_any_byte_moves(
-    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, tmp_path: Path
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
 ) -> None:
     aws, gcp = _clouds(clock)
     gcp.prices = {"us-central1-a": Decimal("1")}
-    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(tmp_path))
-    source = _seed_local_checkpoint(tmp_path, 2 * MiB)
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    source = _seed_local_checkpoint(stores_dir, 2 * MiB)
     # the user declared no checkpoint size, so the placement priced no transfer
     job_id, placement_id = _placed_on_gcp(rt, clock, source, work_gpu_hours="1", max_total_usd="20")
     with Session(rt.engine) as s:  # earlier attempts have spent everything but this placement's expected cost
@@ -199,7 +206,7 @@ def test_a_transfer_the_ceiling_cannot_pay_pauses_the_job_before_any_byte_moves(
     launch_placement(rt, placement_id, clock())
     job = _job(rt, job_id)
     assert job.state == "paused" and "ceiling" in job.wait_reason
-    assert not (tmp_path / "usc1").exists()  # nothing was copied
+    assert not (stores_dir / "usc1").exists()  # nothing was copied
     assert gcp.requests == []
     assert [e.kind for e in _ledger(rt, job_id)] == []
     [refusal] = _events(rt, job_id, "checkpoint_stage_refused")
@@ -217,7 +224,7 @@ def test_a_store_outage_is_retried_then_the_job_resumes_from_the_remote_checkpoi
     db_url: str,
     make_runtime: Callable[..., Runtime],
     clock: MovableClock,
-    tmp_path: Path,
+    stores_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in CREDS.items():
@@ -229,10 +236,10 @@ def test_a_store_outage_is_retried_then_the_job_resumes_from_the_remote_checkpoi
         make_runtime,
         db_url,
         (aws, gcp),
-        checkpoint_stores={"aws/us-east-1": "s3://down/", "gcp/us-central1": f"file://{tmp_path}/usc1/"},
+        checkpoint_stores={"aws/us-east-1": "s3://down/", "gcp/us-central1": f"file://{stores_dir}/usc1/"},
         s3_endpoint_url=f"http://127.0.0.1:{_closed_port()}",  # S3 unreachable
     )
-    source = "s3://down/runs/llm/"
+    source = "s3://down/tenants/demo/runs/llm/"
     job_id, placement_id = _placed_on_gcp(rt, clock, source, work_gpu_hours="1", max_total_usd="20")
     launch_placement(rt, placement_id, clock())
     assert gcp.requests == []  # not launched while the checkpoint could not be moved
@@ -287,3 +294,74 @@ def test_the_staging_lease_admits_one_replica_at_a_time(db_url: str, clock: Mova
     assert not claim_lease(engine, "stage:p1", "a", later + timedelta(minutes=30), later)
     release_lease(engine, "stage:p1", "b")
     assert claim_lease(engine, "stage:p1", "a", later + timedelta(minutes=30), later)
+
+
+def test_a_job_without_a_checkpoint_uri_gets_its_prefix_in_the_store_where_it_launches(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
+) -> None:
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    api = _api(rt)
+    tick(rt, clock())
+    job_id = api.post("/v1/jobs", json=job_body(work_gpu_hours="3", max_total_usd="80")).json()["id"]
+    tick(rt, clock())  # placed on GCP and launched
+
+    assigned = f"file://{stores_dir}/usc1/tenants/demo/jobs/{job_id}/checkpoint/"
+    job = _job(rt, job_id)
+    assert (job.checkpoint_uri, job.checkpoint_provider, job.checkpoint_region) == (assigned, "gcp", "us-central1")
+    [launch] = gcp.requests
+    assert launch.spec.checkpoint_uri == assigned and launch.resume_from is None  # nothing to resume yet
+    [event] = _events(rt, job_id, "checkpoint_location_assigned")
+    assert event.data["checkpoint_uri"] == assigned
+
+    # the instance checkpoints there; reclaimed, the job moves to AWS with its checkpoint
+    written = stores_dir / "usc1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint" / "model.pt"
+    written.parent.mkdir(parents=True)
+    written.write_bytes(os.urandom(MiB))
+    _run(rt, clock, 4)
+    gcp.preempt(next(iter(gcp.vms)))
+    gcp.prices = {"us-central1-a": Decimal("30")}
+    tick(rt, clock())
+    tick(rt, clock())
+    staged = f"file://{stores_dir}/use1/tenants/demo/jobs/{job_id}/checkpoint/"
+    [relaunch] = aws.requests
+    assert relaunch.resume_from == staged and _job(rt, job_id).checkpoint_uri == staged
+    copied = stores_dir / "use1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint" / "model.pt"
+    assert copied.read_bytes() == written.read_bytes()
+
+
+def test_a_staging_attempt_stops_at_its_deadline_and_the_next_resumes_without_copying_again(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
+) -> None:
+    from broker.tables import CheckpointCopyRow
+
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_stores(stores_dir))
+    source = stores_dir / "use1" / "tenants" / "demo" / "runs" / "big"
+    source.mkdir(parents=True)
+    sizes = {"a.pt": 2 * MiB, "b.pt": 3 * MiB, "c.pt": MiB}
+    for name, size in sizes.items():
+        (source / name).write_bytes(os.urandom(size))
+    job_id, placement_id = _placed_on_gcp(rt, clock, f"file://{source}/", work_gpu_hours="1", max_total_usd="20")
+    target = stores_dir / "usc1" / "tenants" / "demo" / "jobs" / job_id / "checkpoint"
+
+    def expires_once_a_is_copied() -> float:  # a slow source: the attempt's time is up after the first object
+        return 1e9 if (target / "a.pt").exists() else 0.0
+
+    assert stage_checkpoint(rt, placement_id, clock(), clock=expires_once_a_is_copied) is Staging.FAILED
+    [stopped] = _events(rt, job_id, "checkpoint_stage_failed")
+    assert "staging stopped after 300 s" in stopped.message
+    assert sorted(p.name for p in target.iterdir()) == ["a.pt"]
+    first = (target / "a.pt").stat()
+
+    assert stage_checkpoint(rt, placement_id, clock()) is Staging.STAGED
+    again = (target / "a.pt").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # not copied a second time
+    for name in sizes:
+        assert (target / name).read_bytes() == (source / name).read_bytes()
+    [egress] = [e for e in _ledger(rt, job_id) if e.kind == "egress"]
+    assert egress.quantity == (Decimal(sum(sizes.values())) / BYTES_PER_GB).quantize(LEDGER_QUANTUM)
+    with Session(rt.engine) as s:
+        assert s.exec(select(CheckpointCopyRow)).all() == []  # no copy state or marks left behind

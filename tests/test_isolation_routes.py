@@ -25,7 +25,7 @@ from sqlmodel import Session, select
 from broker.auth import Role
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import Job, Placement
+from broker.tables import ApiKey, Job, Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 
@@ -39,6 +39,7 @@ RESOURCES: dict[str, Callable[[dict[str, str]], str]] = {
     "schedule_id": lambda ids: ids["schedule"],
     "run_id": lambda ids: ids["run"],
     "import_id": lambda ids: ids["bill"],
+    "key_id": lambda ids: ids["key"],
 }
 FOCUS_SAMPLE = Path(__file__).parent / "fixtures" / "aws_focus_1_0_sample.csv"
 # routes that authenticate an instance's per-placement callback token instead of an API key
@@ -68,7 +69,9 @@ def _seed(rt: Runtime, client: TestClient, a_admin: dict[str, str], clock: Movab
     schedule = client.post("/v1/report-schedules", json={"name": MARKER, "cron": "0 6 1 * *"}, headers=a_admin).json()
     run = client.post("/v1/report-runs", json={"period": "2026-11", "format": "csv"}, headers=a_admin).json()
     bill = client.post("/v1/costs/bills?filename=a.csv", content=FOCUS_SAMPLE.read_bytes(), headers=a_admin).json()
+    key = client.post("/v1/keys", json={"role": "submitter", "name": MARKER}, headers=a_admin).json()
     return {
+        "key": key["id"],
         "job": job["id"],
         "placement": placement.id,
         "budget": budget["id"],
@@ -160,3 +163,7 @@ def test_no_route_shows_or_touches_another_tenants_data(
     assert after is not None and after.state == before.state and after.state != "cancelled"
     assert (after.max_total_usd, after.spec) == (before.max_total_usd, before.spec)
     assert any("{job_id}" in c for c in checked) and any("{placement_id}" in c for c in checked)
+    assert any("DELETE /v1/keys/{key_id}" in c for c in checked)
+    with Session(rt.engine) as s:
+        a_key = s.get(ApiKey, ids["key"])
+    assert a_key is not None and a_key.revoked_at is None, "B could not revoke A's key"

@@ -166,7 +166,7 @@ def test_spot_launch_sets_market_options_user_data_and_tags(ec2: Any, ami: str) 
     user_data = base64.b64decode(
         ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")["UserData"]["Value"]
     ).decode()
-    assert f"docker pull {IMAGE}" in user_data and f"OVERSPILL_JOB_ID={req.tags.job_id}" in user_data
+    assert f"docker pull -- {IMAGE}" in user_data and f"OVERSPILL_JOB_ID={req.tags.job_id}" in user_data
     assert "shutdown -h now" in user_data  # powers off when the job ends (see providers.startup)
     shutdown = ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="instanceInitiatedShutdownBehavior")
     assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"

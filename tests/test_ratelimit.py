@@ -209,7 +209,14 @@ def limited(
     store, backend = request.param
     url = request.getfixturevalue("postgres").create_database() if backend == "postgresql" else None
     url = url or f"sqlite:///{tmp_path / 'rl.db'}"
-    rt = make_runtime(url, rate_limit_per_second=0.5, rate_limit_burst=3, rate_limit_store=store)
+    rt = make_runtime(
+        url,
+        rate_limit_per_second=0.5,
+        rate_limit_burst=3,
+        rate_limit_unverified_per_second=0.25,
+        rate_limit_unverified_burst=3,
+        rate_limit_store=store,
+    )
     tick(rt, clock())
     return rt
 
@@ -240,8 +247,12 @@ def test_guessing_keys_is_limited_per_address_and_cannot_drain_a_real_key(
             api.get("/v1/jobs", headers={"Authorization": f"Bearer ovs_{key_id}_{n:032d}"}).status_code
             for n in range(5)
         ]
-        assert guesses[:2] == [401, 401] and guesses[-1] == 429, guesses  # the address's bucket ran dry
-        assert "client address" in api.get("/v1/jobs").json()["message"]  # no key at all: same address bucket
+        assert guesses == [401, 401, 429, 429, 429], guesses  # the address's unverified-key bucket (3) ran dry
+        refused = api.get("/v1/jobs", headers={"Authorization": f"Bearer ovs_{key_id}_{9:032d}"})
+        assert refused.headers["Retry-After"] == "4"  # 0.25 unverified keys/s: the next in 4 s
+        assert "unverified API keys from client address" in refused.json()["message"]
+        # no key at all: the address's other bucket (its own 3), which the guesses did not touch
+        assert [api.get("/v1/jobs").status_code for _ in range(4)] == [401, 401, 401, 429]
         # the real key (verified, so not charged to the address) still has its own tokens
         assert api.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).status_code == 200
 

@@ -64,6 +64,8 @@ def cluster(postgres: Any) -> Iterator[Cluster]:
         OVERSPILL_SIMULATED="false",
         OVERSPILL_RATE_LIMIT_PER_SECOND=str(RATE),
         OVERSPILL_RATE_LIMIT_BURST=str(BURST),
+        OVERSPILL_RATE_LIMIT_UNVERIFIED_PER_SECOND=str(RATE),  # guessed keys: the same limit, on their own bucket
+        OVERSPILL_RATE_LIMIT_UNVERIFIED_BURST=str(BURST),
         OVERSPILL_LOG_LEVEL="warning",
         PYTHONPATH=str(ROOT),
     )

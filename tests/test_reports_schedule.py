@@ -18,7 +18,13 @@ from typer.testing import CliRunner
 from broker.app import create_app
 from broker.auth import Role, create_key
 from broker.cli import app as cli_app
-from broker.finance.reports.runs import STALE_AFTER, next_fire, run_due_reports
+from broker.finance.reports.runs import (
+    MAX_DELIVERY_ATTEMPTS,
+    STALE_AFTER,
+    deliver_pending_reports,
+    next_fire,
+    run_due_reports,
+)
 from broker.runtime import Runtime
 from broker.settings import DEV_API_KEY
 from broker.tables import ReportRunRow, ReportScheduleRow
@@ -53,6 +59,8 @@ def frt(
         smtp_host="127.0.0.1",
         smtp_port=smtp.port,
         reports_dir=tmp_path / "reports",
+        webhook_allowed_networks=["127.0.0.0/8"],  # the local receiver stands for a public one
+        report_destinations={"demo": ["s3://finops-reports/overspill/"]},
     )
     seed_ledger(rt.engine, "demo", OCT, days=31, entries=400)
     return rt
@@ -130,6 +138,10 @@ def test_due_schedule_runs_once_per_slot_and_delivers_to_a_directory(
     replica = make_runtime(db_url, simulated=False, reports_dir=frt.settings.reports_dir)
     assert run_due_reports(frt, fire) == 1
     assert run_due_reports(replica, fire) == 0  # the slot is taken
+    [queued] = _runs(frt)
+    assert (queued.state, queued.delivery_state, queued.delivered_to) == ("delivering", "pending", "")
+    assert deliver_pending_reports(frt, fire) == 1  # the tick's next step
+    assert deliver_pending_reports(replica, fire) == 0  # delivered once
     [run] = _runs(frt)
     assert (run.schedule_id, run.state, run.scheduled_for) == (
         s["id"],
@@ -154,19 +166,28 @@ def test_delivery_to_s3_email_and_webhook(
     frt.settings.reports_s3_endpoint_url = moto_url
     s3 = moto_client("s3", "us-east-1", moto_url)
     s3.create_bucket(Bucket="finops-reports")
+    for obj in s3.list_objects_v2(Bucket="finops-reports").get("Contents", []):  # the moto server is per module
+        s3.delete_object(Bucket="finops-reports", Key=obj["Key"])
     sent = api.post(
         "/v1/report-runs",
         json={"period": "2026-10", "format": "focus",
               "destination": {"type": "s3", "bucket": "finops-reports", "prefix": "overspill/monthly"}},
-    ).json()  # fmt: skip
-    assert sent["delivered_to"] == "s3://finops-reports/overspill/monthly/overspill-costs-demo-2026-10.focus.csv"
-    obj = s3.get_object(Bucket="finops-reports", Key="overspill/monthly/overspill-costs-demo-2026-10.focus.csv")
-    assert hashlib.sha256(obj["Body"].read()).hexdigest() == sent["sha256"]
-
+    )  # fmt: skip
+    assert sent.status_code == 202 and sent.json()["delivery_state"] == "pending", sent.text  # queued, not sent
     mailed = api.post(
         "/v1/report-runs",
         json={"period": "2026-10", "format": "pdf", "destination": {"type": "email", "to": ["cfo@example.com"]}},
     ).json()
+    assert smtp.messages == [] and s3.list_objects_v2(Bucket="finops-reports").get("KeyCount") == 0
+    assert deliver_pending_reports(frt, frt.clock()) == 2  # the control loop delivers them
+
+    sent = api.get(f"/v1/report-runs/{sent.json()['id']}").json()
+    assert (sent["state"], sent["delivery_state"], sent["delivery_attempts"]) == ("succeeded", "delivered", 1)
+    assert sent["delivered_to"] == "s3://finops-reports/overspill/monthly/overspill-costs-demo-2026-10.focus.csv"
+    obj = s3.get_object(Bucket="finops-reports", Key="overspill/monthly/overspill-costs-demo-2026-10.focus.csv")
+    assert hashlib.sha256(obj["Body"].read()).hexdigest() == sent["sha256"]
+
+    mailed = api.get(f"/v1/report-runs/{mailed['id']}").json()
     assert mailed["state"] == "succeeded" and mailed["delivered_to"] == "cfo@example.com"
     [msg] = smtp.messages
     assert msg["To"] == "cfo@example.com"
@@ -178,17 +199,31 @@ def test_delivery_to_s3_email_and_webhook(
     with WebhookSink() as hook:
         posted = api.post(
             "/v1/report-runs",
-            json={"period": "2026-10", "format": "html", "destination": {"type": "webhook", "url": hook.url + "/in"}},
-        ).json()
+            json={"period": "2026-10", "format": "html",
+                  "destination": {"type": "webhook", "url": hook.url + "/in?token=s3cr3t"}},
+        ).json()  # fmt: skip
+        assert deliver_pending_reports(frt, frt.clock()) == 1
         hook.status = 503
         failed = api.post(
             "/v1/report-runs",
             json={"period": "2026-10", "format": "csv", "destination": {"type": "webhook", "url": hook.url}},
         ).json()
-    [(path, headers, body), _] = hook.requests
-    assert path == "/in" and headers["X-Overspill-Filename"] == "overspill-costs-demo-2026-10.html"
+        assert deliver_pending_reports(frt, frt.clock()) == 0
+        retried = api.get(f"/v1/report-runs/{failed['id']}").json()
+        assert (retried["state"], retried["delivery_state"]) == ("delivering", "pending")
+        assert "503" in retried["error"] and "retried" in retried["error"]
+        for _ in range(MAX_DELIVERY_ATTEMPTS - 1):
+            deliver_pending_reports(frt, frt.clock())
+        assert deliver_pending_reports(frt, frt.clock()) == 0  # given up: not tried again
+    [(path, headers, body), *tries] = hook.requests
+    assert len(tries) == MAX_DELIVERY_ATTEMPTS
+    assert path == "/in?token=s3cr3t" and headers["X-Overspill-Filename"] == "overspill-costs-demo-2026-10.html"
+    posted = api.get(f"/v1/report-runs/{posted['id']}").json()
     assert hashlib.sha256(body).hexdigest() == posted["sha256"]
-    assert failed["state"] == "failed" and "503" in failed["error"] and failed["sha256"]  # produced, not delivered
+    assert posted["delivered_to"] == hook.url  # scheme and host only: the token stays out of the record
+    failed = api.get(f"/v1/report-runs/{failed['id']}").json()
+    assert failed["state"] == "failed" and failed["delivery_state"] == "failed" and "503" in failed["error"]
+    assert failed["sha256"] and failed["delivery_attempts"] == MAX_DELIVERY_ATTEMPTS  # produced, not delivered
 
 
 def test_a_run_left_running_by_a_crash_is_finished(frt: Runtime, clock: MovableClock) -> None:

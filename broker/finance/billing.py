@@ -5,6 +5,10 @@ Import keeps, per resource id and UTC charge day, the sums of BilledCost, Effect
 without a ResourceId, such as taxes or support, are counted but not kept). Resource ids are normalised so an
 ARN (`arn:aws:ec2:us-east-1:123:instance/i-0abc`) matches the instance id the broker launched (`i-0abc`).
 
+Reading the file is bounded (`broker.finance.bill_files`: decompressed size, rows, columns; 413 beyond); every
+amount must be a finite number under `MAX_AMOUNT_USD` and every sum under `MAX_TOTAL_USD` (422 naming the row and
+column otherwise), so whatever is stored reconciles.
+
 Reconciliation compares, for the bill's provider and its billing period (BillingPeriodStart/End, or the days
 of its charges when absent), the ledger's cost per resource id with
 the bill's BilledCost: `difference = billed - ledger`, status `match` within `TOLERANCE_USD`, else `differs`,
@@ -13,11 +17,7 @@ or `only_in_bill` / `only_in_ledger`.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -26,13 +26,15 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from broker.finance.bill_files import BillError, BillLimits, read_rows
 from broker.finance.costs import money
 from broker.runtime import Runtime
 from broker.services.jobs import new_id
 from broker.tables import BillImportRow, BillLineRow, CostEntryRow
 
 TOLERANCE_USD = Decimal("0.01")
-REQUIRED = ("ResourceId", "BilledCost", "ChargePeriodStart")
+MAX_AMOUNT_USD = Decimal(10) ** 9  # one line of a bill; the ledger's NUMERIC(24, 10) holds 10^14
+MAX_TOTAL_USD = Decimal(10) ** 12
 _PROVIDERS = {
     "aws": "aws",
     "amazon web services": "aws",
@@ -43,10 +45,6 @@ _PROVIDERS = {
 }
 
 
-class BillError(ValueError):
-    """The file is not a FOCUS-form billing export the broker can read (names the column or row)."""
-
-
 def normalise_resource_id(value: str) -> str:
     value = value.strip()
     if value.startswith("arn:") and "/" in value:
@@ -55,12 +53,26 @@ def normalise_resource_id(value: str) -> str:
 
 
 def _dec(value: Any, column: str, line: int) -> Decimal:
+    """An amount of the bill: a finite number below MAX_AMOUNT_USD in size (NaN, Infinity and 1e999999 are
+    refused here, naming the row and column, rather than stored and failing every reconciliation later)."""
     if value is None or value == "":
         return Decimal("0")
     try:
-        return Decimal(str(value))
+        amount = Decimal(str(value).strip())
     except InvalidOperation as exc:
-        raise BillError(f"row {line}: {column} {value!r} is not a number") from exc
+        raise BillError(f"row {line}: {column} {str(value)[:40]!r} is not a number") from exc
+    if not amount.is_finite() or abs(amount) >= MAX_AMOUNT_USD:
+        raise BillError(
+            f"row {line}: {column} {str(value)[:40]!r} is not an amount (finite, under {MAX_AMOUNT_USD:,} USD)"
+        )
+    return amount
+
+
+def _add(total: Decimal, amount: Decimal, what: str, line: int) -> Decimal:
+    total += amount
+    if abs(total) >= MAX_TOTAL_USD:
+        raise BillError(f"row {line}: the sum of {what} passes {MAX_TOTAL_USD:,} USD, which no bill does")
+    return total
 
 
 def _time(value: Any, column: str, line: int) -> datetime:
@@ -71,41 +83,6 @@ def _time(value: Any, column: str, line: int) -> datetime:
     except ValueError as exc:
         raise BillError(f"row {line}: {column} {value!r} is not an ISO 8601 time") from exc
     return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def read_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a FOCUS export as dicts (CSV, CSV.gz or Parquet by file name)."""
-    name = path.name.lower()
-    if name.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise BillError("reading Parquet needs pyarrow (pip install 'overspill[parquet]')") from exc
-        try:
-            table = pq.read_table(path)
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
-            raise BillError(f"{path.name} is not a readable Parquet file ({exc})") from exc
-        missing = [c for c in REQUIRED if c not in table.column_names]
-        if missing:
-            raise BillError(f"column {missing[0]} is missing (a FOCUS export has {', '.join(REQUIRED)})")
-        extra = ("EffectiveCost", "ListCost", "ProviderName", "BillingPeriodStart", "BillingPeriodEnd")
-        wanted = [c for c in (*REQUIRED, *extra) if c in table.column_names]
-        yield from table.select(wanted).to_pylist()
-        return
-    raw = path.read_bytes()
-    try:
-        if name.endswith(".gz"):
-            raw = gzip.decompress(raw)
-        text = raw.decode("utf-8-sig")
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise BillError(
-            f"{path.name} is not a readable {'gzip-compressed ' if name.endswith('.gz') else ''}UTF-8 CSV file ({exc})"
-        ) from exc
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-    if missing:
-        raise BillError(f"column {missing[0]} is missing (a FOCUS export has {', '.join(REQUIRED)})")
-    yield from reader
 
 
 @dataclass
@@ -129,10 +106,10 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
     first: datetime | None = None
     last: datetime | None = None
     period: list[datetime] = []
-    for n, row in enumerate(read_rows(path), start=2):
+    for n, row in enumerate(read_rows(path, BillLimits.from_settings(rt.settings)), start=2):
         rows += 1
         cost = _dec(row.get("BilledCost"), "BilledCost", n)
-        billed += cost
+        billed = _add(billed, cost, "BilledCost", n)
         start = _time(row.get("ChargePeriodStart"), "ChargePeriodStart", n)
         first = start if first is None or start < first else first
         last = start if last is None or start > last else last
@@ -147,9 +124,9 @@ def import_bill(rt: Runtime, tenant: str, path: Path, now: datetime, *, provider
             continue
         day = datetime(start.year, start.month, start.day, tzinfo=UTC)
         slot = lines.setdefault((resource, day), [Decimal("0"), Decimal("0"), Decimal("0")])
-        slot[0] += cost
-        slot[1] += _dec(row.get("EffectiveCost"), "EffectiveCost", n)
-        slot[2] += _dec(row.get("ListCost"), "ListCost", n)
+        slot[0] = _add(slot[0], cost, "BilledCost", n)
+        slot[1] = _add(slot[1], _dec(row.get("EffectiveCost"), "EffectiveCost", n), "EffectiveCost", n)
+        slot[2] = _add(slot[2], _dec(row.get("ListCost"), "ListCost", n), "ListCost", n)
         counts[(resource, day)] = counts.get((resource, day), 0) + 1
     if first is None or last is None:
         raise BillError(f"{path.name} has no rows")

@@ -8,7 +8,11 @@ the hard-budget gate that keeps new cloud placements on-prem.
 - Alerts: each threshold (percent of the amount) fires once per budget period. `check_budgets` (a tick step)
   inserts a `budget_alert` row first; its unique key (budget, period start, threshold) means one replica wins and
   the others skip. Then the webhook and email are sent; a failed delivery is retried on later ticks (up to
-  `MAX_ATTEMPTS`), so an alert is delivered at least once and never re-fired.
+  `MAX_ATTEMPTS`), so an alert is delivered at least once and never re-fired. Alerts are sent side by side
+  (`broker.finance.dispatch.run_bounded`), each within `delivery_deadline_seconds` and under its own guard: one
+  budget's bad address or dead webhook fails that alert alone (its `last_error`), never another budget's or
+  tenant's. Webhooks go to public addresses only (`broker.finance.outbound`); an alert whose webhook resolves to
+  an address that is not allowed is not retried.
 - Gate: `budget_block_reason(session, job, now)` names the first hard budget of the job's team or project that is
   spent (>= 100%); the placement step then only considers on-prem pools for that job, and it waits with the reason.
   `HardBudgetGate` answers the same question for every job of a step with one read of the budgets.
@@ -22,12 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from broker.finance.dispatch import run_bounded
 from broker.finance.notify import NotifyError, post_webhook, send_email
+from broker.finance.outbound import UnsafeTarget
 from broker.runtime import Runtime
 from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
 from pricing.book import PriceBook
@@ -199,37 +206,53 @@ def _claim(rt: Runtime, b: BudgetRow, st: BudgetStatus, threshold: int, now: dat
 
 
 def _deliver_pending(rt: Runtime, now: datetime) -> int:
+    """Deliver every undelivered alert with attempts left, least-tried first, `delivery_workers` at a time within
+    `delivery_step_seconds` (the rest wait for the next tick). Each alert is its own task: a bad address or a
+    dead webhook fails that alert alone, recorded in its `last_error`."""
     with Session(rt.engine) as session:
         ids = session.exec(
-            select(BudgetAlertRow.id).where(
-                col(BudgetAlertRow.delivered_at).is_(None), col(BudgetAlertRow.attempts) < MAX_ATTEMPTS
-            )
+            select(BudgetAlertRow.id)
+            .where(col(BudgetAlertRow.delivered_at).is_(None), col(BudgetAlertRow.attempts) < MAX_ATTEMPTS)
+            .order_by(col(BudgetAlertRow.attempts), col(BudgetAlertRow.id))
         ).all()
-    delivered = 0
-    for alert_id in ids:
-        with Session(rt.engine) as session:
-            alert = session.exec(
-                select(BudgetAlertRow).where(BudgetAlertRow.id == alert_id).with_for_update(skip_locked=True)
-            ).first()
-            if alert is None or alert.delivered_at is not None:
-                continue
-            b = session.get(BudgetRow, alert.budget_id)
-            alert.attempts += 1
-            if b is None:
-                alert.last_error = "budget deleted"
-                alert.attempts = MAX_ATTEMPTS
-            else:
-                try:
-                    _send(rt, b, alert, now)
-                    alert.delivered_at = now
-                    alert.last_error = ""
-                    delivered += 1
-                except NotifyError as exc:
-                    alert.last_error = str(exc)[:1000]
-                    log.warning("budget alert %s for %s not delivered: %s", alert.threshold, b.id, exc)
-            session.add(alert)
-            session.commit()
-    return delivered
+    return run_bounded(
+        (partial(_deliver_one, rt, alert_id, now) for alert_id in ids if alert_id is not None),
+        workers=rt.settings.delivery_workers,
+        budget_seconds=rt.settings.delivery_step_seconds,
+        name="budget-alerts",
+    )
+
+
+def _deliver_one(rt: Runtime, alert_id: int, now: datetime) -> bool:
+    """Claim one alert (row lock, skipped if another replica holds it), send it, record the outcome."""
+    with Session(rt.engine) as session:
+        alert = session.exec(
+            select(BudgetAlertRow).where(BudgetAlertRow.id == alert_id).with_for_update(skip_locked=True)
+        ).first()
+        if alert is None or alert.delivered_at is not None:
+            return False
+        b = session.get(BudgetRow, alert.budget_id)
+        alert.attempts += 1
+        delivered = False
+        if b is None:
+            alert.last_error = "budget deleted"
+            alert.attempts = MAX_ATTEMPTS
+        else:
+            try:
+                _send(rt, b, alert, now)
+                alert.delivered_at = now
+                alert.last_error = ""
+                delivered = True
+            except NotifyError as exc:
+                alert.last_error = str(exc)[:1000]
+                if isinstance(exc, UnsafeTarget):  # not worth retrying: no place to send to
+                    alert.attempts = MAX_ATTEMPTS
+                log.warning(
+                    "budget alert %s%% of %s (tenant %s) not delivered: %s", alert.threshold, b.id, b.tenant, exc
+                )
+        session.add(alert)
+        session.commit()
+        return delivered
 
 
 def alert_payload(b: BudgetRow, alert: BudgetAlertRow) -> dict[str, object]:
@@ -252,7 +275,7 @@ def alert_payload(b: BudgetRow, alert: BudgetAlertRow) -> dict[str, object]:
 def _send(rt: Runtime, b: BudgetRow, alert: BudgetAlertRow, now: datetime) -> None:
     payload = alert_payload(b, alert)
     if b.webhook_url:
-        post_webhook(b.webhook_url, payload)
+        post_webhook(rt.settings, b.webhook_url, payload)
     if b.email_to:
         subject = f"[overspill] {b.scope} {b.name}: {alert.threshold}% of its {b.period} budget reached"
         body = (

@@ -3,7 +3,10 @@
 Contract, for every function: the caller holds the job's row (`SELECT ... FOR UPDATE` on PostgreSQL) in the
 session it passes, and commits. A function adds `cost_entry` rows and moves `job.spent_usd` by exactly the sum
 it added, in that session, so the entry and the job total commit or roll back together. Rows are never updated
-or deleted: a mistake is fixed by a `correction` row that names the row it corrects.
+or deleted: a mistake is fixed by a `correction` row that names the row it corrects. The one exception to
+"exactly the sum": `job.spent_usd` counts an entry's corrections only while their sum is positive, so a credit
+never lowers it below what the broker accrued (the ceiling guard reads it); corrections are bounded too (see
+`record_correction`).
 
 Kinds (`providers.model.CostKind`): `compute` (the tick's accrual, `broker.loop.accrue`), `wasted` (the part of
 a preempted placement's compute whose work was lost and redone elsewhere: written as the pair compute -X /
@@ -22,6 +25,7 @@ from broker.tables import CostEntryRow, Job, Placement
 from providers.model import CostKind, hours_between
 
 LEDGER_QUANTUM = Decimal("0.0000000001")
+CORRECTION_MAX_FACTOR = Decimal("2")
 
 
 class LedgerError(ValueError):
@@ -91,11 +95,40 @@ def record_entry(
 def record_correction(
     session: Session, job: Job, entry_id: int, usd: Decimal, note: str, now: datetime
 ) -> CostEntryRow:
-    """Append a correction of `usd` (negative to refund) to entry `entry_id`, attributed like it."""
+    """Append a correction of `usd` (negative to refund) to entry `entry_id`, attributed like it.
+
+    Bounds (LedgerError otherwise): the entry is not itself a correction and has a cost; after this correction
+    the entry's net value (its `usd` plus all its corrections) lies between 0 and `CORRECTION_MAX_FACTOR` times
+    its `usd` (on the same side of zero). A correction fixes a price or a quantity the broker accrued: it can
+    take the entry down to nothing (a full credit) but not below, and up to twice what the broker priced it at
+    (spot prices move by tens of percent between two accruals, so an honest correction stays well inside),
+    which keeps a typo or a hostile finance key from adding millions to a team's spend (a hard budget) or a job's.
+
+    The job's ceiling: `job.spent_usd` counts an entry's corrections only while their sum is positive, i.e. each
+    entry weighs max(what the broker accrued, its corrected value). A charge adds to the job's spend (less room
+    under `max_total_usd`); a credit changes the books (costs, reports, budgets, reconciliation) but never the
+    job's remaining ceiling, which stays what the broker's own accrual left it; undoing a charge gives back what
+    it took, no more. Finance cannot edit jobs; the job's owner raises `max_total_usd` if a refund should buy
+    more compute."""
     original = session.get(CostEntryRow, entry_id)
     if original is None or original.job_id != job.id:
         raise LedgerError(f"entry {entry_id} is not a ledger entry of job {job.id}")
-    return record_entry(
+    if original.kind == CostKind.CORRECTION.value:
+        raise LedgerError(f"entry {entry_id} is a correction: correct the entry it corrects ({original.corrects_id})")
+    usd = usd.quantize(LEDGER_QUANTUM)
+    if original.usd == 0:
+        raise LedgerError(f"entry {entry_id} has no cost to correct")
+    if usd == 0:
+        raise LedgerError("a correction of 0 USD changes nothing")
+    earlier = list(session.exec(select(CostEntryRow.usd).where(CostEntryRow.corrects_id == entry_id)).all())
+    net = original.usd + sum(earlier, Decimal("0")) + usd
+    low, high = sorted((Decimal("0"), original.usd * CORRECTION_MAX_FACTOR))
+    if not low <= net <= high:
+        raise LedgerError(
+            f"entry {entry_id} is {original.usd} USD; with its corrections it must stay between {low} and {high} USD "
+            f"(0 to {CORRECTION_MAX_FACTOR}x), and this correction would make it {net} USD"
+        )
+    entry = record_entry(
         session,
         job,
         kind=CostKind.CORRECTION,
@@ -111,6 +144,10 @@ def record_correction(
         corrects_id=entry_id,
         note=note or f"correction of entry {entry_id}",
     )
+    before = sum(earlier, Decimal("0"))
+    counted = max(Decimal("0"), before + usd) - max(Decimal("0"), before)  # what the ceiling guard sees of it
+    job.spent_usd = job.spent_usd - usd + counted  # record_entry added all of `usd`
+    return entry
 
 
 def wasted_hours(p: Placement) -> Decimal:

@@ -14,6 +14,8 @@ from broker.errors import NotFoundError, Unprocessable
 from broker.finance import budgets as bud
 from broker.finance.costs import entries, group, money
 from broker.finance.ledger import LedgerError, record_correction
+from broker.finance.outbound import check_url
+from broker.finance.reports.deliver import check_destination
 from broker.finance.reports.runs import next_fire
 from broker.finance.schemas import (
     BudgetCreate,
@@ -78,8 +80,18 @@ def _budget(session: Session, tenant: str, budget_id: str) -> BudgetRow:
     return b
 
 
+def _check_webhook(rt: Runtime, url: str) -> None:
+    """A budget's webhook URL naming an IP address must be public or in an allowed network (422)."""
+    if url:
+        try:
+            check_url(url, "webhook_url", rt.settings.webhook_networks)
+        except ValueError as exc:
+            raise Unprocessable("webhook_url", str(exc).removeprefix("webhook_url").lstrip(": ")) from exc
+
+
 def create_budget(rt: Runtime, tenant: str, body: BudgetCreate) -> BudgetPublic:
     now = rt.clock()
+    _check_webhook(rt, body.webhook_url)
     b = BudgetRow(id=new_id("bdg"), tenant=tenant, created_at=now, updated_at=now, **body.model_dump())
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(b)
@@ -106,6 +118,8 @@ def update_budget(rt: Runtime, tenant: str, budget_id: str, body: BudgetUpdate) 
         for key, value in body.model_dump(exclude_unset=True).items():
             if value is None and key not in ("starts_at", "ends_at"):
                 raise Unprocessable(key, "may not be null")
+            if key == "webhook_url":
+                _check_webhook(rt, value)
             setattr(b, key, value)
         try:
             check_period(b.period, b.starts_at, b.ends_at)
@@ -151,8 +165,19 @@ def _next(cron: str, tz: str, now: datetime) -> datetime:
         raise Unprocessable("timezone" if "timezone" in str(exc) else "cron", str(exc)) from exc
 
 
+def allowed_destination(rt: Runtime, tenant: str, destination: dict[str, Any]) -> dict[str, Any]:
+    """A validated destination if the operator's settings allow it for `tenant` (422 naming the field)."""
+    if not destination:
+        return {}
+    try:
+        return check_destination(rt.settings, tenant, destination)
+    except ValueError as exc:
+        raise Unprocessable("destination", str(exc)) from exc
+
+
 def create_schedule(rt: Runtime, tenant: str, body: ScheduleCreate) -> SchedulePublic:
     now = rt.clock()
+    allowed_destination(rt, tenant, body.destination)
     s = ReportScheduleRow(
         id=new_id("rsc"),
         tenant=tenant,
@@ -195,6 +220,8 @@ def update_schedule(rt: Runtime, tenant: str, schedule_id: str, body: ScheduleUp
         for key, value in changes.items():
             if value is None:
                 raise Unprocessable(key, "may not be null")
+            if key == "destination":
+                allowed_destination(rt, tenant, value)
             setattr(s, key, value)
         if {"cron", "timezone"} & changes.keys() or changes.get("enabled"):
             s.next_run_at = _next(s.cron, s.timezone, now)
@@ -228,6 +255,8 @@ def run_public(r: ReportRunRow) -> RunPublic:
         entries=r.entries,
         delivered_to=r.delivered_to,
         error=r.error,
+        delivery_state=r.delivery_state,
+        delivery_attempts=r.delivery_attempts,
         created_at=r.created_at,
         finished_at=r.finished_at,
         download_url=f"/v1/report-runs/{r.id}/download",

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from broker.finance.notify import check_emails
+from broker.finance.outbound import check_url_shape
 from broker.finance.reports.deliver import validate_destination
 from broker.schemas import Label
 
@@ -29,16 +31,11 @@ def _thresholds(values: list[int]) -> list[int]:
 
 
 def _emails(values: list[str]) -> list[str]:
-    for v in values:
-        if "@" not in v or len(v) > 254:
-            raise ValueError(f"{v!r} is not an email address")
-    return values
+    return check_emails(values, "email_to")
 
 
 def _url(value: str) -> str:
-    if value and not value.startswith(("http://", "https://")):
-        raise ValueError("must be an http(s) URL")
-    return value
+    return check_url_shape(value, "webhook_url") if value else value
 
 
 Thresholds = Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(max_length=20), AfterValidator(_thresholds)]
@@ -188,6 +185,10 @@ class RunPublic(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     download_url: str
+    delivery_state: str = Field(
+        description="'' (no destination), pending (the control loop delivers it), delivered or failed"
+    )
+    delivery_attempts: int
 
 
 class CorrectionCreate(BaseModel):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
@@ -363,7 +364,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
     The job's checkpoint is first pre-staged next to the target (`broker.loop.stage`). While another replica
     copies it, or after a storage error, the placement stays LAUNCHING for the next tick to retry; after
     `MAX_STAGE_FAILURES` errors the job resumes from where its checkpoint is. A transfer the ceiling cannot pay
-    pauses the job instead.
+    pauses the job instead, and so does a checkpoint URI outside the tenant's checkpoint prefixes (it is neither
+    read nor handed to the instance). The instance is told the job's checkpoint URI as it is after staging (a
+    job without one was given its prefix in the store at the target, if any).
 
     A placement whose job was cancelled meanwhile is stopped without launching.
 
@@ -374,7 +377,28 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
     if staging is Staging.FAILED and _stage_failures(rt, placement_id) < MAX_STAGE_FAILURES:
         return None
     if staging is Staging.OVER_CEILING:
-        _abandon_for_ceiling(rt, placement_id, now)
+        _abandon(
+            rt,
+            placement_id,
+            now,
+            "checkpoint transfer would exceed the job's ceiling",
+            lambda p, job: (
+                f"paused: moving the checkpoint to {p.provider}/{p.region} would exceed the "
+                f"${job.max_total_usd} ceiling (see the checkpoint_stage_refused event)"
+            ),
+        )
+        return None
+    if staging is Staging.REFUSED:
+        _abandon(
+            rt,
+            placement_id,
+            now,
+            "the job's checkpoint_uri is not one of its tenant's checkpoint locations",
+            lambda p, job: (
+                "paused: its checkpoint_uri is outside the tenant's checkpoint prefixes (see the "
+                "checkpoint_refused event); cancel it and submit it again with an allowed checkpoint_uri"
+            ),
+        )
         return None
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
@@ -408,7 +432,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
                     offering=offering,
                     launch_token=p.launch_token,
                     tags=Tags(rt.settings.broker_id, job.id, p.id),
-                    spec=spec_of(job),
+                    spec=replace(spec_of(job), checkpoint_uri=job.checkpoint_uri),
                     remaining_work_hours=p.work_hours_at_start,
                     resume_from=_resume_from(job),
                     checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
@@ -439,8 +463,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
 
 def _resume_from(job: Job) -> str | None:
     """The checkpoint to resume from: the job's own after a first attempt, or a staged copy of the one it came
-    with."""
-    if job.checkpoint_uri and (job.attempts > 1 or job.checkpoint_uri != spec_of(job).checkpoint_uri):
+    with (a location the broker assigned to a first attempt holds nothing to resume from yet)."""
+    given = spec_of(job).checkpoint_uri
+    if job.checkpoint_uri and (job.attempts > 1 or (given is not None and job.checkpoint_uri != given)):
         return job.checkpoint_uri
     return None
 
@@ -454,8 +479,11 @@ def _stage_failures(rt: Runtime, placement_id: str) -> int:
     return sum(1 for data in events if data.get("placement_id") == placement_id)
 
 
-def _abandon_for_ceiling(rt: Runtime, placement_id: str, now: datetime) -> None:
-    """The checkpoint transfer alone would break the ceiling: give the placement up and pause the job."""
+def _abandon(
+    rt: Runtime, placement_id: str, now: datetime, detail: str, reason: Callable[[Placement, Job], str]
+) -> None:
+    """Staging cannot go on (the transfer would break the ceiling, or the checkpoint is refused): give the
+    placement up (`detail`) and pause the job with `reason(placement, job)`."""
     with Session(rt.engine) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
@@ -463,15 +491,12 @@ def _abandon_for_ceiling(rt: Runtime, placement_id: str, now: datetime) -> None:
         job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
         p.state = PlacementState.FAILED.value
         p.ended_at = now
-        p.detail = "checkpoint transfer would exceed the job's ceiling"
+        p.detail = detail
         session.add(p)
         if job.current_placement_id == p.id:
             job.state = JobState.PAUSED.value
             job.current_placement_id = None
-            job.wait_reason = (
-                f"paused: moving the checkpoint to {p.provider}/{p.region} would exceed the "
-                f"${job.max_total_usd} ceiling (see the checkpoint_stage_refused event)"
-            )
+            job.wait_reason = reason(p, job)
             job.updated_at = now
             session.add(job)
             add_event(session, job, now, "paused", job.wait_reason, placement_id=p.id)

@@ -3,7 +3,8 @@
 Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
 -> sync instances (cancellations, ceilings, finishes, preemptions) -> return cloud work on-prem when its queue
 drained -> place pending jobs -> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due
-reports.
+reports -> deliver reports (queued by the API and by scheduled runs; each within a total deadline, the step
+within `delivery_step_seconds`).
 Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
 can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
 failing is logged and reported; the next still runs.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from broker.finance.budgets import check_budgets
-from broker.finance.reports.runs import run_due_reports
+from broker.finance.reports.runs import deliver_pending_reports, run_due_reports
 from broker.logging_setup import log_context, log_scope
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
@@ -44,6 +45,7 @@ STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("sweep_orphans", sweep_orphans),
     ("check_budgets", check_budgets),
     ("run_due_reports", run_due_reports),
+    ("deliver_reports", deliver_pending_reports),
 )
 
 

@@ -25,6 +25,7 @@ class AuditPublic(BaseModel):
     status: int
     client: str
     request_id: str
+    detail: str
 
 
 class AuditPage(BaseModel):
@@ -53,6 +54,7 @@ def read_audit(
             status=r.status,
             client=r.client,
             request_id=r.request_id,
+            detail=r.detail,
         )
         for r in rows
     ]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from broker.deps import Reader, RuntimeDep, Submitter
 from broker.errors import Unprocessable
-from broker.schemas import JobCreate, OfferingPublic, PressurePublic, PricePoint, QuoteResponse
+from broker.schemas import JobCreate, OfferingPublic, PressurePublic, PricePoint, QuoteResponse, aware_utc
 from broker.services import catalog_view as svc
 from providers.accelerators import canonical
 from providers.model import CapacityType
@@ -57,9 +57,14 @@ def prices_history(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list[PricePoint]:
     """Every change of one pool's price (not every sample), oldest first."""
-    for name, value in (("from", start), ("to", end)):
-        if value is not None and value.tzinfo is None:
-            raise Unprocessable(name, "must include a time zone, e.g. 2026-11-01T00:00:00Z")
+    try:
+        start = aware_utc(start)
+    except ValueError as exc:
+        raise Unprocessable("from", str(exc)) from None
+    try:
+        end = aware_utc(end)
+    except ValueError as exc:
+        raise Unprocessable("to", str(exc)) from None
     if start is not None and end is not None and end <= start:
         raise Unprocessable("to", "must be after from")
     return svc.price_history(rt, offering, start, end, limit)

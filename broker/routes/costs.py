@@ -13,12 +13,14 @@ from starlette.concurrency import run_in_threadpool
 
 from broker.auth import Principal, Role
 from broker.deps import RuntimeDep, require
-from broker.errors import NotFoundError, Unprocessable
+from broker.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from broker.finance import manage
+from broker.finance.bill_files import BillTooLarge
 from broker.finance.billing import BillError, import_bill, reconcile
 from broker.finance.budgets import month_window
 from broker.finance.costs import GROUP_KEYS
 from broker.finance.schemas import CorrectionCreate
+from broker.schemas import aware_utc
 
 router = APIRouter(prefix="/v1/costs", tags=["costs"])
 
@@ -33,7 +35,10 @@ def parse_time(value: str | None, field: str) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise Unprocessable(field, f"{value!r} is not an ISO 8601 date or time") from exc
-    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        return aware_utc(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC))
+    except ValueError as exc:  # e.g. 9999-12-31T23:59:59-14:00, past the end of the calendar in UTC
+        raise Unprocessable(field, str(exc)) from None
 
 
 @router.get("")
@@ -59,9 +64,18 @@ def costs(
 
 
 @router.post("/corrections", status_code=status.HTTP_201_CREATED)
-def correct(body: CorrectionCreate, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
-    """Append a correction (positive or negative USD) to a ledger entry; the entry itself never changes."""
-    return manage.correct_entry(rt, principal.tenant, body.entry_id, body.usd, body.note)
+def correct(body: CorrectionCreate, request: Request, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
+    """Append a correction (positive or negative USD) to a ledger entry; the entry itself never changes. With its
+    earlier corrections the entry must stay between 0 and twice its amount (422 otherwise); a credit never gives
+    a job more room under its ceiling (`broker.finance.ledger.record_correction`). The audit log records the
+    entry, amount, job and note, refused attempts included."""
+    request.state.audit_detail = f"correction of cost entry {body.entry_id}: {body.usd} USD, note {body.note[:200]!r}"
+    made = manage.correct_entry(rt, principal.tenant, body.entry_id, body.usd, body.note)
+    request.state.audit_detail = (
+        f"correction {made['id']} of cost entry {body.entry_id} (job {made['job_id']}): {made['usd']} USD, "
+        f"note {body.note[:200]!r}"
+    )
+    return made
 
 
 @router.post("/bills", status_code=status.HTTP_201_CREATED)
@@ -73,13 +87,17 @@ async def upload_bill(
     provider: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
     """Import a FOCUS billing export sent as the raw body (`filename` says its format: .csv, .csv.gz or
-    .parquet). Large files: use `overspill costs import-bill FILE` on the broker host."""
+    .parquet). 413 naming the limit when it passes one once decompressed (size, rows, columns: the
+    `OVERSPILL_BILL_MAX_*` settings); 422 naming the row and column of a bad value. Large files: use
+    `overspill costs import-bill FILE` on the broker host."""
     body = await request.body()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / filename
         path.write_bytes(body)
         try:
             summary = await run_in_threadpool(import_bill, rt, principal.tenant, path, rt.clock(), provider=provider)
+        except BillTooLarge as exc:
+            raise PayloadTooLarge("body", str(exc)) from exc
         except BillError as exc:
             raise Unprocessable("body", str(exc)) from exc
     return {

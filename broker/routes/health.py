@@ -1,15 +1,28 @@
-"""/healthz (the process is up) and /readyz (database reachable, price data fresh)."""
+"""/healthz (the process is up) and /readyz (database reachable, price data fresh).
+
+`/readyz` answers everyone with the verdict and a coarse status per component: `status` ("ready" or "not
+ready"), `database` ("ok" or "unreachable") and `prices` ("fresh", "stale", or that no price data exists yet).
+A valid API key of any role also gets `feeds`: each feed's age, freshness and whether it is failing (what
+`/v1/pools` already tells it, per pool; the console shows it). The error detail (each feed's `last_error` text,
+the database error's type) is only for the operator's metrics token (`Authorization: Bearer
+<OVERSPILL_METRICS_TOKEN>`) or an admin key: error text can name internal hosts and accounts. A missing or invalid
+credential is not an error here (probes send none): it gets the coarse answer.
+"""
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
+from starlette.concurrency import run_in_threadpool
 
-from broker.deps import RuntimeDep
+from broker.auth import Role
+from broker.deps import RuntimeDep, authenticate, request_key
+from broker.runtime import Runtime
 from broker.tables import FeedStatus
 
 router = APIRouter(tags=["health"])
@@ -21,24 +34,58 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz(rt: RuntimeDep, response: Response) -> dict[str, Any]:
+async def readyz(request: Request, rt: RuntimeDep, response: Response) -> dict[str, Any]:
     """503 unless the database answers and every live feed succeeded within the staleness limit.
 
     A feed whose latest refresh failed is reported `failing` (its last good prices stay in use, marked stale in
-    `/v1/pools`); readiness drops only once its last success is older than the limit."""
+    `/v1/pools`); readiness drops only once its last success is older than the limit. Feed detail needs the
+    metrics token or an admin key."""
+    ready, coarse, detail = await run_in_threadpool(_readiness, rt)
+    if not ready:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    answer = {"status": "ready" if ready else "not ready", **coarse}
+    level = await _detail_level(request, rt)
+    if level == "errors":
+        return {**answer, **detail}
+    if level == "feeds":
+        feeds = {name: {k: v for k, v in f.items() if k != "last_error"} for name, f in detail["feeds"].items()}
+        return {**answer, "feeds": feeds}
+    return answer
+
+
+async def _detail_level(request: Request, rt: Runtime) -> str:
+    """ "errors" for the metrics token or an admin key, "feeds" for any other valid key, "" otherwise."""
+    key = request_key(request)
+    if not key:
+        return ""
+    token = rt.settings.metrics_token
+    if token and hmac.compare_digest(key.encode(), token.encode()):
+        return "errors"
+    try:
+        principal = await authenticate(request, rt, key)
+    except HTTPException:  # invalid key, or too many being checked: the coarse answer, as for no key
+        return ""
+    return "errors" if principal.role is Role.ADMIN else "feeds"
+
+
+def _readiness(rt: Runtime) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+    """(ready, the coarse status per component, the detail)."""
     now = rt.clock()
-    checks: dict[str, Any] = {}
+    coarse: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
     ready = True
     try:
         with Session(rt.engine) as session:
             session.exec(text("SELECT 1"))  # type: ignore[call-overload]
             feeds = session.exec(select(FeedStatus)).all()
-        checks["database"] = "ok"
+        coarse["database"] = "ok"
     except SQLAlchemyError as exc:
-        checks["database"] = f"unreachable: {type(exc).__name__}"
+        coarse["database"] = "unreachable"
+        detail["database_error"] = type(exc).__name__
         feeds = []
         ready = False
     feed_report = {}
+    prices_fresh = True
     limit = rt.settings.price_stale_after_seconds
     for f in feeds:
         if f.name.startswith("catalog:"):
@@ -48,17 +95,17 @@ def readyz(rt: RuntimeDep, response: Response) -> dict[str, Any]:
             f.last_success_at is None or f.last_error_at > f.last_success_at
         )
         fresh = age is not None and age <= limit
-        ready = ready and fresh
+        prices_fresh = prices_fresh and fresh
         feed_report[f.name] = {
             "age_seconds": round(age, 1) if age is not None else None,
             "fresh": fresh,
             "failing": failed_since,
             "last_error": f.last_error or None,
         }
+    ready = ready and prices_fresh
+    coarse["prices"] = "fresh" if prices_fresh else "stale"
     if rt.offering_sources and not feeds:
         ready = False
-        checks["prices"] = "no price data yet (the first tick has not run)"
-    checks["feeds"] = feed_report
-    if not ready:
-        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    return {"status": "ready" if ready else "not ready", **checks}
+        coarse["prices"] = "no price data yet (the first tick has not run)"
+    detail["feeds"] = feed_report
+    return ready, coarse, detail

@@ -32,6 +32,7 @@ def submit_job(
         idempotency_key=idempotency_key,
         now=rt.clock(),
         request_id=current_context().get("request_id"),
+        checkpoints=rt.checkpoint_stores,
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if not created:

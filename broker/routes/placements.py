@@ -12,10 +12,32 @@ from sqlmodel import Session
 
 from broker.auth import callback_token
 from broker.deps import RuntimeDep
+from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
 
 router = APIRouter(prefix="/v1/placements", tags=["placements"])
+
+
+# the token is an HMAC-SHA256 in hex (broker.auth.callback_token): anything else, non-ASCII included, is a 422
+# naming the header, never a comparison of text hmac.compare_digest cannot take
+CallbackToken = Annotated[
+    str,
+    Header(
+        alias="X-Overspill-Callback-Token",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[0-9A-Za-z]+$",
+        description="the per-placement token the instance's start-up script was given",
+    ),
+]
+
+
+def _check_token(rt: Runtime, placement_id: str, token: str) -> None:
+    """403 unless `token` is this placement's callback token (compared in constant time, as bytes)."""
+    expected = callback_token(rt.settings, placement_id).encode()
+    if not hmac.compare_digest(expected, token.encode("utf-8", "surrogateescape")):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "X-Overspill-Callback-Token: bad token for this placement")
 
 
 class ExitReport(BaseModel):
@@ -30,12 +52,10 @@ def report_exit(
     placement_id: str,
     body: ExitReport,
     rt: RuntimeDep,
-    x_overspill_callback_token: Annotated[str, Header(max_length=128)],
+    x_overspill_callback_token: CallbackToken,
 ) -> None:
     """Record the exit status; the next tick turns it into the job's verdict. Repeats are harmless."""
-    expected = callback_token(rt.settings, placement_id)
-    if not hmac.compare_digest(expected, x_overspill_callback_token):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "bad callback token for this placement")
+    _check_token(rt, placement_id, x_overspill_callback_token)
     with Session(rt.engine) as session:
         p = session.get(Placement, placement_id, with_for_update=True)
         if p is None:
@@ -58,12 +78,11 @@ def relay_scheduled_events(
     placement_id: str,
     document: dict[str, Any],
     rt: RuntimeDep,
-    x_overspill_callback_token: Annotated[str, Header(max_length=128)],
+    x_overspill_callback_token: CallbackToken,
 ) -> dict[str, bool]:
     """An Azure VM relays its Scheduled Events document (IMDS); a Preempt event becomes an interruption notice
     the next tick acts on. Other providers answer 409: they deliver notices their own way."""
-    if not hmac.compare_digest(callback_token(rt.settings, placement_id), x_overspill_callback_token):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "bad callback token for this placement")
+    _check_token(rt, placement_id, x_overspill_callback_token)
     with Session(rt.engine) as session:
         p = session.get(Placement, placement_id)
     if p is None or p.instance_id is None:

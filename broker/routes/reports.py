@@ -52,9 +52,15 @@ def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge
     return manage.list_runs(rt, principal.tenant, limit)
 
 
-@runs.post("", status_code=status.HTTP_201_CREATED, response_model=RunPublic)
-def run_now(body: RunCreate, rt: RuntimeDep, principal: Finance) -> RunPublic:
-    """Produce a report of a period now (and deliver it if a destination is given)."""
+@runs.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunPublic,
+    responses={202: {"model": RunPublic, "description": "produced; its delivery is queued (`delivery_state` pending)"}},
+)
+def run_now(body: RunCreate, rt: RuntimeDep, principal: Finance, response: Response) -> RunPublic:
+    """Produce a report of a period now: 201 with the run. With a destination, 202: the control loop delivers it
+    (within a tick); read the run again for `delivery_state` (`delivered` or `failed`, with `error`)."""
     if body.period:
         try:
             start, end = parse_period(body.period)
@@ -68,7 +74,10 @@ def run_now(body: RunCreate, rt: RuntimeDep, principal: Finance) -> RunPublic:
             raise Unprocessable("to", f"a report covers at most {MAX_REPORT_PERIOD.days} days; split longer periods")
     else:
         raise Unprocessable("period", "give a period (2026-10) or both from and to")
-    run = run_report(rt, principal.tenant, body.format, start, end, rt.clock(), destination=body.destination)
+    destination = manage.allowed_destination(rt, principal.tenant, body.destination)
+    run = run_report(rt, principal.tenant, body.format, start, end, rt.clock(), destination=destination)
+    if run.delivery_state == "pending":
+        response.status_code = status.HTTP_202_ACCEPTED
     return manage.run_public(run)
 
 

@@ -20,7 +20,7 @@ from broker.schemas import (
     QuoteRejection,
     QuoteResponse,
 )
-from broker.services.jobs import new_id, spec_of
+from broker.services.jobs import check_checkpoint_uri, new_id, spec_of
 from broker.tables import FeedStatus, Job, PressureRow, PriceChange
 from federation.placement import PlacementContext, quote
 from providers.model import Offering
@@ -102,7 +102,9 @@ def list_pools(
 
 
 def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteResponse:
-    """Rank every pool for the spec without submitting it; every rejected pool carries its reason."""
+    """Rank every pool for the spec without submitting it; every rejected pool carries its reason. A
+    `checkpoint_uri` outside the tenant's checkpoint prefixes is refused as at submission."""
+    check_checkpoint_uri(rt.checkpoint_stores, tenant, create.checkpoint_uri)
     now = rt.clock()
     probe = Job(
         id=new_id("quote"),

@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from broker.catalog import CatalogCache
+from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
 from broker.errors import Conflict, NotFoundError, Unprocessable
 from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
 from broker.tables import Job, JobEvent, Placement
@@ -70,7 +71,21 @@ def _request_hash(payload: dict[str, Any]) -> str:
 
 
 def add_event(session: Session, job: Job, at: datetime, kind: str, message: str, **data: Any) -> None:
-    session.add(JobEvent(job_id=job.id, tenant=job.tenant, at=at, kind=kind, message=message, data=data))
+    """Append an event to the job's timeline (the message is cut to the column's 1000 characters)."""
+    session.add(JobEvent(job_id=job.id, tenant=job.tenant, at=at, kind=kind, message=message[:1000], data=data))
+
+
+def check_checkpoint_uri(checkpoints: CheckpointStores | None, tenant: str, uri: str | None) -> None:
+    """Raise Unprocessable naming `checkpoint_uri` unless `uri` is None or lies under one of `tenant`'s allowed
+    checkpoint prefixes (`CheckpointStores.match`; with no `checkpoints` given, nothing is allowed)."""
+    if uri is None:
+        return
+    if checkpoints is None:
+        raise Unprocessable("checkpoint_uri", "no checkpoint location is configured, so no checkpoint_uri is accepted")
+    try:
+        checkpoints.match(uri, tenant)
+    except CheckpointRefused as exc:
+        raise Unprocessable("checkpoint_uri", str(exc)) from None
 
 
 def submit_job(
@@ -82,12 +97,14 @@ def submit_job(
     idempotency_key: str | None,
     now: datetime,
     request_id: str | None = None,
+    checkpoints: CheckpointStores | None = None,
 ) -> tuple[Job, bool]:
     """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
 
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
-    region or provider constraints...) or the deadline has passed, and Conflict when the key was used for a
-    different request.
+    region or provider constraints...), the deadline has passed, or `checkpoint_uri` is not under one of the
+    tenant's allowed prefixes in `checkpoints` (none given: any checkpoint_uri is refused), and Conflict when the
+    key was used for a different request.
     """
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
@@ -97,6 +114,7 @@ def submit_job(
             return _replayed(existing, digest), False
     if create.deadline is not None and create.deadline <= now:
         raise Unprocessable("deadline", "the deadline is in the past")
+    check_checkpoint_uri(checkpoints, tenant, create.checkpoint_uri)
     job = Job(
         id=new_id("job"),
         tenant=tenant,

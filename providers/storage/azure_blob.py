@@ -10,12 +10,16 @@ Checksums: each block is sent with `validate_content=True`, so the service check
 The whole blob's Content-MD5 is set at commit from the copy's digests (with the SHA-256 in metadata `sha256`),
 but Azure stores a commit-time MD5 as given and checks nothing, so `digests_match` is None: read the blob back.
 Reads are ranged `download_blob(offset, length)` windows of `chunk_size`, pinned to one ETag.
+
+Confinement: the store is one container, or one name prefix in it (`prefix`, empty or ending in `/`). Every key
+it is given is checked by `safe_key` and used as `prefix + key`; keys it returns are relative to the prefix.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from urllib.parse import quote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -24,7 +28,7 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.storage.blob import BlobBlock, ContainerClient, ContentSettings, StorageStreamDownloader
+from azure.storage.blob import BlobBlock, BlobClient, ContainerClient, ContentSettings, StorageStreamDownloader
 
 from providers.storage.base import (
     DEFAULT_CHUNK_SIZE,
@@ -36,6 +40,7 @@ from providers.storage.base import (
     SourceChanged,
     StorageError,
 )
+from providers.storage.keys import join_key, safe_list_prefix, safe_store_prefix
 
 UPLOAD_TOKEN = "azure-block-list"
 
@@ -49,12 +54,17 @@ class AzureBlobStore:
     """One container. Build the service client with `max_single_get_size`/`max_chunk_get_size` <= the copy's
     chunk size to keep the SDK's read buffers within the copy's memory bound."""
 
-    def __init__(self, container: ContainerClient) -> None:
+    def __init__(self, container: ContainerClient, *, prefix: str = "") -> None:
         self.container = container
         self.name = container.container_name
+        self.prefix = safe_store_prefix(prefix)
 
     def uri(self, key: str) -> str:
-        return f"az://{self.name}/{key}"
+        return f"az://{self.name}/{quote(self.prefix + key, safe='/')}"
+
+    def blob(self, key: str) -> BlobClient:
+        """The client of `key`'s blob: its name checked by `safe_key`, beneath the store's prefix."""
+        return self.container.get_blob_client(join_key(self.prefix, key))
 
     def _error(self, key: str, what: str, exc: AzureError) -> StorageError:
         uri = self.uri(key)
@@ -69,7 +79,7 @@ class AzureBlobStore:
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
-            props = self.container.get_blob_client(key).get_blob_properties()
+            props = self.blob(key).get_blob_properties()
         except ResourceNotFoundError:
             return None
         except AzureError as exc:
@@ -87,7 +97,7 @@ class AzureBlobStore:
     def open_read(
         self, key: str, offset: int = 0, *, chunk_size: int = DEFAULT_CHUNK_SIZE, version: str | None = None
     ) -> Iterator[bytes]:
-        blob = self.container.get_blob_client(key)
+        blob = self.blob(key)
         condition = MatchConditions.IfNotModified if version else None
         try:
             first = blob.download_blob(
@@ -105,7 +115,7 @@ class AzureBlobStore:
         self, key: str, first: StorageStreamDownloader[bytes], offset: int, chunk_size: int
     ) -> Iterator[bytes]:
         """One ranged GET per window; no downloader outlives its window, so at most one window's buffer is held."""
-        blob = self.container.get_blob_client(key)
+        blob = self.blob(key)
         etag = first.properties.etag
         # properties.size is the size of this range; the blob's size ends the Content-Range the SDK fills in
         size = int(str(first.properties.content_range).rsplit("/", 1)[1])
@@ -136,16 +146,20 @@ class AzureBlobStore:
 
     def delete(self, key: str) -> None:
         try:
-            self.container.delete_blob(key)
+            self.blob(key).delete_blob()
         except ResourceNotFoundError:
             return
         except AzureError as exc:
             raise self._error(key, "delete", exc) from exc
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Blobs under `prefix`, keys relative to the store's prefix (as Azure names them: callers that turn a
+        listed key into a path or a new key check it with `safe_key`)."""
+        full = self.prefix + safe_list_prefix(prefix)
         try:
-            for props in self.container.list_blobs(name_starts_with=prefix or None):
-                yield ObjectInfo(key=props.name, size=int(props.size), etag=props.etag, version=props.etag)
+            for props in self.container.list_blobs(name_starts_with=full or None):
+                key = str(props.name)[len(self.prefix) :]
+                yield ObjectInfo(key=key, size=int(props.size), etag=props.etag, version=props.etag)
         except AzureError as exc:
             raise self._error(prefix, "list", exc) from exc
 
@@ -159,7 +173,7 @@ class AzureUpload:
     def __init__(self, store: AzureBlobStore, key: str) -> None:
         self._store = store
         self._key = key
-        self._blob = store.container.get_blob_client(key)
+        self._blob = store.blob(key)
 
     @property
     def token(self) -> str:

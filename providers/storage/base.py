@@ -1,8 +1,12 @@
 """The object-store contract checkpoint copies are written against, its value types and its typed errors.
 
 Contract every adapter (S3, GCS, Azure Blob, local files) keeps:
-- Keys are `/`-separated names inside one bucket/container/root; `uri(key)` gives the canonical URI
-  (`s3://bucket/key`, `gs://bucket/key`, `az://container/key`, `file:///path`).
+- Keys are `/`-separated relative names inside one root (a directory, or a bucket/container and an optional key
+  prefix); `uri(key)` gives the canonical URI (`s3://bucket/prefix/key`, `gs://...`, `az://...`, `file:///path`),
+  percent-encoded, so `uri.parse_uri` gives the same key back.
+  Every key given to a store passes `keys.safe_key` or is refused with `UnsafeKey`: no store reads or writes
+  outside its root. Keys a store lists are relative to its root, as the store holds them (check them before
+  using one as another store's key).
 - `stat(key)` returns `None` for a missing object; reads of a missing object raise `ObjectNotFound`.
 - `open_read(key, offset, chunk_size=..., version=...)` yields chunks of at most `chunk_size` bytes from `offset`
   to the end. Given the `version` from `stat`, a read of an object that changed since raises `SourceChanged`.

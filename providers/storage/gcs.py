@@ -12,6 +12,9 @@ so resumed parts carry no MD5.
 Checksums: GCS computes `md5Hash` and `crc32c` of every object it stores from the bytes (composites have only
 crc32c), so `digests_match` compares `md5Hash` and needs no read-back. Reads are one ranged media download per
 `chunk_size`, pinned to the generation seen first.
+
+Confinement: the store is one bucket, or one name prefix in it (`prefix`, empty or ending in `/`). Every key it
+is given is checked by `safe_key` and used as `prefix + key`; keys it returns are relative to the prefix.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import requests
 from google.api_core.exceptions import GoogleAPICallError, NotFound
@@ -37,6 +41,7 @@ from providers.storage.base import (
     part_count,
     part_length,
 )
+from providers.storage.keys import join_key, safe_list_prefix, safe_store_prefix
 
 HTTP_TIMEOUT = (10.0, 300.0)
 
@@ -46,19 +51,25 @@ def _hex(b64: str | None) -> str | None:
 
 
 class GCSStore:
-    """One bucket. `http` sends the session's PUTs (the session URL is its own authorisation)."""
+    """One bucket, or the objects under `prefix` in it. `http` sends the session's PUTs (the session URL is its
+    own authorisation)."""
 
-    def __init__(self, client: Client, bucket: str, *, http: requests.Session | None = None) -> None:
+    def __init__(self, client: Client, bucket: str, *, prefix: str = "", http: requests.Session | None = None) -> None:
         self.client = client
         self.bucket = client.bucket(bucket)
+        self.prefix = safe_store_prefix(prefix)
         self.http = http or requests.Session()
 
     def uri(self, key: str) -> str:
-        return f"gs://{self.bucket.name}/{key}"
+        return f"gs://{self.bucket.name}/{quote(self.prefix + key, safe='/')}"
+
+    def name(self, key: str) -> str:
+        """The object name of `key`: checked by `safe_key`, beneath the store's prefix."""
+        return join_key(self.prefix, key)
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
-            blob = self.bucket.get_blob(key)
+            blob = self.bucket.get_blob(self.name(key))
         except GoogleAPICallError as exc:
             raise StorageError(f"GCS get of {self.uri(key)} failed: {exc}", uri=self.uri(key)) from exc
         if blob is None:
@@ -85,7 +96,7 @@ class GCSStore:
         return self._chunks(key, int(info.version or 0), info.size, offset, chunk_size)
 
     def _chunks(self, key: str, generation: int, size: int, offset: int, chunk_size: int) -> Iterator[bytes]:
-        blob = self.bucket.blob(key, generation=generation)
+        blob = self.bucket.blob(self.name(key), generation=generation)
         while offset < size:
             end = min(offset + chunk_size, size) - 1
             try:
@@ -101,7 +112,7 @@ class GCSStore:
 
     def begin_upload(self, key: str, *, size: int, part_size: int) -> GCSUpload:
         try:
-            url = self.bucket.blob(key).create_resumable_upload_session(
+            url = self.bucket.blob(self.name(key)).create_resumable_upload_session(
                 content_type="application/octet-stream", size=size, checksum=None
             )
         except GoogleAPICallError as exc:
@@ -115,16 +126,20 @@ class GCSStore:
 
     def delete(self, key: str) -> None:
         try:
-            self.bucket.blob(key).delete()
+            self.bucket.blob(self.name(key)).delete()
         except NotFound:
             return
         except GoogleAPICallError as exc:
             raise StorageError(f"GCS delete of {self.uri(key)} failed: {exc}", uri=self.uri(key)) from exc
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Objects under `prefix`, keys relative to the store's prefix (as GCS names them: callers that turn a
+        listed key into a path or a new key check it with `safe_key`)."""
+        full = self.prefix + safe_list_prefix(prefix)
         try:
-            for blob in self.client.list_blobs(self.bucket, prefix=prefix or None):
-                yield ObjectInfo(key=blob.name, size=int(blob.size or 0), etag=blob.etag, version=str(blob.generation))
+            for blob in self.client.list_blobs(self.bucket, prefix=full or None):
+                key = str(blob.name)[len(self.prefix) :]
+                yield ObjectInfo(key=key, size=int(blob.size or 0), etag=blob.etag, version=str(blob.generation))
         except GoogleAPICallError as exc:
             raise StorageError(f"GCS list of {self.uri(prefix)} failed: {exc}", uri=self.uri(prefix)) from exc
 
@@ -138,6 +153,7 @@ class GCSUpload:
     def __init__(self, store: GCSStore, key: str, url: str, *, size: int, part_size: int) -> None:
         self._store = store
         self._key = key
+        self._name = store.name(key)
         self._url = url
         self._size = size
         self._part_size = part_size
@@ -222,7 +238,7 @@ class GCSUpload:
                     expected=digests.md5,
                     actual=stored,
                 )
-        blob = self._store.bucket.blob(self._key)
+        blob = self._store.bucket.blob(self._name)
         blob.metadata = {"sha256": digests.sha256}
         try:
             blob.patch()

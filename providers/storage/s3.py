@@ -9,6 +9,10 @@ Checksums: without SSE-KMS/SSE-C an S3 ETag is computed by S3 from the bytes: th
 md5(concat(part MD5s))-N for a multipart upload, and a part's ETag is that part's MD5. `digests_match` compares
 those (pass `etags_are_md5=False` for a bucket whose default encryption is SSE-KMS). Orphaned multipart uploads
 cost storage until aborted: give real buckets an AbortIncompleteMultipartUpload lifecycle rule.
+
+Confinement: the store is one bucket, or one key prefix in it (`prefix`, empty or ending in `/`). Every key it is
+given is checked by `safe_key` and sent as `prefix + key`; keys it returns (`stat`, `list`) are relative to the
+prefix, so nothing outside it can be named, read or written through the store.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from botocore.client import BaseClient
 from botocore.exceptions import BotoCoreError, ClientError
@@ -33,6 +38,7 @@ from providers.storage.base import (
     StorageError,
     UploadGone,
 )
+from providers.storage.keys import join_key, safe_list_prefix, safe_store_prefix
 
 _MD5_HEX = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART_ETAG = re.compile(r"^[0-9a-f]{32}-\d+$")
@@ -48,15 +54,21 @@ def _unquote(etag: str) -> str:
 
 
 class S3Store:
-    """One bucket. `client` is a boto3 S3 client (path-style addressing for moto/MinIO is the caller's choice)."""
+    """One bucket, or the keys under `prefix` in it. `client` is a boto3 S3 client (path-style addressing for
+    moto/MinIO is the caller's choice)."""
 
-    def __init__(self, client: BaseClient, bucket: str, *, etags_are_md5: bool = True) -> None:
+    def __init__(self, client: BaseClient, bucket: str, *, prefix: str = "", etags_are_md5: bool = True) -> None:
         self.client = client
         self.bucket = bucket
+        self.prefix = safe_store_prefix(prefix)
         self.etags_are_md5 = etags_are_md5
 
     def uri(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
+        return f"s3://{self.bucket}/{quote(self.prefix + key, safe='/')}"
+
+    def name(self, key: str) -> str:
+        """The bucket key of `key`: checked by `safe_key`, beneath the store's prefix."""
+        return join_key(self.prefix, key)
 
     def _error(self, key: str, what: str, exc: ClientError | BotoCoreError) -> StorageError:
         code = _code(exc) if isinstance(exc, ClientError) else ""
@@ -73,7 +85,7 @@ class S3Store:
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=key)
+            head = self.client.head_object(Bucket=self.bucket, Key=self.name(key))
         except ClientError as exc:
             if _code(exc) in _NOT_FOUND:
                 return None
@@ -99,7 +111,7 @@ class S3Store:
     def open_read(
         self, key: str, offset: int = 0, *, chunk_size: int = DEFAULT_CHUNK_SIZE, version: str | None = None
     ) -> Iterator[bytes]:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.name(key)}
         if offset:
             kwargs["Range"] = f"bytes={offset}-"
         if version:
@@ -124,7 +136,7 @@ class S3Store:
     def begin_upload(self, key: str, *, size: int, part_size: int) -> S3Upload:
         try:
             made = self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ContentType="application/octet-stream"
+                Bucket=self.bucket, Key=self.name(key), ContentType="application/octet-stream"
             )
         except (ClientError, BotoCoreError) as exc:
             raise self._error(key, "create_multipart_upload", exc) from exc
@@ -137,17 +149,21 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=key)
+            self.client.delete_object(Bucket=self.bucket, Key=self.name(key))
         except (ClientError, BotoCoreError) as exc:
             raise self._error(key, "delete", exc) from exc
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        """Objects under `prefix`, keys relative to the store's prefix (as S3 names them: callers that turn a
+        listed key into a path or a new key check it with `safe_key`)."""
+        full = self.prefix + safe_list_prefix(prefix)
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
                     etag = _unquote(obj["ETag"])
-                    yield ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag, version=obj["ETag"])
+                    key = str(obj["Key"])[len(self.prefix) :]
+                    yield ObjectInfo(key=key, size=int(obj["Size"]), etag=etag, version=obj["ETag"])
         except (ClientError, BotoCoreError) as exc:
             raise self._error(prefix, "list", exc) from exc
 
@@ -165,6 +181,7 @@ class S3Upload:
     def __init__(self, store: S3Store, key: str, upload_id: str) -> None:
         self._store = store
         self._key = key
+        self._name = store.name(key)
         self._upload_id = upload_id
 
     @property
@@ -181,7 +198,7 @@ class S3Upload:
         try:
             made = self._store.client.upload_part(
                 Bucket=self._store.bucket,
-                Key=self._key,
+                Key=self._name,
                 UploadId=self._upload_id,
                 PartNumber=number,
                 Body=data,
@@ -198,7 +215,7 @@ class S3Upload:
         while True:
             try:
                 page = self._store.client.list_parts(
-                    Bucket=self._store.bucket, Key=self._key, UploadId=self._upload_id, PartNumberMarker=marker
+                    Bucket=self._store.bucket, Key=self._name, UploadId=self._upload_id, PartNumberMarker=marker
                 )
             except (ClientError, BotoCoreError) as exc:
                 raise self._store._error(self._key, "list_parts", exc) from exc
@@ -214,11 +231,11 @@ class S3Upload:
         try:
             if not parts:  # S3 refuses to complete with no parts: an empty object is a plain PUT
                 self.abort()
-                client.put_object(Bucket=bucket, Key=self._key, Body=b"")
+                client.put_object(Bucket=bucket, Key=self._name, Body=b"")
                 return
             client.complete_multipart_upload(
                 Bucket=bucket,
-                Key=self._key,
+                Key=self._name,
                 UploadId=self._upload_id,
                 MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'} for p in parts]},
             )
@@ -228,7 +245,7 @@ class S3Upload:
     def abort(self) -> None:
         try:
             self._store.client.abort_multipart_upload(
-                Bucket=self._store.bucket, Key=self._key, UploadId=self._upload_id
+                Bucket=self._store.bucket, Key=self._name, UploadId=self._upload_id
             )
         except ClientError as exc:
             if _code(exc) not in ("NoSuchUpload", "404"):

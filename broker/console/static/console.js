@@ -528,7 +528,10 @@ async function renderPools() {
   const [pools, pressure, ready_] = await Promise.all([
     api("/v1/pools?limit=5000"),
     api("/v1/pressure"),
-    fetch("/readyz").then((r) => r.json()).catch(() => ({ feeds: {} })),
+    // feed states need a key (anonymous callers get only the verdict); a 503 (not ready) still has a body
+    fetch("/readyz", { headers: state.key ? { Authorization: `Bearer ${state.key}` } : {} })
+      .then((r) => r.json())
+      .catch(() => ({ feeds: {} })),
   ]);
   const feeds = Object.entries(ready_.feeds || {});
   const byAcc = new Map();

@@ -1,11 +1,20 @@
-"""Running reports: `run_report` produces one (render, store bytes and sha256, deliver) and `run_due_reports`
-(a tick step, and the entry point of the serverless "reports" schedule) runs every schedule whose time came.
+"""Running reports: `run_report` produces one (render, store bytes and sha256, queue its delivery),
+`deliver_pending_reports` (a tick step) delivers what is queued, and `run_due_reports` (a tick step, and the entry
+point of the serverless "reports" schedule) runs every schedule whose time came.
 
 Schedules fire on a cron expression evaluated in their IANA time zone (croniter + zoneinfo). A due schedule is
 claimed under a row lock in the same transaction that advances `next_run_at` and inserts its run row, whose
 unique key (schedule, fire time) stops a second replica from running it again. A run left `running` by a crash
 is picked up again after `STALE_AFTER`. Reports are a pure function of the period's ledger: re-running a
 period gives byte-identical output (the sha256 shows it).
+
+Delivery never happens inside a request (nor inside `run_report`): a run with a destination is stored with it,
+`state` `delivering` and `delivery_state` `pending`, and answered at once; the control loop's
+`deliver_pending_reports` step claims each pending run under a row lock (skipped if another replica holds it),
+delivers it within `delivery_deadline_seconds`, `delivery_workers` at a time, starting none after
+`delivery_step_seconds`, and records the outcome: `delivered` (`state` `succeeded`), or after
+`MAX_DELIVERY_ATTEMPTS` failures (or at once for a destination the settings no longer allow) `failed`. A crash
+mid-delivery rolls the claim back, so the next tick delivers it again (at least once).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -21,8 +31,9 @@ from croniter import croniter
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from broker.finance.dispatch import run_bounded
 from broker.finance.reports import data as report_data
-from broker.finance.reports.deliver import DeliveryError, deliver
+from broker.finance.reports.deliver import DeliveryError, DestinationRefused, deliver
 from broker.finance.reports.period import label, relative_period
 from broker.finance.reports.render import render
 from broker.runtime import Runtime
@@ -32,6 +43,7 @@ from broker.tables import ReportRunRow, ReportScheduleRow
 log = logging.getLogger(__name__)
 
 STALE_AFTER = timedelta(minutes=15)
+MAX_DELIVERY_ATTEMPTS = 3
 Progress = Callable[[str, float], None]
 
 
@@ -63,8 +75,8 @@ def run_report(
     progress: Progress | None = None,
     run_id: str | None = None,
 ) -> ReportRunRow:
-    """Produce (and deliver) one report; the run row records the outcome. Raises nothing for delivery
-    failures (they are recorded); a rendering error marks the run failed and is re-raised."""
+    """Produce one report; the run row records it, and its destination, if any, for the delivery step (nothing
+    is sent from here). A rendering error marks the run failed and is re-raised."""
     step = progress or (lambda _msg, _frac: None)
     with Session(rt.engine, expire_on_commit=False) as session:
         run = session.get(ReportRunRow, run_id) if run_id else None
@@ -77,6 +89,7 @@ def run_report(
                 period_end_at=end,
                 state="running",
                 created_at=now,
+                destination=dict(destination or {}),
             )
             session.add(run)
             session.commit()
@@ -88,31 +101,25 @@ def run_report(
     except Exception as exc:
         _finish(rt, run.id, now, state="failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    filename = filename_for(tenant, start, end, ext)
-    delivered, error = "", ""
-    if destination:
-        step(f"delivering to {destination.get('type')}", 0.8)
-        try:
-            delivered = deliver(rt.settings, destination, filename, content, content_type)
-        except DeliveryError as exc:
-            error = f"delivery failed: {exc}"
-            log.warning("report %s not delivered: %s", run.id, exc)
     step("done", 1.0)
+    if destination:
+        outcome: dict[str, Any] = {"destination": dict(destination), "delivery_state": "pending", "state": "delivering"}
+    else:
+        outcome = {"state": "succeeded", "delivery_state": ""}
     return _finish(
         rt,
         run.id,
-        now,
-        state="failed" if error else "succeeded",
-        error=error,
-        filename=filename,
+        None if destination else now,
+        **outcome,
+        error="",
+        filename=filename_for(tenant, start, end, ext),
         content_type=content_type,
         content=content,
         entries=len(report.entries),
-        delivered_to=delivered,
     )
 
 
-def _finish(rt: Runtime, run_id: str, now: datetime, **values: Any) -> ReportRunRow:
+def _finish(rt: Runtime, run_id: str, finished_at: datetime | None, **values: Any) -> ReportRunRow:
     with Session(rt.engine, expire_on_commit=False) as session:
         run = session.exec(select(ReportRunRow).where(ReportRunRow.id == run_id)).one()
         content = values.pop("content", None)
@@ -122,10 +129,58 @@ def _finish(rt: Runtime, run_id: str, now: datetime, **values: Any) -> ReportRun
             run.content = content
             run.size_bytes = len(content)
             run.sha256 = hashlib.sha256(content).hexdigest()
-        run.finished_at = now
+        run.finished_at = finished_at
         session.add(run)
         session.commit()
         return run
+
+
+def deliver_pending_reports(rt: Runtime, now: datetime) -> int:
+    """Tick step: deliver every pending run (see the module docstring). Returns the runs delivered."""
+    with Session(rt.engine) as session:
+        ids = session.exec(
+            select(ReportRunRow.id)
+            .where(ReportRunRow.delivery_state == "pending")
+            .order_by(col(ReportRunRow.delivery_attempts), col(ReportRunRow.created_at), col(ReportRunRow.id))
+        ).all()
+    return run_bounded(
+        (partial(_deliver_run, rt, run_id, now) for run_id in ids),
+        workers=rt.settings.delivery_workers,
+        budget_seconds=rt.settings.delivery_step_seconds,
+        name="report-deliveries",
+    )
+
+
+def _deliver_run(rt: Runtime, run_id: str, now: datetime) -> bool:
+    with Session(rt.engine, expire_on_commit=False) as session:
+        run = session.exec(
+            select(ReportRunRow).where(ReportRunRow.id == run_id).with_for_update(skip_locked=True)
+        ).first()
+        if run is None or run.delivery_state != "pending":
+            return False
+        run.delivery_attempts += 1
+        try:
+            where = deliver(
+                rt.settings, run.tenant, dict(run.destination), run.filename, run.content or b"", run.content_type
+            )
+        except DeliveryError as exc:
+            final = isinstance(exc, DestinationRefused) or run.delivery_attempts >= MAX_DELIVERY_ATTEMPTS
+            log.warning(
+                "report %s (tenant %s) not delivered, attempt %d: %s", run.id, run.tenant, run.delivery_attempts, exc
+            )
+            if final:
+                run.state, run.delivery_state, run.finished_at = "failed", "failed", now
+                run.error = f"delivery failed: {exc}"[:1000]
+            else:
+                run.error = f"delivery attempt {run.delivery_attempts} failed: {exc}; retried by the next tick"[:1000]
+            delivered = False
+        else:
+            run.state, run.delivery_state, run.finished_at = "succeeded", "delivered", now
+            run.delivered_to, run.error = where[:500], ""
+            delivered = True
+        session.add(run)
+        session.commit()
+        return delivered
 
 
 def run_due_reports(rt: Runtime, now: datetime) -> int:
@@ -177,6 +232,7 @@ def _claim(rt: Runtime, schedule_id: str, now: datetime) -> tuple[str, dict[str,
             run = ReportRunRow(
                 id=new_id("rpt"),
                 tenant=s.tenant,
+                destination=dict(s.destination),
                 schedule_id=s.id,
                 scheduled_for=fire_at,
                 format=s.format,
@@ -215,8 +271,7 @@ def _stale_runs(rt: Runtime, now: datetime) -> list[tuple[str, dict[str, Any]]]:
                 continue
             run.created_at = now
             session.add(run)
-            sched = session.get(ReportScheduleRow, run.schedule_id) if run.schedule_id else None
-            dest = dict(sched.destination) if sched else {}
+            dest = dict(run.destination)
             session.commit()
             out.append((run_id, dest))
     return out
