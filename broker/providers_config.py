@@ -1,15 +1,21 @@
 """Building the compute providers the settings enable, with real SDK clients (imported only when enabled).
 
-- `OVERSPILL_AWS_LAUNCH=true` with `OVERSPILL_AWS_REGIONS` and `OVERSPILL_AWS_IMAGE_ID`: launch on EC2 (spot and
-  on-demand); `OVERSPILL_AWS_INTERRUPTION_QUEUE_URL` to receive EventBridge spot warnings through SQS.
-- `OVERSPILL_GCP_LAUNCH=true` with `OVERSPILL_GCP_PROJECT`, `OVERSPILL_GCP_REGIONS` and `OVERSPILL_GCP_IMAGE`: launch
-  on Compute Engine (Spot and standard VMs) in the zones of those regions, with Application Default Credentials
-  (google.auth.default) and the REST transport; `OVERSPILL_GCP_ENDPOINT` points the clients elsewhere (the same
-  override the GCP price feed uses).
+- `OVERSPILL_AWS_LAUNCH=true` with `OVERSPILL_AWS_REGIONS` and an image for each (`OVERSPILL_AWS_IMAGE_IDS` per
+  region, AMI ids or `resolve:ssm:` parameters read from SSM at launch, else `OVERSPILL_AWS_IMAGE_ID`): launch on
+  EC2 (spot and on-demand) with the instance profile, security groups, IMDSv2, extra tags and root volume of
+  `OVERSPILL_AWS_*` (see `broker.launch_settings`); `OVERSPILL_AWS_INTERRUPTION_QUEUE_URL` to receive EventBridge
+  spot warnings through SQS.
+- `OVERSPILL_GCP_LAUNCH=true` with `OVERSPILL_GCP_PROJECT`, `OVERSPILL_GCP_REGIONS` and an image for each
+  (`OVERSPILL_GCP_IMAGES` or `OVERSPILL_GCP_IMAGE`): launch on Compute Engine (Spot and standard VMs) in the zones of
+  those regions, as `OVERSPILL_GCP_SERVICE_ACCOUNT`, with `OVERSPILL_GCP_EXTRA_LABELS` and the boot disk of
+  `OVERSPILL_GCP_DISK_GB`/`_TYPE`; Application Default Credentials (google.auth.default) and the REST transport;
+  `OVERSPILL_GCP_ENDPOINT` points the clients elsewhere (the same override the GCP price feed uses).
 - `OVERSPILL_AZURE_LAUNCH=true` with `OVERSPILL_AZURE_SUBSCRIPTION_ID`, `_RESOURCE_GROUP`, `_LOCATION`,
-  `_SUBNET_ID`, `_IMAGE_REFERENCE` and `_SSH_PUBLIC_KEY`: launch Azure VMs (Spot and regular) in that one location,
-  with DefaultAzureCredential; `OVERSPILL_AZURE_ENDPOINT` points the ARM client elsewhere. One provider serves one
-  location, so `OVERSPILL_AZURE_REGIONS` (the prices the broker places on) may name no other.
+  `_SUBNET_ID`, an image (`_IMAGE_REFERENCES[location]` or `_IMAGE_REFERENCE`) and `_SSH_PUBLIC_KEY`: launch Azure
+  VMs (Spot and regular) in that one location, as `_MANAGED_IDENTITY_ID`, with `_EXTRA_TAGS` and the OS disk of
+  `_OS_DISK_GB`/`_TYPE`, with DefaultAzureCredential; `OVERSPILL_AZURE_ENDPOINT` points the ARM client elsewhere.
+  One provider serves one location, so `OVERSPILL_AZURE_REGIONS` (the prices the broker places on) may name no
+  other.
 - `OVERSPILL_LIBCLOUD_PROVIDER=openstack` (+ key, secret, image id, driver options): a private cloud via libcloud,
   offering the sizes `OVERSPILL_LIBCLOUD_PRICES` prices (GPUs from `OVERSPILL_LIBCLOUD_GPUS` or the flavor's extra
   specs) in `OVERSPILL_LIBCLOUD_ZONES` of `OVERSPILL_LIBCLOUD_REGION`.
@@ -102,11 +108,14 @@ def _aws(settings: Settings) -> ComputeProvider:
     import boto3
     from botocore.config import Config
 
-    from providers.aws import AwsProvider
+    from broker.launch_settings import aws_images, aws_options
+    from providers.aws import SSM_PREFIX, AmiResolver, AwsProvider
     from providers.retry import RetryPolicy
 
-    if not settings.aws_regions or not settings.aws_image_id:
-        raise ValueError("OVERSPILL_AWS_LAUNCH needs OVERSPILL_AWS_REGIONS and OVERSPILL_AWS_IMAGE_ID")
+    if not settings.aws_regions:
+        raise ValueError("OVERSPILL_AWS_LAUNCH needs OVERSPILL_AWS_REGIONS")
+    images = aws_images(settings)
+    options = aws_options(settings)
     session = boto3.session.Session()
     # botocore's own retries are off: the adapter retries transient failures itself (bounded, jittered) and
     # never retries a capacity answer (see providers/aws.py); timeouts bound a hung endpoint
@@ -122,14 +131,21 @@ def _aws(settings: Settings) -> ComputeProvider:
     queue = settings.aws_interruption_queue_url or None
     sqs = session.client("sqs", region_name=settings.aws_regions[0], endpoint_url=settings.aws_endpoint_url)
     subnets = settings.aws_subnet_ids
+    ssm = (
+        {r: session.client("ssm", region_name=r, endpoint_url=settings.aws_endpoint_url, config=config) for r in images}
+        if any(v.startswith(SSM_PREFIX) for v in images.values())
+        else None
+    )
+    retry = RetryPolicy(attempts=settings.cloud_retry_attempts)
     return AwsProvider(
         ec2,
         broker_id=settings.broker_id,
         sqs_client=sqs if queue else None,
         queue_url=queue,
-        image_id_for=settings.aws_image_id,
+        image_id_for=AmiResolver(images, ssm_clients=ssm, retry=retry),
         subnet_for=(lambda off: subnets.get(off.zone)) if subnets else None,
-        retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
+        options=options,
+        retry=retry,
         redeliver_after=timedelta(seconds=settings.aws_interruption_redeliver_seconds),
     )
 
@@ -211,13 +227,14 @@ def _gcp(settings: Settings) -> ComputeProvider:
     from google.api_core.client_options import ClientOptions
     from google.cloud import compute_v1
 
+    from broker.launch_settings import gcp_checked, gcp_images
     from providers.gcp import GcpProvider
     from providers.retry import RetryPolicy
 
-    if not settings.gcp_project or not settings.gcp_regions or not settings.gcp_image:
-        raise ValueError(
-            "OVERSPILL_GCP_LAUNCH needs OVERSPILL_GCP_PROJECT, OVERSPILL_GCP_REGIONS and OVERSPILL_GCP_IMAGE"
-        )
+    if not settings.gcp_project or not settings.gcp_regions:
+        raise ValueError("OVERSPILL_GCP_LAUNCH needs OVERSPILL_GCP_PROJECT and OVERSPILL_GCP_REGIONS")
+    images = gcp_images(settings)
+    gcp_checked(settings)
     credentials = gcp_credentials(settings)
     options = ClientOptions(api_endpoint=settings.gcp_endpoint) if settings.gcp_endpoint else None
     # one credential for both clients (one token); the adapter passes retry=None and a timeout on every call
@@ -229,14 +246,20 @@ def _gcp(settings: Settings) -> ComputeProvider:
         project=settings.gcp_project,
         broker_id=settings.broker_id,
         image=settings.gcp_image,
+        images=images,
         network=settings.gcp_network,
         termination_action=settings.gcp_termination_action,
+        boot_disk_gb=settings.gcp_disk_gb,
+        boot_disk_type=settings.gcp_disk_type,
+        service_account=settings.gcp_service_account,
+        extra_labels=settings.gcp_extra_labels,
         timeout=settings.cloud_timeout_seconds,
         retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
     )
 
 
 def _azure(settings: Settings) -> ComputeProvider:
+    from broker.launch_settings import azure_checked, azure_image
     from providers.azure import AzureProvider
     from providers.retry import RetryPolicy
 
@@ -245,7 +268,7 @@ def _azure(settings: Settings) -> ComputeProvider:
         "OVERSPILL_AZURE_RESOURCE_GROUP": settings.azure_resource_group,
         "OVERSPILL_AZURE_LOCATION": settings.azure_location,
         "OVERSPILL_AZURE_SUBNET_ID": settings.azure_subnet_id,
-        "OVERSPILL_AZURE_IMAGE_REFERENCE": settings.azure_image_reference,
+        "OVERSPILL_AZURE_IMAGE_REFERENCE": settings.azure_image_reference or settings.azure_image_references,
         "OVERSPILL_AZURE_SSH_PUBLIC_KEY": settings.azure_ssh_public_key,
     }
     missing = [name for name, value in required.items() if not value]
@@ -257,17 +280,22 @@ def _azure(settings: Settings) -> ComputeProvider:
             f"OVERSPILL_AZURE_REGIONS prices {', '.join(elsewhere)}, where OVERSPILL_AZURE_LOCATION="
             f"{settings.azure_location} cannot launch: one Azure provider launches in one location"
         )
+    image = azure_image(settings)
+    azure_checked(settings)
     return AzureProvider(
         azure_compute_client(settings),
         resource_group=settings.azure_resource_group,
         location=settings.azure_location,
         broker_id=settings.broker_id,
         subnet_id=settings.azure_subnet_id,
-        image_reference=settings.azure_image_reference,
+        image_reference=image,
         admin_username=settings.azure_admin_username,
         ssh_public_key=settings.azure_ssh_public_key,
         eviction_policy=settings.azure_eviction_policy,
-        polling_interval=settings.azure_polling_interval_seconds,
+        os_disk_gb=settings.azure_os_disk_gb,
+        os_disk_type=settings.azure_os_disk_type,
+        managed_identity_id=settings.azure_managed_identity_id,
+        extra_tags=settings.azure_extra_tags,
         retry=RetryPolicy(attempts=settings.cloud_retry_attempts),
     )
 

@@ -1,7 +1,9 @@
 """Wiring: one `Runtime` holds the settings, engine, providers and caches a process uses.
 
 `build_runtime(settings)` migrates the database, installs the bootstrap admin key and builds the providers the
-settings enable (the simulated market and on-prem cluster by default). Nothing is built at import time.
+settings enable (the simulated market and on-prem cluster by default), with what each launching cloud's instances
+bill beside compute (`extras`: boot disk, public IPv4; `broker.launch_settings.instance_extras`). Nothing is built
+at import time.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointStores
 from broker.db import make_engine, utcnow
 from broker.feeds_config import build_price_feeds
+from broker.launch_settings import instance_extras
 from broker.metrics import LoopMetrics
 from broker.providers_config import build_providers
 from broker.settings import Settings
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
 from pricing.availability import Runs, load_trace_runs
+from pricing.extras import InstanceExtras
 from pricing.risk import RiskEstimate, load_trace
 from providers.base import ComputeProvider, OfferingSource, QueuePressureSource
 
@@ -50,6 +54,7 @@ class Runtime:
     checkpoint_stores: CheckpointStores = field(default_factory=lambda: CheckpointStores(Settings()))
     metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
     last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
+    extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)
@@ -111,4 +116,5 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         trace_priors={prefix: load_trace(path) for prefix, path in settings.interruption_traces.items()},
         trace_runs={prefix: load_trace_runs(path) for prefix, path in settings.interruption_traces.items()},
         checkpoint_stores=CheckpointStores.from_settings(settings),
+        extras=instance_extras(settings),
     )

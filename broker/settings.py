@@ -71,9 +71,28 @@ class Settings(BaseSettings):
     azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
     azure_subscription_id: str = Field(default="", description="with azure_regions: VM sizes from azure-mgmt-compute")
 
-    aws_launch: bool = Field(default=False, description="launch jobs on AWS in aws_regions (needs aws_image_id)")
-    aws_image_id: str = Field(default="", description="AMI with Docker and NVIDIA drivers for training jobs")
+    aws_launch: bool = Field(default=False, description="launch jobs on AWS in aws_regions (needs an image per region)")
+    aws_image_id: str = Field(
+        default="", description="AMI with Docker and NVIDIA drivers for any region aws_image_ids does not name"
+    )
+    aws_image_ids: dict[str, str] = Field(
+        default_factory=dict,
+        description='AMI per region (AMIs are regional): an id or "resolve:ssm:/param/name", read from SSM at launch',
+    )
     aws_subnet_ids: dict[str, str] = Field(default_factory=dict, description='per AZ, e.g. {"us-east-1a": "subnet-.."}')
+    aws_instance_profile: str = Field(default="", description="instance profile ARN or name the instances run as")
+    aws_security_group_ids: list[str] | dict[str, list[str]] = Field(
+        default_factory=list, description='security groups, one list for every region or per region {"us-east-1": [..]}'
+    )
+    aws_imds_v2_required: bool = Field(
+        default=True, description="IMDSv2 only, PUT hop limit 1: containers cannot reach the instance's credentials"
+    )
+    aws_extra_tags: dict[str, str] = Field(default_factory=dict, description="tags added to instances and volumes")
+    aws_root_volume_gb: int = Field(default=200, description="root EBS volume size (encrypted, deleted on termination)")
+    aws_root_volume_type: str = Field(default="gp3", description="root EBS volume type (gp3, gp2, io1, io2)")
+    aws_public_ipv4: bool = Field(
+        default=True, description="the instances get a public IPv4 (a default VPC's subnets give one): billed hourly"
+    )
     aws_interruption_queue_url: str = Field(default="", description="SQS queue fed by EventBridge spot warnings")
     aws_interruption_redeliver_seconds: int = Field(
         default=60, ge=0, le=43200, description="an unacknowledged spot warning comes back after this"
@@ -81,7 +100,16 @@ class Settings(BaseSettings):
     gcp_launch: bool = Field(
         default=False, description="launch jobs on Compute Engine in gcp_project, in the zones of gcp_regions"
     )
-    gcp_image: str = Field(default="", description="boot image with Docker and NVIDIA drivers (URL or family path)")
+    gcp_image: str = Field(
+        default="", description="boot image with Docker and NVIDIA drivers (URL or family path), for any region"
+    )
+    gcp_images: dict[str, str] = Field(default_factory=dict, description="boot image per region (else gcp_image)")
+    gcp_service_account: str = Field(
+        default="", description="service account email the VMs run as (scope cloud-platform; its roles decide)"
+    )
+    gcp_extra_labels: dict[str, str] = Field(default_factory=dict, description="labels added to every VM")
+    gcp_disk_gb: int = Field(default=200, description="boot disk size of the VMs")
+    gcp_disk_type: str = Field(default="pd-balanced", description="boot disk type (pd-balanced, pd-ssd, pd-standard)")
     gcp_network: str = Field(default="global/networks/default", description="VPC network of the VMs")
     gcp_termination_action: Literal["STOP", "DELETE"] = Field(
         default="STOP", description="what Google does to a preempted Spot VM (STOP keeps the evidence)"
@@ -100,13 +128,21 @@ class Settings(BaseSettings):
         description='e.g. {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", '
         '"version": "latest"} or {"id": "/subscriptions/.../images/..."}',
     )
+    azure_image_references: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="image per location (else azure_image_reference)"
+    )
+    azure_managed_identity_id: str = Field(
+        default="", description="resource id of the user-assigned managed identity the VMs run as"
+    )
+    azure_extra_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every VM")
+    azure_os_disk_gb: int = Field(default=200, description="OS disk size of the VMs")
+    azure_os_disk_type: str = Field(
+        default="StandardSSD_LRS", description="OS managed disk type (StandardSSD_LRS, Premium_LRS, Standard_LRS)"
+    )
     azure_admin_username: str = Field(default="overspill", description="the VMs' admin user (SSH key only)")
     azure_ssh_public_key: str = Field(default="", description="the admin user's SSH public key")
     azure_eviction_policy: Literal["Delete", "Deallocate"] = Field(
         default="Delete", description="what Azure does to an evicted Spot VM"
-    )
-    azure_polling_interval_seconds: float | None = Field(
-        default=None, ge=0, description="poll a VM create this often when ARM sends no Retry-After (SDK: 30 s)"
     )
     azure_endpoint: str | None = Field(default=None, description="ARM endpoint override for tests")
     azure_static_test_token: bool = Field(
@@ -164,6 +200,16 @@ class Settings(BaseSettings):
     libcloud_region: str = Field(default="", description="the region the libcloud cloud's offerings are in")
     libcloud_zones: list[str] = Field(
         default_factory=list, description="availability zones to offer (and launch in); none: the driver's default"
+    )
+
+    disk_usd_per_gb_month: dict[str, Decimal] = Field(
+        default_factory=dict,
+        description='boot disk list prices over the built-in table (pricing/extras.py), e.g. {"aws/gp3": "0.08"}',
+    )
+    public_ipv4_usd_per_hour: dict[str, Decimal] = Field(
+        default_factory=dict,
+        description="public IPv4 list prices over the built-in ones, by provider or provider/capacity, e.g. "
+        '{"aws": "0.005", "gcp/spot": "0.0025"}',
     )
 
     cloud_retry_attempts: int = Field(default=3, ge=1, le=10, description="calls per cloud API request (transient)")

@@ -3,13 +3,15 @@
 Expected total cost of running the job's remaining work on a pool:
 
     run_hours = remaining_work x (1 + rate x (checkpoint_interval / 2 + restart)) + startup
-    cost      = hourly_price x run_hours + egress_per_gb x checkpoint_size (when the checkpoint lives elsewhere)
+    cost      = hourly x run_hours + egress_per_gb x checkpoint_size (when the checkpoint lives elsewhere)
+    hourly    = the pool's price + what its instance bills beside compute (boot disk, public IPv4: `extra_hourly_usd`)
 
 where `rate` is the pool's expected interruptions per hour: each reclaim loses on average half a checkpoint
 interval of work plus a restart. Pools are ranked by `cost + wait_hours x gpus x wait_value` (the value of GPU
 time lost while queuing; 0 ranks by cost alone), ties broken by finish time and then pool key, so a decision is
 deterministic. A pool is rejected with a reason when it does not fit the job (permanent reasons: the job could
-never run there) or does not fit right now (price over a ceiling, deadline missed, no capacity, blocklisted).
+never run there) or does not fit right now (price over a ceiling, deadline missed, no capacity, blocklisted, or no
+launch adapter: the broker has prices for the pool but nothing configured that can launch there).
 
 `quote` explains every relevant pool; `place` is the fast path used per decision: it walks each accelerator's
 pools in price order and stops once price alone cannot beat the best candidate.
@@ -17,7 +19,7 @@ pools in price order and stops once price alone cannot beat the best candidate.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -36,6 +38,7 @@ class RejectReason(StrEnum):
     PROVIDER_NOT_ALLOWED = "provider_not_allowed"
     REGION_NOT_ALLOWED = "region_not_allowed"
     NOT_PREEMPTIBLE = "job_not_preemptible"
+    NO_LAUNCH_ADAPTER = "no_launch_adapter"
     UNAVAILABLE = "no_capacity"
     BLOCKLISTED = "blocklisted"
     OVER_HOURLY_CEILING = "over_hourly_ceiling"
@@ -76,7 +79,10 @@ class PlacementParams:
 class PlacementContext:
     """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region`,
     `provider/region/zone` and pool keys to avoid (see `blocked`); `checkpoint_at` is `(provider, region)` of the
-    latest checkpoint."""
+    latest checkpoint. `launchable` names the providers something can launch on (None: all); a pool of any other
+    provider is rejected `no_launch_adapter`. `extra_hourly_usd` is what an instance bills per hour beside compute,
+    by `provider/capacity_type` (e.g. `{"aws/spot": 0.027}`: a boot disk and a public IPv4), added to the pool's
+    price for `max_hourly_usd` and the expected cost."""
 
     now: datetime
     remaining_work_hours: Decimal
@@ -86,6 +92,8 @@ class PlacementContext:
     checkpoint_egress_usd_per_gb: Decimal = Decimal("0")  # leaving the checkpoint's provider
     checkpoint_interregion_usd_per_gb: Decimal = Decimal("0")  # to another region of the same provider
     params: PlacementParams = field(default_factory=PlacementParams)
+    launchable: frozenset[str] | None = None
+    extra_hourly_usd: Mapping[str, Decimal] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,8 @@ class Quote:
         transient = [r for r in self.rejections if not r.reason.permanent]
         if not transient:
             return "no pool fits this job's shape and constraints"
+        launchable = [r for r in transient if r.reason is not RejectReason.NO_LAUNCH_ADAPTER]
+        transient = launchable or transient  # a limit the job could act on says more than a pool nobody launches
         cheapest = min(transient, key=lambda r: (r.offering.price.hourly_usd, r.offering.key))
         return f"{cheapest.reason.value}: {cheapest.message} (cheapest suitable pool {cheapest.offering.key})"
 
@@ -190,8 +200,14 @@ def _transfer(job: JobSpec, off: Offering, ctx: PlacementContext) -> Decimal:
     return ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb
 
 
-def _cost(off: Offering, run_hours: float, transfer: Decimal) -> Decimal:
-    return (off.price.hourly_usd * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
+def hourly_usd(off: Offering, ctx: PlacementContext) -> Decimal:
+    """What running on the pool costs an hour: its price plus what its instance bills beside compute."""
+    extra = ctx.extra_hourly_usd.get(f"{off.provider}/{off.capacity_type.value}") if ctx.extra_hourly_usd else None
+    return off.price.hourly_usd + extra if extra else off.price.hourly_usd
+
+
+def _cost(hourly: Decimal, run_hours: float, transfer: Decimal) -> Decimal:
+    return (hourly * Decimal(repr(run_hours)) + transfer).quantize(CENT, rounding=ROUND_HALF_EVEN)
 
 
 def blocked(off: Offering, blocklist: frozenset[str]) -> bool:
@@ -210,15 +226,18 @@ def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rej
     reason = _shape_reason(job, off)
     if reason is not None:
         return reason
+    if ctx.launchable is not None and off.provider not in ctx.launchable:
+        return RejectReason.NO_LAUNCH_ADAPTER
     if not off.available:
         return RejectReason.UNAVAILABLE
     if ctx.blocklist and blocked(off, ctx.blocklist):
         return RejectReason.BLOCKLISTED
-    if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+    hourly = hourly_usd(off, ctx)
+    if job.max_hourly_usd is not None and hourly > job.max_hourly_usd:
         return RejectReason.OVER_HOURLY_CEILING
     run_hours = _run_hours(off, ctx)
     transfer = _transfer(job, off, ctx)
-    cost = _cost(off, run_hours, transfer)
+    cost = _cost(hourly, run_hours, transfer)
     if ctx.spent_usd + cost > job.max_total_usd:
         return RejectReason.OVER_TOTAL_CEILING
     wait = off.expected_wait_hours
@@ -233,15 +252,23 @@ def explain(reason: RejectReason, job: JobSpec, off: Offering, ctx: PlacementCon
     """The human explanation of a rejection (recomputes what the message quotes)."""
     if reason in _SHAPE_MESSAGES:
         return _SHAPE_MESSAGES[reason].format(job=job, off=off)
+    if reason is RejectReason.NO_LAUNCH_ADAPTER:
+        return f"the broker has prices for {off.provider} but no configured adapter launches there"
     if reason is RejectReason.UNAVAILABLE:
         return "provider reports no capacity"
     if reason is RejectReason.BLOCKLISTED:
         return "a recent launch failure or reclaim here, or this pool refused this job's launch request"
+    hourly = hourly_usd(off, ctx)
     if reason is RejectReason.OVER_HOURLY_CEILING:
+        if hourly != off.price.hourly_usd:
+            return (
+                f"${hourly}/h (${off.price.hourly_usd} compute + ${hourly - off.price.hourly_usd} disk and address) "
+                f"is over max_hourly_usd ${job.max_hourly_usd}/h"
+            )
         return f"${off.price.hourly_usd}/h is over max_hourly_usd ${job.max_hourly_usd}/h"
     run_hours = _run_hours(off, ctx)
     if reason is RejectReason.OVER_TOTAL_CEILING:
-        cost = _cost(off, run_hours, _transfer(job, off, ctx))
+        cost = _cost(hourly, run_hours, _transfer(job, off, ctx))
         left = job.max_total_usd - ctx.spent_usd
         return f"expected ${cost} exceeds the ${left} left of max_total_usd ${job.max_total_usd}"
     finish = ctx.now + timedelta(hours=off.expected_wait_hours + run_hours)

@@ -21,9 +21,15 @@ Contract (providers/base.py):
   `overspill:launch-token` and `overspill:offering` (the offering key), boot with `startup_script(request)` as user
   data and `InstanceInitiatedShutdownBehavior=terminate` (the script powers off when the job ends). SPOT offerings
   use InstanceMarketOptions (one-time, interruption behaviour terminate); ON_DEMAND and RESERVED launch on-demand
-  (an open capacity reservation is used by AWS when one matches); ON_PREM is an `InvalidRequest`. `run_params`
-  adds account settings to every launch (IamInstanceProfile, SecurityGroupIds, KeyName, BlockDeviceMappings...;
-  with `use_fleet` they go into the launch template, so use keys valid in both).
+  (an open capacity reservation is used by AWS when one matches); ON_PREM is an `InvalidRequest`. `options`
+  (`AwsLaunchOptions`) gives every launch its identity and hardening: the instance profile (ARN or name), the
+  region's security groups, IMDSv2 required with a hop limit of 1 (the agent on the host reaches the instance's
+  credentials, containers behind Docker's bridge do not), extra tags (the broker's own always win), and the root
+  EBS volume (size, type, encrypted, deleted on termination; its device name is the AMI's `RootDeviceName`, read
+  once per AMI with DescribeImages). `image_id_for` gives the AMI per offering: a fixed id, a callable, or an
+  `AmiResolver` (an id per region, where `resolve:ssm:/name` is read from SSM Parameter Store, cached).
+  `run_params` adds further account settings verbatim (KeyName, Placement...; with `use_fleet` everything goes
+  into the launch template, so use keys valid in both).
 - With `use_fleet=True` the launch goes through a per-launch launch template and CreateFleet `Type=instant`
   (price-capacity-optimized for spot, lowest-price on-demand, same ClientToken); the template is deleted afterwards.
   The template and the fleet carry the instance's tags too, so IAM can scope CreateLaunchTemplate, CreateFleet and
@@ -39,7 +45,9 @@ Contract (providers/base.py):
   anything else (Server.InternalError, Client.VolumeLimitExceeded...) → FAILED with the reason as `detail`. A
   shutting-down or stopping instance without a reason yet stays RUNNING until the reason is known. `launched_at` is
   LaunchTime; `started_at` is LaunchTime once running or ended (None when the reason says it never booted);
-  `ended_at` is the time in StateTransitionReason ("User initiated (2026-11-02 08:00:00 GMT)") when present. An id
+  `ended_at` is the time in StateTransitionReason ("User initiated (2026-11-02 08:00:00 GMT)") when present. A
+  stopping or stopped instance still holds its EBS volumes: it is `lingering` (terminate it); a shutting-down or
+  terminated one holds nothing. An id
   AWS does not know (InvalidInstanceID.NotFound/Malformed) raises `NotFound`, except that an id this process
   launched less than `consistency_grace` ago is reported as launched (RunInstances → DescribeInstances lag).
 - `terminate` calls TerminateInstances; unknown, malformed or already-terminated ids are success.
@@ -57,9 +65,12 @@ Contract (providers/base.py):
   messages its SQS event source mapping delivers.
 - Errors (ClientError codes): capacity (InsufficientInstanceCapacity, InsufficientCapacity, SpotMaxPriceTooLow...)
   → `InsufficientCapacity` (zone); InstanceLimitExceeded, VcpuLimitExceeded, MaxSpotInstanceCountExceeded →
-  `QuotaExceeded` (region); RequestLimitExceeded, Throttling and 5xx-type codes → `Throttled`; UnauthorizedOperation,
-  AuthFailure and other credential failures → `AuthError`; InvalidParameter*, Invalid*, Unsupported,
-  IdempotentParameterMismatch → `InvalidRequest`; anything else (and connection errors) → `ProviderError`.
+  `QuotaExceeded` (region); RequestLimitExceeded, Throttling and 5xx-type codes → `Throttled`; UnauthorizedOperation
+  and AccessDenied (an IAM, permission-boundary or service control policy refused this request: "... with an
+  explicit deny in a service control policy", a tag or instance-type condition not met) → `PolicyDenied`, scoped to
+  the request, with AWS's message; AuthFailure and the other credential failures → `AuthError`; InvalidParameter*,
+  Invalid*, Unsupported, IdempotentParameterMismatch, ParameterNotFound (an SSM image parameter) →
+  `InvalidRequest`; anything else (and connection errors) → `ProviderError`.
 - Retries: every EC2 call runs under `retry` (providers.retry.RetryPolicy; default 3 attempts, full-jitter
   exponential backoff). Only transient failures are retried (throttling, 5xx that are not capacity or quota answers,
   timeouts and dropped connections: `transient`); a capacity error is raised at once (EC2 sends it as HTTP 500, and
@@ -82,7 +93,9 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -97,6 +110,7 @@ from providers.base import (
     InvalidRequest,
     LaunchRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Throttled,
@@ -147,12 +161,10 @@ _THROTTLED = frozenset(
         "Unavailable",
     }
 )
+_POLICY = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException"})
 _AUTH = frozenset(
     {
-        "UnauthorizedOperation",
         "AuthFailure",
-        "AccessDenied",
-        "AccessDeniedException",
         "InvalidClientTokenId",
         "UnrecognizedClientException",
         "ExpiredToken",
@@ -164,7 +176,15 @@ _AUTH = frozenset(
 _NOT_FOUND = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 _DESCRIBE_BATCH = 200  # instance ids per DescribeInstances call (a filter's value list is bounded)
 _INVALID = frozenset(
-    {"Unsupported", "UnsupportedOperation", "MissingParameter", "IdempotentParameterMismatch", "ValidationError"}
+    {
+        "Unsupported",
+        "UnsupportedOperation",
+        "MissingParameter",
+        "IdempotentParameterMismatch",
+        "ValidationError",
+        "ParameterNotFound",
+        "ParameterVersionNotFound",
+    }
 )
 _TEMPLATE_EXISTS = "InvalidLaunchTemplateName.AlreadyExistsException"
 
@@ -191,6 +211,8 @@ _NEVER_STARTED = frozenset(
 )
 _ENDING = frozenset({"shutting-down", "stopping"})
 _ENDED = frozenset({"terminated", "stopped"})
+_HOLDS_VOLUMES = frozenset({"stopping", "stopped"})  # ended, but the EBS volumes stay (and bill) until terminated
+SSM_PREFIX = "resolve:ssm:"
 _EC2_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 _TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
@@ -210,7 +232,15 @@ class EC2Client(Protocol):
 
     def create_fleet(self, **kwargs: Any) -> dict[str, Any]: ...
 
+    def describe_images(self, **kwargs: Any) -> dict[str, Any]: ...
+
     def get_paginator(self, operation_name: str) -> Any: ...
+
+
+class SSMClient(Protocol):
+    """What `AmiResolver` uses of a boto3 SSM client."""
+
+    def get_parameter(self, **kwargs: Any) -> dict[str, Any]: ...
 
 
 class SQSClient(Protocol):
@@ -268,6 +298,8 @@ def error_class(code: str) -> type[ProviderError]:
         return QuotaExceeded
     if code in _THROTTLED:
         return Throttled
+    if code in _POLICY:
+        return PolicyDenied
     if code in _AUTH:
         return AuthError
     if code in _NOT_FOUND:
@@ -370,6 +402,7 @@ def instance_from_description(raw: Mapping[str, Any], *, region: str, provider: 
         started_at=launched_at if started else None,
         ended_at=transition_time(raw.get("StateTransitionReason")) if state.terminal else None,
         detail=detail,
+        lingering=state.terminal and str((raw.get("State") or {}).get("Name") or "") in _HOLDS_VOLUMES,
     )
 
 
@@ -485,6 +518,103 @@ def _notice_key(notice: InterruptionNotice) -> tuple[str, str, datetime]:
     return notice.instance_id, notice.kind, notice.at
 
 
+@dataclass(frozen=True, slots=True)
+class AwsLaunchOptions:
+    """The account settings every launch carries (see the module docstring).
+
+    `instance_profile`: an instance profile ARN ("arn:aws:iam::...:instance-profile/...") or name; "" for none.
+    `security_group_ids`: by region, "*" for any region without its own entry; none: the subnet's default.
+    `imds_v2_required`: HttpTokens required and a PUT hop limit of 1 (False leaves the account's default).
+    `extra_tags`: added to the instance and its volumes; the broker's own tags win on a clash.
+    `root_volume_gb`: size of the root EBS volume (None: the AMI's), of `root_volume_type`, encrypted with the
+    account's default key, deleted on termination."""
+
+    instance_profile: str = ""
+    security_group_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    imds_v2_required: bool = True
+    extra_tags: Mapping[str, str] = field(default_factory=dict)
+    root_volume_gb: int | None = None
+    root_volume_type: str = "gp3"
+
+    def security_groups(self, region: str) -> tuple[str, ...]:
+        return tuple(self.security_group_ids.get(region, self.security_group_ids.get("*", ())))
+
+
+class AmiResolver:
+    """The AMI for an offering's region: `images[region]`, else `default`. A value `resolve:ssm:<name>` is the
+    value of that SSM parameter in the region (e.g. "resolve:ssm:/aws/service/deeplearning/ami/x86_64/
+    base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"), read with GetParameter and cached for `ttl`, so a
+    launch costs no SSM call while the cache holds. AMIs are regional: one id cannot serve every region.
+
+    Raises `InvalidRequest` for a region without an image or a parameter SSM does not have, and the typed error of
+    any other SSM failure (throttling is retried under `retry`)."""
+
+    def __init__(
+        self,
+        images: Mapping[str, str],
+        *,
+        default: str = "",
+        ssm_clients: Mapping[str, SSMClient] | Callable[[str], SSMClient] | None = None,
+        ttl: timedelta = timedelta(hours=1),
+        clock: Callable[[], datetime] | None = None,
+        retry: RetryPolicy | None = None,
+        provider: str = "aws",
+    ) -> None:
+        self.images = dict(images)
+        self.default = default
+        self._ssm = ssm_clients
+        self._ttl = ttl
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self.retry = retry or RetryPolicy()
+        self._provider = provider
+        self._cache: dict[tuple[str, str], tuple[datetime, str]] = {}
+        self._lock = threading.Lock()
+
+    def image_for(self, region: str) -> str:
+        """The configured value for `region` (an AMI id or a `resolve:ssm:` reference), "" when none."""
+        return self.images.get(region, self.default)
+
+    def __call__(self, offering: Offering) -> str:
+        region = offering.region
+        value = self.image_for(region)
+        if not value:
+            raise InvalidRequest(f"no AMI configured for region {region}", provider=self._provider, detail=region)
+        if not value.startswith(SSM_PREFIX):
+            return value
+        name = value.removeprefix(SSM_PREFIX)
+        now = self._clock()
+        with self._lock:
+            cached = self._cache.get((region, name))
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1]
+        ami = self._resolve(region, name)
+        with self._lock:
+            self._cache[(region, name)] = (now, ami)
+        return ami
+
+    def _client(self, region: str) -> SSMClient:
+        if self._ssm is None:
+            raise InvalidRequest(f"no SSM client to resolve images in {region}", provider=self._provider)
+        if callable(self._ssm) and not isinstance(self._ssm, Mapping):
+            return self._ssm(region)
+        client = self._ssm.get(region)
+        if client is None:
+            raise InvalidRequest(f"no SSM client for region {region}", provider=self._provider)
+        return client
+
+    def _resolve(self, region: str, name: str) -> str:
+        ssm = self._client(region)
+        action = f"resolving the image parameter {name} in {region}"
+        try:
+            response = self.retry.call(lambda: ssm.get_parameter(Name=name), transient)
+        except (ClientError, BotoCoreError) as exc:
+            raise provider_error(exc, provider=self._provider, action=action) from exc
+        value = str((response.get("Parameter") or {}).get("Value") or "")
+        if not value.startswith("ami-"):
+            raise InvalidRequest(f"{action}: {value!r} is not an AMI id", provider=self._provider, detail=name)
+        return value
+
+
 class AwsProvider:
     """EC2 instances for the broker (see the module docstring for the contract and the state mapping)."""
 
@@ -499,6 +629,7 @@ class AwsProvider:
         subnet_for: Callable[[Offering], str | None] | None = None,
         use_fleet: bool = False,
         name: str = "aws",
+        options: AwsLaunchOptions | None = None,
         run_params: Mapping[str, Any] | None = None,
         max_poll_batches: int = 10,
         consistency_grace: timedelta = timedelta(seconds=60),
@@ -516,7 +647,9 @@ class AwsProvider:
         self._image_id_for = image_id_for
         self._subnet_for = subnet_for
         self._use_fleet = use_fleet
+        self.options = options or AwsLaunchOptions()
         self._run_params = dict(run_params or {})
+        self._root_devices: dict[tuple[str, str], str] = {}  # (region, AMI) -> its RootDeviceName
         self._max_poll_batches = max_poll_batches
         self._grace = consistency_grace
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -544,16 +677,18 @@ class AwsProvider:
         if existing is not None:
             return existing
         tags = {
+            **self.options.extra_tags,
             **request.tags.as_dict(),
             TAG_LAUNCH_TOKEN: request.launch_token,
             TAG_OFFERING: offering.key,
         }
         image_id = self._image_id_for if isinstance(self._image_id_for, str) else self._image_id_for(offering)
         subnet_id = self._subnet_for(offering) if self._subnet_for else None
+        base = self._base_params(ec2, offering.region, tags, image_id)
         if self._use_fleet:
-            raw = self._launch_fleet(ec2, request, tags, image_id, subnet_id)
+            raw = self._launch_fleet(ec2, request, tags, base, subnet_id)
         else:
-            raw = self._run_instance(ec2, request, tags, image_id, subnet_id)
+            raw = self._run_instance(ec2, request, base, subnet_id)
         instance = instance_from_description(
             {**raw, "Tags": _tag_list({**tags, **tag_dict(raw)})}, region=offering.region, provider=self.name
         )
@@ -586,8 +721,10 @@ class AwsProvider:
         best = max(found, key=lambda r: ((r.get("State") or {}).get("Name") != "terminated", _utc(r["LaunchTime"])))
         return instance_from_description(best, region=region, provider=self.name)
 
-    def _base_params(self, tags: Mapping[str, str], image_id: str) -> dict[str, Any]:
-        return {
+    def _base_params(self, ec2: EC2Client, region: str, tags: Mapping[str, str], image_id: str) -> dict[str, Any]:
+        """The parameters RunInstances and a launch template share: image, tags, identity, hardening, root disk."""
+        opts = self.options
+        params: dict[str, Any] = {
             **self._run_params,
             "ImageId": image_id,
             "InstanceInitiatedShutdownBehavior": "terminate",
@@ -596,13 +733,55 @@ class AwsProvider:
                 {"ResourceType": "volume", "Tags": _tag_list(tags)},
             ],
         }
+        if opts.instance_profile:
+            key = "Arn" if opts.instance_profile.startswith("arn:") else "Name"
+            params["IamInstanceProfile"] = {key: opts.instance_profile}
+        groups = opts.security_groups(region)
+        if groups:
+            params["SecurityGroupIds"] = list(groups)
+        if opts.imds_v2_required:
+            params["MetadataOptions"] = {
+                "HttpTokens": "required",
+                "HttpPutResponseHopLimit": 1,
+                "HttpEndpoint": "enabled",
+            }
+        if opts.root_volume_gb:
+            params["BlockDeviceMappings"] = [
+                {
+                    "DeviceName": self._root_device(ec2, region, image_id),
+                    "Ebs": {
+                        "VolumeSize": opts.root_volume_gb,
+                        "VolumeType": opts.root_volume_type,
+                        "DeleteOnTermination": True,
+                        "Encrypted": True,
+                    },
+                }
+            ]
+        return params
+
+    def _root_device(self, ec2: EC2Client, region: str, image_id: str) -> str:
+        """The AMI's root device name ("/dev/xvda", "/dev/sda1"...), asked once per AMI and region."""
+        known = self._root_devices.get((region, image_id))
+        if known is not None:
+            return known
+        action = f"describing image {image_id} in {region}"
+        try:
+            response = self._ec2(ec2.describe_images, ImageIds=[image_id])
+        except (ClientError, BotoCoreError) as exc:
+            raise provider_error(exc, provider=self.name, action=action) from exc
+        images = response.get("Images") or []
+        if not images:
+            raise InvalidRequest(f"{action}: no such image", provider=self.name, detail="InvalidAMIID.NotFound")
+        device = str(images[0].get("RootDeviceName") or "/dev/xvda")
+        self._root_devices[(region, image_id)] = device
+        return device
 
     def _run_instance(
-        self, ec2: EC2Client, request: LaunchRequest, tags: Mapping[str, str], image_id: str, subnet_id: str | None
+        self, ec2: EC2Client, request: LaunchRequest, base: Mapping[str, Any], subnet_id: str | None
     ) -> Mapping[str, Any]:
         offering = request.offering
         params: dict[str, Any] = {
-            **self._base_params(tags, image_id),
+            **base,
             "ClientToken": client_token(request.launch_token),
             "InstanceType": offering.instance_type,
             "MinCount": 1,
@@ -624,13 +803,18 @@ class AwsProvider:
         return dict(response["Instances"][0])
 
     def _launch_fleet(
-        self, ec2: EC2Client, request: LaunchRequest, tags: Mapping[str, str], image_id: str, subnet_id: str | None
+        self,
+        ec2: EC2Client,
+        request: LaunchRequest,
+        tags: Mapping[str, str],
+        base: Mapping[str, Any],
+        subnet_id: str | None,
     ) -> Mapping[str, Any]:
         offering = request.offering
         spot = offering.capacity_type is CapacityType.SPOT
         template = "overspill-" + hashlib.sha256(request.launch_token.encode()).hexdigest()[:40]
         user_data = base64.b64encode(startup_script(request).encode()).decode()
-        data = {**self._base_params(tags, image_id), "UserData": user_data}
+        data = {**base, "UserData": user_data}
         action = f"launching {offering.key} (fleet)"
         try:
             self._ec2(

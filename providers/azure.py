@@ -8,17 +8,24 @@ Contract (see providers/base.py):
 - `launch` is idempotent on the launch token: the VM name is derived from it (`vm_name`: "ovs-" + the token's first
   20 name-safe characters + "-" + 8 hex of its SHA-256) and the token is a tag. Launch first GETs that name: a VM
   carrying the same token is returned as it is; one carrying another token is a collision (`InvalidRequest`).
-  Otherwise it PUTs the VM and polls the long-running operation for up to `create_timeout` seconds (allocation
-  failures only arrive in the operation), then reads the VM back. A create that fails in the operation leaves the VM
-  in provisioning state Failed: it is deleted (best effort) before the error is raised. A VM of the token found
-  Failed (its instance view says "ProvisioningState/failed/<code>") raises that code's error the same way when the
-  code is a capacity or quota answer (the answer arrived, only late: a poll was lost), and is otherwise PUT again
-  (ARM's way to retry a create). A poll of the operation that fails transiently (throttled, 5xx, timeout) says
-  nothing about the create: the VM is read back instead (still creating -> PENDING). A 409 on the PUT that is not
-  a capacity or quota error (a create of the same name already in flight) is resolved by reading the VM back.
+  Otherwise it PUTs the VM (`begin_create_or_update` without polling) and returns as soon as ARM accepted it: the
+  VM's view is PENDING (provisioning Creating). It never waits for the long-running operation: a tick must not
+  stall on a cloud operation. A VM of the token found Failed (its instance view says
+  "ProvisioningState/failed/<code>") raises that code's error when the code is a capacity, quota or policy answer
+  (the answer arrived, only late), after deleting the VM (best effort), and is otherwise PUT again (ARM's way to
+  retry a create). A 409 on the PUT that is not a capacity or quota error (a create of the same name already in
+  flight) is resolved by reading the VM back.
+- Following the create: `get`/`get_many` read the VM's provisioning state. A create that failed in its operation
+  (AllocationFailed, ZonalAllocationFailed, SkuNotAvailable, OverconstrainedAllocationRequest, QuotaExceeded,
+  RequestDisallowedByPolicy...) leaves the VM in provisioning state Failed: its view is FAILED with `launch_error`
+  = the typed error of that code, so the broker fails the placement over exactly as for a synchronous refusal and
+  deletes the VM.
 - Instance ids are VM names (the resource group is the provider's). `get` raises `NotFound` for an absent VM.
 - `terminate` issues the delete without waiting; a 404 is success. The OS disk and the NIC go with the VM
   (`deleteOption: Delete`).
+- Stopped is not gone: a VM stopped from inside (PowerState/stopped: not deallocated, so it keeps billing full
+  compute), deallocated (its disk bills) or left Failed by its create is `lingering` until deleted; a VM in
+  provisioning state Deleting is released. The orphan sweep thus deletes each such VM once.
 - `list_instances` lists the resource group and keeps VMs whose "overspill:broker" tag is this broker, reading each
   one's instance view for its power state.
 - `get_many(ids)` (the `BatchDescriber` the broker's sync step calls every tick) answers for any number of VMs with
@@ -45,6 +52,11 @@ Networking without azure-mgmt-network: the NIC is VM-managed (`networkProfile.ne
 `networkInterfaceConfigurations` on `subnet_id`), so only the compute client is needed. The subnet must give the VM
 outbound internet (a NAT gateway) for the start-up script to pull the job's image; no public IP is attached.
 
+Identity and disks: `managed_identity_id` (a user-assigned identity's resource id) is attached as the VM's only
+identity (what the VM may do is that identity's role assignments); none attaches no identity. The OS disk is
+`os_disk_gb` (None: the image's size) of managed disk type `os_disk_type` (None: the default for the size), deleted
+with the VM. `extra_tags` are added to every VM (the broker's tags win on a clash).
+
 Spot: `priority "Spot"`, `evictionPolicy` = `eviction_policy` (default "Delete": an evicted VM leaves no disk and
 holds no spot-core quota), `billingProfile.maxPrice` = the job's `max_hourly_usd` when it has one (rounded down to
 Azure's 5 decimals: Azure itself then evicts the VM rather than bill above the user's cap) else -1 (pay up to the
@@ -68,7 +80,9 @@ is `NotFound`).
 Errors: by ARM error code (top level and details), then HTTP status: SkuNotAvailable / AllocationFailed /
 ZonalAllocationFailed / OverconstrainedAllocationRequest / OverconstrainedZonalAllocationRequest ->
 InsufficientCapacity; QuotaExceeded, or OperationNotAllowed whose message speaks of quota -> QuotaExceeded; 429 /
-TooManyRequests -> Throttled; 401 / 403 / AuthorizationFailed / AuthenticationFailed and credential failures
+TooManyRequests -> Throttled; RequestDisallowedByPolicy (an Azure Policy assignment denied the request; HTTP 403)
+and RequestDisallowedByAzure -> PolicyDenied (the pool is refused for that job, not the provider blocked);
+401 / 403 / AuthorizationFailed / AuthenticationFailed and credential failures
 (`ClientAuthenticationError`) -> AuthError; 404 -> NotFound;
 InvalidParameter and other 400s -> InvalidRequest; 5xx and transport failures -> Throttled.
 
@@ -78,8 +92,7 @@ so: 429 (its `Retry-After` honoured up to the policy's cap, a longer one handed 
 not a capacity or quota answer, timeouts and dropped connections. Build the client with azure-core's own retries
 off (`retry_total=0`) and connection/read timeouts set, as `broker.providers_config` does, so the layers do not
 multiply. A retried PUT is safe: the VM name comes from the launch token and a PUT of an existing VM is an update
-of the same VM, never a second one. The long-running operation's polls are not retried one by one: a failed poll is
-followed by a read of the VM (above).
+of the same VM, never a second one. No long-running operation is polled.
 
 Interruptions: the VM's agent relays its Scheduled Events document (or one event) to the broker, which calls
 `relay_scheduled_event`; a Preempt event naming the VM becomes an `InterruptionNotice` (once per EventId) queued for
@@ -122,6 +135,7 @@ from providers.base import (
     InvalidRequest,
     LaunchRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Throttled,
@@ -150,6 +164,7 @@ _AUTH: Final = frozenset(
     {"AuthorizationFailed", "AuthenticationFailed", "InvalidAuthenticationToken", "LinkedAuthorizationFailed"}
 )
 _THROTTLE: Final = frozenset({"TooManyRequests", "SubscriptionRequestsThrottled"})
+_POLICY: Final = frozenset({"RequestDisallowedByPolicy", "RequestDisallowedByAzure"})
 _TAG_NAME_FORBIDDEN: Final = re.compile(r"[<>%&\\?/]")
 _NOT_NAME: Final = re.compile(r"[^a-z0-9-]")
 _TAG_MAX: Final = 256
@@ -169,8 +184,12 @@ def tag_name(name: str) -> str:
     return _TAG_NAME_FORBIDDEN.sub("_", name)[:512]
 
 
-def azure_tags(tags: Mapping[str, str], launch_token: str, offering: str) -> dict[str, str]:
-    out = {tag_name(k): v[:_TAG_MAX] for k, v in tags.items()}
+def azure_tags(
+    tags: Mapping[str, str], launch_token: str, offering: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The VM's tags: `extra` (a site's mandatory tags), then the broker's, then the two bookkeeping tags."""
+    out = {tag_name(k): v[:_TAG_MAX] for k, v in (extra or {}).items()}
+    out.update({tag_name(k): v[:_TAG_MAX] for k, v in tags.items()})
     out[TOKEN_TAG] = launch_token[:_TAG_MAX]
     out[OFFERING_TAG] = offering[:_TAG_MAX]
     return out
@@ -219,6 +238,8 @@ def classify(
         return QuotaExceeded(text, provider=provider, detail=detail)
     if codes & _THROTTLE or status == 429:
         return Throttled(text, provider=provider, detail=detail)
+    if codes & _POLICY:
+        return PolicyDenied(text, provider=provider, detail=detail)
     if codes & _AUTH or status in (401, 403) or credential_failed:
         return AuthError(text, provider=provider, detail=detail)
     if status == 404 or "ResourceNotFound" in codes:
@@ -293,8 +314,9 @@ class AzureProvider:
         name: str = "azure",
         eviction_policy: str = "Delete",
         os_disk_gb: int | None = None,
-        polling_interval: float | None = None,
-        create_timeout: float = 900.0,
+        os_disk_type: str | None = None,
+        managed_identity_id: str = "",
+        extra_tags: Mapping[str, str] | None = None,
         retry: RetryPolicy | None = None,
         consistency_grace: timedelta = timedelta(seconds=60),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -311,9 +333,10 @@ class AzureProvider:
         self.ssh_public_key = ssh_public_key
         self.eviction_policy = eviction_policy
         self.os_disk_gb = os_disk_gb
-        self.create_timeout = create_timeout
+        self.os_disk_type = os_disk_type
+        self.managed_identity_id = managed_identity_id
+        self.extra_tags = dict(extra_tags or {})
         self.retry = retry or RetryPolicy()
-        self._polling: dict[str, Any] = {} if polling_interval is None else {"polling_interval": polling_interval}
         self._vms = compute.virtual_machines
         self._clock = clock
         self._lock = threading.Lock()
@@ -334,14 +357,14 @@ class AzureProvider:
             if view.state is not InstanceState.FAILED:
                 return view
             failed = self._failure(existing, name)
-            if isinstance(failed, InsufficientCapacity | QuotaExceeded):
-                self._delete_quietly(name)  # the capacity answer of an earlier attempt whose poll was lost
+            if isinstance(failed, InsufficientCapacity | QuotaExceeded | PolicyDenied):
+                self._delete_quietly(name)  # the answer of an earlier attempt, learnt late
                 raise failed
             # Any other provisioning failure: PUT again, which is how ARM retries a create.
         body = self.vm_body(request)
         try:
             poller = self._retried(
-                lambda: self._vms.begin_create_or_update(self.resource_group, name, body, **self._polling)
+                lambda: self._vms.begin_create_or_update(self.resource_group, name, body, polling=False)
             )
         except HttpResponseError as exc:
             err = _error(self.name, exc, f"create {name}")
@@ -353,24 +376,20 @@ class AzureProvider:
             return self._adopt(vm, request.launch_token)
         except AzureError as exc:
             raise Throttled(f"create {name}: {exc}", provider=self.name) from exc
-        try:
-            poller.result(timeout=self.create_timeout)
-        except HttpResponseError as exc:
-            if not transient(exc):
-                # The operation failed: the VM is left in provisioning state Failed; nothing would ever sweep it.
-                self._delete_quietly(name)
-                raise _error(self.name, exc, f"create {name}") from exc
-            # A poll was throttled or hit a 5xx: the create itself goes on. Read the VM back instead.
-        except AzureError:
-            pass  # a poll timed out or lost its connection: read the VM back instead
-        vm = self._read(name)
-        if vm is None:
-            raise Throttled(f"create {name}: VM not visible yet; launch again to resume", provider=self.name)
-        view = self._adopt(vm, request.launch_token)
-        if view.state is InstanceState.FAILED:
-            failed = self._failure(vm, name)
-            self._delete_quietly(name)
-            raise failed
+        accepted = poller.result()  # no polling: the PUT's own answer, the VM as ARM accepted it (Creating)
+        if isinstance(accepted, m.VirtualMachine) and accepted.name:
+            view = self._adopt(accepted, request.launch_token)
+        else:
+            view = Instance(
+                id=name,
+                provider=self.name,
+                offering_key=request.offering.key,
+                launch_token=request.launch_token,
+                state=InstanceState.PENDING,
+                tags=request.tags.as_dict(),
+                launched_at=self._clock(),
+                detail="create accepted",
+            )
         with self._lock:
             self._recent[view.id] = (self._clock(), view)
         return view
@@ -542,6 +561,8 @@ class AzureProvider:
             ),
         )
         os_disk = m.OSDisk(create_option="FromImage", delete_option="Delete", disk_size_gb=self.os_disk_gb)
+        if self.os_disk_type:
+            os_disk.managed_disk = m.ManagedDiskParameters(storage_account_type=self.os_disk_type)
         properties = m.VirtualMachineProperties(
             hardware_profile=m.HardwareProfile(vm_size=offering.instance_type),
             storage_profile=m.StorageProfile(image_reference=m.ImageReference(self.image_reference), os_disk=os_disk),
@@ -569,12 +590,18 @@ class AzureProvider:
             properties.eviction_policy = self.eviction_policy
             properties.billing_profile = m.BillingProfile(max_price=max_price(request))
         zones = [offering.zone] if offering.zone != offering.region and offering.zone.isdigit() else None
-        return m.VirtualMachine(
+        vm = m.VirtualMachine(
             location=self.location,
-            tags=azure_tags(request.tags.as_dict(), request.launch_token, offering.key),
+            tags=azure_tags(request.tags.as_dict(), request.launch_token, offering.key, self.extra_tags),
             zones=zones,
             properties=properties,
         )
+        if self.managed_identity_id:
+            vm.identity = m.VirtualMachineIdentity(
+                type="UserAssigned",
+                user_assigned_identities={self.managed_identity_id: m.UserAssignedIdentitiesValue()},
+            )
+        return vm
 
     def _retried(self, fn: Callable[[], T]) -> T:
         """`fn()` under the retry policy (transient failures only); raw SDK errors, for the callers to type."""
@@ -606,6 +633,7 @@ class AzureProvider:
             state=InstanceState.PREEMPTED,
             ended_at=notice.action_at or notice.at,
             detail="evicted (Preempt scheduled event relayed) and deleted by evictionPolicy Delete",
+            lingering=False,
         )
 
     def _instance_view(self, name: str) -> m.VirtualMachineInstanceView:
@@ -676,6 +704,15 @@ class AzureProvider:
                 detail = f"{failed.code}: {failed.message or failed.display_status or ''}".rstrip(": ")
         else:
             state = InstanceState.PENDING
+        launch_error = None
+        if state is InstanceState.FAILED:  # never ran: the create's operation refused it
+            code = _text(failed.code)[len(_FAILED_PREFIX) :] if failed is not None else ""
+            message = str((failed.message or failed.display_status) if failed is not None else "") or detail
+            launch_error = (
+                classify(self.name, {code}, message, None, f"create {name}")
+                if code
+                else ProviderError(f"create {name}: provisioning failed", provider=self.name, detail="Failed")
+            )
         launched = vm.time_created or self._clock()
         started = None
         if state is not InstanceState.PENDING and power:
@@ -691,6 +728,8 @@ class AzureProvider:
             started_at=started,
             ended_at=(notice.action_at if notice is not None and state is InstanceState.PREEMPTED else None),
             detail=detail,
+            lingering=state.terminal and provisioning != "deleting",  # stopped, deallocated or failed: still billed
+            launch_error=launch_error,
         )
         with self._lock:
             self._last_seen[name] = instance

@@ -2,10 +2,19 @@
 
 Contract (asynchronous and eventually consistent, after Ray autoscaler v2 and Karpenter):
 - `launch(request)` is idempotent on `request.launch_token`: calling it again with the same token returns the
-  instance the first call made and never makes a second one.
-- `terminate(instance_id)` converges: an unknown or already-gone instance is success.
+  instance the first call made and never makes a second one. It returns once the cloud has accepted the request
+  (typically PENDING) and never waits for a cloud operation to finish: the broker's tick must not stall on one.
+  A refusal the cloud gives at once is raised (a typed `ProviderError`); a refusal that arrives later, in the
+  operation the launch started (no capacity in the zone, quota, an organisation policy), is reported by `get` /
+  `get_many` as the instance in state FAILED with `launch_error` set to the typed error `launch` would have
+  raised, so the broker fails the placement over exactly as for a synchronous refusal.
+- `terminate(instance_id)` converges: an unknown or already-gone instance is success. It does not wait either.
 - `get(instance_id)` returns the provider's current view or raises `NotFound`.
-- `list_instances()` returns only instances carrying this broker's tags.
+- `list_instances()` returns only instances carrying this broker's tags. An ended instance that still exists and
+  bills (a stopped VM keeping its disk, an Azure VM stopped but not deallocated, a VM whose create failed) is
+  reported `lingering`: deleting it is still due, and `terminate` does it. An ended instance that holds nothing
+  any more (deleted, terminated at the cloud, or being deleted) is `released`, and the orphan sweep leaves it
+  alone, so one sweep ends each orphan once and later sweeps find nothing to do.
 - Optionally (`BatchDescriber`), `get_many(ids)` answers for many instances in one call to the cloud (EC2's
   DescribeInstances takes hundreds of ids): the broker's sync step watches every live instance each tick, and one
   `get` per instance would not scale to thousands of jobs (nor stay inside a cloud's API rate limits).
@@ -15,7 +24,7 @@ SDK clients are injected by the caller, so tests hand real clients pointed at lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -36,38 +45,6 @@ class InstanceState(StrEnum):
     @property
     def terminal(self) -> bool:
         return self not in (InstanceState.PENDING, InstanceState.RUNNING)
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchRequest:
-    """Everything a provider needs to start one job attempt."""
-
-    offering: Offering
-    launch_token: str
-    tags: Tags
-    spec: JobSpec
-    remaining_work_hours: Decimal
-    resume_from: str | None = None
-    checkpoint_interval_hours: Decimal = Decimal("0.5")
-    callback_url: str | None = None  # where the instance reports its container's exit status
-    callback_token: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """A provider's view of one instance. `checkpointed_work_hours` is the work saved so far, when known."""
-
-    id: str
-    provider: str
-    offering_key: str
-    launch_token: str
-    state: InstanceState
-    tags: dict[str, str]
-    launched_at: datetime
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    checkpointed_work_hours: Decimal | None = None
-    detail: str = ""
 
 
 class Scope(StrEnum):
@@ -107,6 +84,8 @@ class Throttled(ProviderError):
 
 
 class AuthError(ProviderError):
+    """The credentials themselves failed (expired, unknown, unsigned): nothing on this provider can work."""
+
     scope = Scope.PROVIDER
 
 
@@ -116,6 +95,62 @@ class NotFound(ProviderError):
 
 class InvalidRequest(ProviderError):
     scope = Scope.REQUEST
+
+
+class PolicyDenied(ProviderError):
+    """The cloud refused this request by policy: an organisation policy or service control policy, an IAM policy
+    whose conditions the request does not meet (mandatory tags, instance types, regions), an Azure Policy
+    assignment. The credentials are fine and other requests may pass, so it is scoped to the request: the broker
+    refuses that pool for that job only, with the cloud's message, instead of blocking the whole provider."""
+
+    scope = Scope.REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """Everything a provider needs to start one job attempt."""
+
+    offering: Offering
+    launch_token: str
+    tags: Tags
+    spec: JobSpec
+    remaining_work_hours: Decimal
+    resume_from: str | None = None
+    checkpoint_interval_hours: Decimal = Decimal("0.5")
+    callback_url: str | None = None  # where the instance reports its container's exit status
+    callback_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A provider's view of one instance. `checkpointed_work_hours` is the work saved so far, when known.
+
+    `lingering`: the instance has ended (a terminal state) but still exists at the provider and bills (a stopped
+    VM keeping its boot disk, an Azure VM stopped without being deallocated, a VM left by a failed create), so
+    `terminate` is still due; False for a running instance and for one that is gone or being deleted.
+    `launch_error`: set (with state FAILED) when the cloud accepted the launch and then refused it in the operation
+    it started: the typed error a synchronous refusal would have raised. Not part of equality (errors compare by
+    identity)."""
+
+    id: str
+    provider: str
+    offering_key: str
+    launch_token: str
+    state: InstanceState
+    tags: dict[str, str]
+    launched_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    checkpointed_work_hours: Decimal | None = None
+    detail: str = ""
+    lingering: bool = False
+    launch_error: ProviderError | None = field(default=None, compare=False)
+
+    @property
+    def released(self) -> bool:
+        """Ended and holding nothing at the provider any more (deleted, terminated, or being deleted): there is
+        nothing left to terminate. An ended instance that still exists and bills is `lingering` instead."""
+        return self.state.terminal and not self.lingering
 
 
 @runtime_checkable
@@ -138,9 +173,11 @@ class BatchDescriber(Protocol):
     """Optional capability of a `ComputeProvider`: the current view of many instances at once.
 
     `get_many(ids)` returns the instances it found, keyed by the id asked for; an id missing from the answer is
-    gone (as `get` raising `NotFound`). A failure of the call as a whole raises a `ProviderError`."""
+    gone (as `get` raising `NotFound`). An id it could not learn about on its own (a follow-up read for that one
+    instance failed) may be answered with that `ProviderError`, so the rest of the batch still counts. A failure of
+    the call as a whole raises a `ProviderError`."""
 
-    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]: ...
+    def get_many(self, instance_ids: Sequence[str]) -> Mapping[str, Instance | ProviderError]: ...
 
 
 def describe(provider: ComputeProvider, instance_ids: Sequence[str]) -> dict[str, Instance | ProviderError]:

@@ -9,12 +9,22 @@ Contract (see providers/base.py):
   (`instance_name`: "ovs-" + the token's first 20 RFC 1035-safe characters + "-" + 8 hex of its SHA-256), so a
   second insert of the same token answers 409 `alreadyExists` and the existing VM is returned; and every insert
   carries a `request_id` (a UUID5 of the token), so a retried insert within Google's idempotency window returns
-  the original operation instead of failing. Launch waits for the insert operation (errors such as
-  ZONE_RESOURCE_POOL_EXHAUSTED only arrive there) up to `operation_timeout` seconds, then reads the VM back (an
-  insert still running with no VM visible yet is `Throttled`: launching again resumes it). A VM of that name made
-  for another token is a collision (`InvalidRequest`).
+  the original operation instead of failing. Launch returns as soon as Google accepted the insert: the VM's view is
+  PENDING (the insert operation's outcome is not waited for: a tick must never stall on a cloud operation). An
+  insert refused at once (a synchronous error, or an operation already DONE with an error) raises the typed error.
+  A VM of that name made for another token is a collision (`InvalidRequest`).
+- Following the insert: while the VM is not there, `get`/`get_many` read its insert operation (the one this object
+  started, with `zoneOperations.get`; after a restart, the zone's insert operation targeting that VM, with one
+  filtered `zoneOperations.list`). Still running: the VM is PENDING. DONE with an error (ZONE_RESOURCE_POOL_EXHAUSTED
+  and the other stockout codes, QUOTA_EXCEEDED, an organisation policy constraint): the VM is FAILED, with
+  `launch_error` = the typed error a synchronous answer would have raised, so the broker fails the placement over
+  and blocklists the right scope. DONE without error (the VM was made, then deleted) or no operation: gone.
 - Instance ids are "{zone}/{name}". `get` raises `NotFound` for a deleted VM or a malformed id.
 - `terminate` issues the delete and does not wait for it; a 404 (or a malformed id) is success.
+- Stopped is not gone: a VM in status TERMINATED (stopped by its guest, or preempted with termination action
+  STOP) still holds its boot disk and bills for it, so its view is `lingering` until it is deleted; a VM this
+  object has issued a delete for is reported released (STOPPING while Google deletes it), so the orphan sweep
+  deletes each stopped VM once.
 - `list_instances` runs one aggregated list filtered on `labels.overspill-broker`, then keeps only VMs whose exact
   tags (from metadata, below) name this broker.
 - `get_many(ids)` (the `BatchDescriber` the broker's sync step calls every tick) answers for any number of VMs with
@@ -27,15 +37,22 @@ Contract (see providers/base.py):
   for partial success, and a zone it reports it could not reach (an UNREACHABLE warning on the zone's scope, or
   the zone in `unreachables`) while an id asked for lives there fails the whole call (`Throttled`) rather than
   making that zone's VMs look gone; a 404 on the list itself (a project that is not there) is a `ProviderError`,
-  not `NotFound` for every id.
+  not `NotFound` for every id. An id asked for that the list does not show has its insert operation read (above):
+  a launch still running or refused is answered as such, not as gone.
   Consistency: Compute Engine documents no read-after-write guarantee for `instances.list`/`aggregatedList` (its API
   best practices cover paging and list filters, not freshness; Cloud Storage is the Google service that documents
-  strongly consistent listing), while `instances.get` of a VM whose insert operation is DONE finds it (launch reads
-  the VM back that way). So a VM launched by this object less than `consistency_grace` (60 s) ago that the list
-  does not show is read alone with `get` (one request for each such VM, none when the list is up to date): its
-  answer is the answer, a 404 meaning gone (a spot VM reclaimed at once with termination action DELETE), and a
-  failed read gives its launch-time view (as the AWS adapter answers for DescribeInstances' lag). After the grace,
-  or once `terminate` is called for it, absent from the list means gone.
+  strongly consistent listing), while `instances.get` finds a VM whose insert was accepted. So a VM launched by
+  this object less than `consistency_grace` (60 s) ago that the list does not show is read alone with `get` (one
+  request for each such VM, none when the list is up to date): its answer is the answer (a 404 then reads the
+  insert operation: still running, refused, or the VM is gone, e.g. a spot VM reclaimed at once with termination
+  action DELETE), and a failed read gives its launch-time view (as the AWS adapter answers for DescribeInstances'
+  lag). After the grace, or once `terminate` is called for it, absent from the list means gone unless its insert
+  operation says otherwise.
+
+Identity and disks: `service_account` (an email) is attached with the cloud-platform scope (what the VM may do
+is then the account's IAM roles); none attaches no account. The boot disk is `boot_disk_gb` of `boot_disk_type`
+(pd-balanced), auto-deleted with the VM, from `images[region]` or `image`. `extra_labels` are added to every VM
+(the broker's own labels win on a clash).
 
 Spot: `scheduling.provisioningModel = "SPOT"`, `instanceTerminationAction = termination_action` (default "STOP"),
 `automaticRestart = False`, `onHostMaintenance = "TERMINATE"` (GPUs cannot live-migrate; on-demand VMs get the same
@@ -65,7 +82,10 @@ guest, e.g. the start-up script's final `shutdown`, or by someone else).
 Errors: reasons first (from `errors[].reason` of a synchronous error, `error.errors[].code` of a failed operation,
 and ErrorInfo details), then the HTTP status: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] / resourcePoolExhausted
 -> InsufficientCapacity; QUOTA_EXCEEDED / quotaExceeded -> QuotaExceeded; rateLimitExceeded / 429 -> Throttled;
-401 / 403 -> AuthError; 404 -> NotFound; 400 -> InvalidRequest; 5xx and transport failures -> Throttled (transient).
+an organisation policy (a reason naming a constraint or the org policy service, e.g. conditionNotMet /
+CONDITION_NOT_MET with "Constraint constraints/compute.vmExternalIpAccess violated for project ...", whatever
+the status: Google sends 412, 400 or 403) -> PolicyDenied; 401 / 403 -> AuthError; 404 -> NotFound; 400 ->
+InvalidRequest; 5xx and transport failures -> Throttled (transient).
 A 401 usually surfaces as a google-auth error instead (the session refreshes the credential and retries, and the
 refresh fails): a `GoogleAuthError` -> AuthError, except a token endpoint that could not be reached (google-auth's
 `TransportError`, or a refresh it marks retryable) -> Throttled.
@@ -75,9 +95,9 @@ backoff) and is retried only when `transient` says so: 429 / rateLimitExceeded, 
 quota answer (Google reports a stockout as HTTP 503 ZONE_RESOURCE_POOL_EXHAUSTED: that is an answer, not a
 hiccup), timeouts and dropped connections. The client library's own retries are off on every call (`retry=None`:
 the generated `get`, `aggregated_list` and `zoneOperations.get/list` would otherwise retry a 503 for up to 600 s)
-and each call carries `timeout` seconds (`zoneOperations.wait` gets two minutes more: Google holds a wait open for
-up to two minutes). A retried insert is safe: it resends the same `request_id` (Google answers with the first
-operation) for the same instance name (a second VM of that name cannot exist).
+and each call carries `timeout` seconds. Nothing waits on an operation (no `zoneOperations.wait`). A retried insert
+is safe: it resends the same `request_id` (Google answers with the first operation) for the same instance name (a
+second VM of that name cannot exist).
 
 Interruptions: `poll_interruptions` lists the "compute.instances.preempted" operations of every zone holding (or
 launched by this process into) one of our VMs, and returns each one not returned before by this object; at-least-once
@@ -87,13 +107,13 @@ across restarts. `preempted_since(zone, since)` is the same query for one zone w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
@@ -111,6 +131,7 @@ from providers.base import (
     InvalidRequest,
     LaunchRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Throttled,
@@ -128,8 +149,11 @@ META_TOKEN: Final = "overspill-launch-token"
 META_OFFERING: Final = "overspill-offering"
 META_STARTUP: Final = "startup-script"
 PREEMPTED_OP: Final = "compute.instances.preempted"
+INSERT_OP: Final = "insert"
 TERMINATION_ACTIONS: Final = ("STOP", "DELETE")
-WAIT_HOLD_SECONDS: Final = 120.0  # how long Compute Engine may hold a zoneOperations.wait call open
+CLOUD_PLATFORM_SCOPE: Final = "https://www.googleapis.com/auth/cloud-platform"
+API_BASE: Final = "https://www.googleapis.com/compute/v1"  # resource links in answers use it whatever the endpoint
+DELETE_MEMORY: Final = timedelta(minutes=15)  # how long a delete this object issued marks the VM as going away
 
 _NAMESPACE: Final = uuid.UUID("6f0d4c1e-2b8a-5e9f-9c3d-7a1b2c3d4e5f")
 _LABEL_MAX: Final = 63
@@ -142,6 +166,8 @@ _CAPACITY: Final = frozenset(
 _QUOTA: Final = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
 _THROTTLE: Final = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 _EXISTS: Final = frozenset({"alreadyExists", "RESOURCE_ALREADY_EXISTS"})
+_POLICY_WORDS: Final = ("constraint", "orgpolicy", "org_policy")
+_CONSTRAINT_VIOLATED: Final = re.compile(r"constraints/[\w.]+ violated", re.IGNORECASE)
 _PENDING: Final = frozenset({"PROVISIONING", "STAGING"})
 _RUNNING: Final = frozenset({"RUNNING", "REPAIRING"})
 _STOPPED: Final = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"})
@@ -222,6 +248,8 @@ def _error(provider: str, reasons: Iterable[str], status: int | None, message: s
         return QuotaExceeded(message, provider=provider, detail=detail)
     if found & _THROTTLE or status == 429:
         return Throttled(message, provider=provider, detail=detail)
+    if _policy_denied(found, message):
+        return PolicyDenied(message, provider=provider, detail=detail)
     if status in (401, 403):
         return AuthError(message, provider=provider, detail=detail)
     if status == 404:
@@ -231,6 +259,15 @@ def _error(provider: str, reasons: Iterable[str], status: int | None, message: s
     if status == 400 or status is None:
         return InvalidRequest(message, provider=provider, detail=detail)
     return ProviderError(message, provider=provider, detail=detail or f"HTTP {status}")
+
+
+def _policy_denied(reasons: set[str], message: str) -> bool:
+    """An organisation policy refused the request: a reason naming a constraint or the org policy service, or
+    Google's "Constraint constraints/... violated" message (sent as 412 conditionNotMet, 400 or 403)."""
+    lowered = {r.lower() for r in reasons}
+    if any(word in r for r in lowered for word in _POLICY_WORDS):
+        return True
+    return bool(_CONSTRAINT_VIOLATED.search(message))
 
 
 def _reasons(exc: gexc.GoogleAPICallError) -> set[str]:
@@ -288,12 +325,15 @@ class GcpProvider:
         project: str,
         broker_id: str,
         image: str,
+        images: Mapping[str, str] | None = None,
         network: str = "global/networks/default",
         name: str = "gcp",
         termination_action: str = "STOP",
-        boot_disk_gb: int = 100,
+        boot_disk_gb: int = 200,
+        boot_disk_type: str = "pd-balanced",
+        service_account: str = "",
+        extra_labels: Mapping[str, str] | None = None,
         external_ip: bool = True,
-        operation_timeout: float = 300.0,
         timeout: float | None = 60.0,
         retry: RetryPolicy | None = None,
         consistency_grace: timedelta = timedelta(seconds=60),
@@ -305,11 +345,14 @@ class GcpProvider:
         self.project = project
         self.broker_id = broker_id
         self.image = image
+        self.images = dict(images or {})
         self.network = network
         self.termination_action = termination_action
         self.boot_disk_gb = boot_disk_gb
+        self.boot_disk_type = boot_disk_type
+        self.service_account = service_account
+        self.extra_labels = dict(extra_labels or {})
         self.external_ip = external_ip
-        self.operation_timeout = operation_timeout
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._instances = instances
@@ -319,12 +362,15 @@ class GcpProvider:
         self._delivered: set[str] = set()  # preemption operation ids already returned by poll_interruptions
         self._grace = consistency_grace
         self._recent: dict[str, tuple[datetime, Instance]] = {}  # id -> (launched at, launch-time view)
+        self._inserts: dict[str, tuple[str, str]] = {}  # id -> (zone, insert operation) of launches not seen yet
+        self._deleting: dict[str, datetime] = {}  # id -> when this object issued its delete
 
     # ----------------------------------------------------------------------------------------------- contract
 
     def launch(self, request: LaunchRequest) -> Instance:
         zone = request.offering.zone
         name = instance_name(request.launch_token)
+        instance_id = f"{zone}/{name}"
         self._zones.add(zone)
         insert = compute_v1.InsertInstanceRequest(
             project=self.project,
@@ -332,7 +378,7 @@ class GcpProvider:
             instance_resource=self.instance_resource(request),
             request_id=request_id(request.launch_token),
         )
-        with self._translated(f"insert {zone}/{name}"):
+        with self._translated(f"insert {instance_id}"):
             try:
                 op = self._retried(lambda: self._instances.insert_unary(request=insert, **self._per_call()))
             except gexc.GoogleAPICallError as exc:
@@ -340,27 +386,28 @@ class GcpProvider:
                 if not reasons & _EXISTS and not (exc.code == 409 and not reasons):
                     raise
                 return self._adopt(zone, name, request.launch_token)  # the name is taken: by this token?
-        op = self._wait(zone, op)
-        if _is_done(op) and op.error.errors:
-            reasons = _op_reasons(op)
-            if reasons & _EXISTS:
+        if _is_done(op) and op.error.errors:  # refused already (a replayed requestId of a failed insert, too)
+            if _op_reasons(op) & _EXISTS:
                 return self._adopt(zone, name, request.launch_token)
-            status = op.http_error_status_code or None
-            raise _error(self.name, reasons, status, f"insert {zone}/{name}: {_op_message(op)}")
-        try:
-            view = self._adopt(zone, name, request.launch_token)
-        except NotFound:
-            if _is_done(op):
-                raise
-            raise Throttled(
-                f"insert {zone}/{name} still running after {self.operation_timeout:g}s; launch again to resume",
-                provider=self.name,
-            ) from None
-        self._recent[view.id] = (self._clock(), view)
+            raise self._insert_error(instance_id, op)
+        now = self._clock()
+        view = Instance(
+            id=instance_id,
+            provider=self.name,
+            offering_key=request.offering.key,
+            launch_token=request.launch_token,
+            state=InstanceState.PENDING,
+            tags=request.tags.as_dict(),
+            launched_at=parse_time(op.insert_time) or now,
+            detail=f"insert accepted ({op.name})",
+        )
+        self._recent[instance_id] = (now, view)
+        self._inserts[instance_id] = (zone, op.name)
         return view
 
     def terminate(self, instance_id: str) -> None:
         self._recent.pop(instance_id, None)
+        self._inserts.pop(instance_id, None)
         parsed = _parse_id(instance_id)
         if parsed is None:
             return
@@ -375,23 +422,34 @@ class GcpProvider:
                 return
         if _is_done(op) and op.error.errors and op.http_error_status_code != 404:
             raise _error(self.name, _op_reasons(op), op.http_error_status_code or None, _op_message(op))
+        now = self._clock()
+        self._deleting = {k: at for k, at in self._deleting.items() if now - at < DELETE_MEMORY}
+        self._deleting[instance_id] = now
 
     def get(self, instance_id: str) -> Instance:
         parsed = _parse_id(instance_id)
         if parsed is None:
             raise NotFound(f"{instance_id!r} is not a GCP instance id (zone/name)", provider=self.name)
         zone, name = parsed
-        vm = self._call(
-            f"get {instance_id}",
-            lambda: self._instances.get(project=self.project, zone=zone, instance=name, **self._per_call()),
-        )
+        try:
+            vm = self._call(
+                f"get {instance_id}",
+                lambda: self._instances.get(project=self.project, zone=zone, instance=name, **self._per_call()),
+            )
+        except NotFound:
+            launching = self._launch_outcome(instance_id)
+            if launching is None:
+                raise
+            return launching
         return self._view(zone, vm, lambda: self._preemptions(zone, vm.self_link))
 
-    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance | ProviderError]:
         """The view `get` gives of each VM asked for that exists and is this broker's, keyed by the id asked for,
         from one paged aggregated list (see the module docstring); ids absent are gone. A VM launched by this
-        object within `consistency_grace` that the list does not show is read alone (`get`). Raises a
-        `ProviderError` when the list (or a zone's preemption query) fails after the retries."""
+        object within `consistency_grace` that the list does not show is read alone (`get`); any other id the list
+        does not show has its insert operation read (a launch running or refused), and answers that read's
+        `ProviderError` when it fails. Raises a `ProviderError` when the list (or a zone's preemption query) fails
+        after the retries."""
         wanted: dict[tuple[str, str], list[str]] = {}
         for iid in dict.fromkeys(instance_ids):
             parsed = _parse_id(iid)
@@ -418,17 +476,27 @@ class GcpProvider:
                     out.update(dict.fromkeys(asked, view))
         now = self._clock()
         self._recent = {k: v for k, v in self._recent.items() if now - v[0] < self._grace}
+        failed: dict[str, ProviderError] = {}
         for iid in dict.fromkeys(instance_ids):
-            recent = self._recent.get(iid)
-            if iid in out or recent is None:
+            if iid in out or _parse_id(iid) is None:
                 continue
-            try:  # launched moments ago and not listed (yet?): `get` is read-after-write consistent
+            recent = self._recent.get(iid)
+            if recent is None:  # not listed: gone, unless its insert is still running or was refused
+                try:
+                    launching = self._launch_outcome(iid)
+                except ProviderError as exc:
+                    failed[iid] = exc  # unknown this tick, not gone
+                    continue
+                if launching is not None:
+                    out[iid] = launching
+                continue
+            try:  # launched moments ago and not listed (yet?): `get` finds a VM whose insert was accepted
                 out[iid] = self.get(iid)
             except NotFound:
                 continue
             except ProviderError:
                 out[iid] = recent[1]
-        return out
+        return {**out, **failed}
 
     def list_instances(self) -> list[Instance]:
         return [view for _, _, view in self._ours()]
@@ -480,6 +548,9 @@ class GcpProvider:
         machine, accelerator, count = split_instance_type(offering.instance_type)
         spot = offering.capacity_type is CapacityType.SPOT
         tags = request.tags.as_dict()
+        image = self.images.get(offering.region) or self.image
+        if not image:
+            raise InvalidRequest(f"no boot image configured for {offering.region}", provider=self.name)
         scheduling = compute_v1.Scheduling(automatic_restart=False, on_host_maintenance="TERMINATE")
         if spot:
             scheduling.provisioning_model = "SPOT"
@@ -492,14 +563,16 @@ class GcpProvider:
         vm = compute_v1.Instance(
             name=instance_name(request.launch_token),
             machine_type=f"zones/{zone}/machineTypes/{machine}",
-            labels=labels_for(tags, request.launch_token),
+            labels={**self.extra_labels, **labels_for(tags, request.launch_token)},
             scheduling=scheduling,
             disks=[
                 compute_v1.AttachedDisk(
                     boot=True,
                     auto_delete=True,
                     initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=self.image, disk_size_gb=self.boot_disk_gb
+                        source_image=image,
+                        disk_size_gb=self.boot_disk_gb,
+                        disk_type=f"zones/{zone}/diskTypes/{self.boot_disk_type}",
                     ),
                 )
             ],
@@ -513,6 +586,8 @@ class GcpProvider:
                 ]
             ),
         )
+        if self.service_account:
+            vm.service_accounts = [compute_v1.ServiceAccount(email=self.service_account, scopes=[CLOUD_PLATFORM_SCOPE])]
         if accelerator:
             vm.guest_accelerators = [
                 compute_v1.AcceleratorConfig(
@@ -536,9 +611,9 @@ class GcpProvider:
         except requests.RequestException as exc:
             raise Throttled(f"{what}: {exc}", provider=self.name, detail=type(exc).__name__) from exc
 
-    def _per_call(self, extra_seconds: float = 0.0) -> dict[str, Any]:
+    def _per_call(self) -> dict[str, Any]:
         """Keyword arguments of every client call: the library's own retries off, this adapter's timeout."""
-        return {"retry": None, "timeout": None if self.timeout is None else self.timeout + extra_seconds}
+        return {"retry": None, "timeout": self.timeout}
 
     def _retried(self, fn: Callable[[], T]) -> T:
         """`fn()` under the retry policy (transient failures only); raw SDK errors, for callers that inspect them."""
@@ -549,19 +624,66 @@ class GcpProvider:
         with self._translated(what):
             return self._retried(fn)
 
-    def _wait(self, zone: str, op: compute_v1.Operation) -> compute_v1.Operation:
-        """Wait (server-side `wait`, re-issued) for a zone operation until DONE or `operation_timeout`."""
-        deadline = time.monotonic() + self.operation_timeout
-        while not _is_done(op) and time.monotonic() < deadline:
-            op = self._wait_once(zone, op.name)
-        return op
+    def _insert_error(self, instance_id: str, op: compute_v1.Operation) -> ProviderError:
+        """The typed error of an insert operation that ended with an error."""
+        status = op.http_error_status_code or None
+        return _error(self.name, _op_reasons(op), status, f"insert {instance_id}: {_op_message(op)}")
 
-    def _wait_once(self, zone: str, name: str) -> compute_v1.Operation:
-        return self._call(
-            f"wait for {name}",
-            lambda: self._operations.wait(
-                project=self.project, zone=zone, operation=name, **self._per_call(WAIT_HOLD_SECONDS)
-            ),
+    def _insert_operation(self, instance_id: str) -> compute_v1.Operation | None:
+        """The insert operation of a VM: the one this object started (`zoneOperations.get`), else the zone's
+        insert operation targeting it (one filtered `zoneOperations.list`), else None (none retained)."""
+        parsed = _parse_id(instance_id)
+        if parsed is None:
+            return None
+        zone, name = parsed
+        known = self._inserts.get(instance_id)
+        if known is not None:
+            return self._call(
+                f"operation {known[1]}",
+                lambda: self._operations.get(project=self.project, zone=zone, operation=known[1], **self._per_call()),
+            )
+        link = f"{API_BASE}/projects/{self.project}/zones/{zone}/instances/{name}"
+        query = f'(operationType = "{INSERT_OP}") AND (targetLink = "{link}")'
+        listing = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone, filter=query)
+        ops = self._call(
+            f"insert operations of {instance_id}",
+            lambda: list(self._operations.list(request=listing, **self._per_call())),
+        )
+        ours = [op for op in ops if op.operation_type == INSERT_OP and _last_segment(op.target_link) == name]
+        return max(ours, key=lambda op: op.insert_time, default=None)
+
+    def _launch_outcome(self, instance_id: str) -> Instance | None:
+        """The view of a VM that is not there, from its insert operation: PENDING while it runs, FAILED with
+        `launch_error` when it was refused; None when the VM is simply gone (or was never made)."""
+        op = self._insert_operation(instance_id)
+        if op is None:
+            return None
+        recent = self._recent.get(instance_id)
+        base = (
+            recent[1]
+            if recent is not None
+            else Instance(
+                id=instance_id,
+                provider=self.name,
+                offering_key="",
+                launch_token="",
+                state=InstanceState.PENDING,
+                tags={},
+                launched_at=parse_time(op.insert_time) or self._clock(),
+            )
+        )
+        if not _is_done(op):
+            return dataclasses.replace(base, state=InstanceState.PENDING, detail=f"insert running ({op.name})")
+        self._inserts.pop(instance_id, None)
+        if not op.error.errors or _op_reasons(op) & _EXISTS:
+            return None  # the insert made the VM, and it is gone now
+        error = self._insert_error(instance_id, op)
+        return dataclasses.replace(
+            base,
+            state=InstanceState.FAILED,
+            ended_at=parse_time(op.end_time) or self._clock(),
+            detail=str(error),
+            launch_error=error,
         )
 
     def _adopt(self, zone: str, name: str, launch_token: str) -> Instance:
@@ -663,8 +785,14 @@ class GcpProvider:
                 detail = f"preempted (GCE status {status})"
         else:
             state = InstanceState.PENDING
+        instance_id = f"{zone}/{vm.name}"
+        if instance_id in self._inserts and status not in _PENDING:
+            del self._inserts[instance_id]  # the insert made the VM: nothing more to follow
+        deleting = instance_id in self._deleting
+        if deleting:
+            detail += " (being deleted)"
         return Instance(
-            id=f"{zone}/{vm.name}",
+            id=instance_id,
             provider=self.name,
             offering_key=meta.get(META_OFFERING) or self._offering_key(zone, vm, spot),
             launch_token=meta.get(META_TOKEN, ""),
@@ -674,6 +802,7 @@ class GcpProvider:
             started_at=started,
             ended_at=stopped if state.terminal else None,
             detail=detail,
+            lingering=state.terminal and not deleting,  # stopped, not deleted: its disk bills until deleted
         )
 
     @staticmethod

@@ -35,8 +35,11 @@ driver without such a keyword cannot run the job, so the constructor refuses it 
 
 States: PENDING/STARTING/REBOOTING/RECONFIGURING/UNKNOWN -> PENDING, RUNNING -> RUNNING,
 STOPPED/STOPPING/SUSPENDED/PAUSED/TERMINATED -> TERMINATED, ERROR -> FAILED. UNKNOWN is refined from the raw
-status in `node.extra` when present (EC2 maps `shutting-down`, `stopping` and `stopped` to UNKNOWN). A job's exit
-code is not visible through libcloud, so a job that powers its VM off shows as TERMINATED, never SUCCEEDED.
+status in `node.extra` when present (EC2 maps `shutting-down`, `stopping` and `stopped` to UNKNOWN). A node that
+ended but still exists (stopped, suspended, paused, shut off, in error) holds its disk and quota: its view is
+`lingering`, so `terminate` (and the orphan sweep) destroys it; a terminated, deleted or shutting-down node is not.
+A job's exit code is not visible through libcloud, so a job that powers its VM off shows as TERMINATED, never
+SUCCEEDED.
 `started_at` is the node's creation time (or the launch call's) once the node is RUNNING.
 
 Errors: every libcloud or transport exception becomes one of the typed errors of `providers.base` with the
@@ -125,6 +128,20 @@ _RAW_STATUS_MAP: dict[str, InstanceState] = {
 def node_name(launch_token: str) -> str:
     """The deterministic node name for a launch token."""
     return NAME_PREFIX + launch_token[:20]
+
+
+# Node states (and raw statuses) of a node that ended and is gone or going: nothing left to destroy.
+_RELEASED_STATES = frozenset({NodeState.TERMINATED.value})
+_RELEASED_RAW = frozenset({"shutting-down", "terminated", "deleted"})
+
+
+def lingers(node: Node) -> bool:
+    """An ended node that still exists at the cloud (stopped, suspended, in error...): see the module docstring."""
+    if not map_state(node).terminal:
+        return False
+    extra = node.extra or {}
+    raw = str(extra.get("status") or extra.get("vm_state") or "").lower()
+    return str(node.state) not in _RELEASED_STATES and raw not in _RELEASED_RAW
 
 
 def map_state(node: Node) -> InstanceState:
@@ -615,6 +632,7 @@ class LibcloudProvider:
             launched_at=launched_at,
             started_at=launched_at if state is InstanceState.RUNNING else None,
             detail=f"libcloud node {node.name!r} is {node.state}",
+            lingering=lingers(node),
         )
 
     def _gone(self, note: LaunchNote) -> Instance:

@@ -72,7 +72,9 @@ class CostKind(StrEnum):
     COMPUTE = "compute"
     WASTED = "wasted"  # compute whose work was lost to a preemption (already counted once as compute)
     EGRESS = "egress"
-    STORAGE = "storage"
+    STORAGE = "storage"  # checkpoint storage (object storage)
+    DISK = "disk"  # a cloud instance's boot disk, billed beside its compute while the instance exists
+    PUBLIC_IP = "public_ip"  # a cloud instance's public IPv4 address
     CORRECTION = "correction"
 
 

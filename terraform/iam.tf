@@ -24,10 +24,11 @@ resource "aws_iam_role" "lambda" {
 }
 
 data "aws_iam_policy_document" "broker" {
-  # pricing/feeds/aws.py and providers/aws.py: read-only EC2 calls, which IAM cannot scope to resources.
+  # pricing/feeds/aws.py and providers/aws.py: read-only EC2 calls, which IAM cannot scope to resources
+  # (DescribeImages: the AMI's root device name, so the root volume's size, type and encryption can be set).
   statement {
     sid       = "Ec2Read"
-    actions   = ["ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
+    actions   = ["ec2:DescribeImages", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
     resources = ["*"]
   }
 

@@ -11,7 +11,8 @@ sweep, with no grace), then `check_invariants`:
 - no instance billing unseen: every pending/running instance tagged with this broker belongs to a live placement;
   no placement is left launching without its instance;
 - ledger = placements: each placement's `cost_usd` is the sum of its ledger entries, each job's `spent_usd` the
-  sum of its own, and every entry covers a stretch no other entry of that placement covers;
+  sum of its own, and every entry covers a stretch no other entry of that placement and kind covers (compute, boot
+  disk and public IPv4 each cover the run once);
 - every ceiling honoured: `spent_usd <= max_total_usd`.
 
 Accrual writes a batch of placements per transaction (`loop_batch_size`): `accrue.before_commit` is reached after
@@ -276,23 +277,24 @@ def check_invariants(engine: Any, ec2: Any, job_ids: list[str]) -> list[str]:
             bad.append(f"job {jid} spent {job.spent_usd} over its ceiling {job.max_total_usd}")
     per_placement: dict[str, Decimal] = defaultdict(Decimal)
     per_job: dict[str, Decimal] = defaultdict(Decimal)
-    stretches: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    # one stretch per kind: compute, and beside it the boot disk and public IPv4 of the same run
+    stretches: dict[tuple[str, str], list[tuple[datetime, datetime]]] = defaultdict(list)
     for e in entries:
         per_job[e.job_id] += e.usd
         if e.placement_id:
             per_placement[e.placement_id] += e.usd
-            stretches[e.placement_id].append((e.period_start_at, e.period_end_at))
+            stretches[(e.placement_id, e.kind)].append((e.period_start_at, e.period_end_at))
     for p in placements:
         if per_placement[p.id] != p.cost_usd:
             bad.append(f"placement {p.id} cost {p.cost_usd} != ledger {per_placement[p.id]}")
     for jid, job in jobs.items():
         if per_job[jid] != job.spent_usd:
             bad.append(f"job {jid} spent {job.spent_usd} != ledger {per_job[jid]}")
-    for pid, spans in stretches.items():
+    for (pid, kind), spans in stretches.items():
         spans.sort()
         for (_, a_end), (b_start, _) in itertools.pairwise(spans):
             if b_start < a_end:
-                bad.append(f"placement {pid} accrued one stretch twice ({b_start} < {a_end})")
+                bad.append(f"placement {pid} accrued one stretch of {kind} twice ({b_start} < {a_end})")
     live_instances = {p.instance_id for p in placements if p.state in LIVE and p.instance_id}
     running_per_job: dict[str, int] = defaultdict(int)
     pages = ec2.get_paginator("describe_instances").paginate(

@@ -25,7 +25,8 @@ Contract:
   API's Warning enum, "a given scope cannot be reached"; the message text is this fake's).
 - Faults: `fail(call, status, reason)` makes the next request(s) of a call ("insert", "get", "delete", "list",
   "operations") answer the Google error body; `fail_operation(code, message, http_status)` makes the next insert's
-  operation finish with that error and no VM.
+  operation finish with that error and no VM. A failing insert operation runs like any other (RUNNING for
+  `op_seconds`, so with 0 it is DONE in the insert's own answer) and carries its error once DONE, as Google's does.
 - `preempt(instance_id)` plays a spot reclaim: the VM goes TERMINATED with `lastStopTimestamp`, a DONE
   "compute.instances.preempted" operation by user "system" targets it, and with instanceTerminationAction DELETE the
   VM is then deleted. `guest_shutdown` stops a VM from inside (TERMINATED, no operation). `add_instance` makes a
@@ -34,7 +35,7 @@ Contract:
   the answer); `forget_request_ids()` plays the end of Google's requestId idempotency window.
 - An insert carrying the header `X-Fake-Fault: <code>` (sent by tests/fault_proxy.py, which decides the faults of a
   seeded run) fails the way Google reports a stockout: the insert is accepted (200, an operation) and the
-  operation ends DONE with `error.errors[0].code` = the code (ZONE_RESOURCE_POOL_EXHAUSTED or
+  operation ends (after `op_seconds`) DONE with `error.errors[0].code` = the code (ZONE_RESOURCE_POOL_EXHAUSTED or
   ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS), Google's message and `errorDetails` (help link, localized message),
   `httpErrorStatusCode` 503 "SERVICE UNAVAILABLE", and no VM (`operation_error`). A retried insert of a requestId
   already seen gets its first operation, as on Google, whatever the header says.
@@ -220,6 +221,7 @@ class GcpComputeFake(LocalServer):
         self._boot_at: dict[tuple[str, str], float] = {}
         self._inserted_at: dict[tuple[str, str], float] = {}
         self._done_at: dict[tuple[str, str], float] = {}
+        self._op_errors: dict[tuple[str, str], tuple[dict[str, Any], int]] = {}  # what a failing op ends with
         self._request_ids: dict[str, tuple[str, str]] = {}
         self._seq = 0
         self._lock = threading.RLock()
@@ -401,6 +403,14 @@ class GcpComputeFake(LocalServer):
             if op["status"] == "DONE" or now < self._done_at[key]:
                 continue
             op.update({"status": "DONE", "progress": 100, "endTime": stamp(now)})
+            failure = self._op_errors.pop(key, None)
+            if failure is not None:
+                error, http_status = failure
+                op["error"] = error
+                op["httpErrorStatusCode"] = http_status
+                op["httpErrorMessage"] = {403: "FORBIDDEN", 412: "PRECONDITION FAILED", 503: "SERVICE UNAVAILABLE"}.get(
+                    http_status, ""
+                )
             if op["operationType"] == "delete":
                 zone = key[0]
                 self.instances.pop((zone, op["targetLink"].rsplit("/", 1)[-1]), None)
@@ -490,12 +500,9 @@ class GcpComputeFake(LocalServer):
             self._inserted_at[(zone, name)] = now
             self.created[name] += 1
             op = self._new_operation(zone, "insert", vm, now)
-        else:
-            error, http_status = failure
-            op = self._new_operation(zone, "insert", vm, now, done=True)
-            op["error"] = error
-            op["httpErrorStatusCode"] = http_status
-            op["httpErrorMessage"] = {403: "FORBIDDEN", 503: "SERVICE UNAVAILABLE"}.get(http_status, "")
+        else:  # no VM: the operation runs, then ends with the error
+            op = self._new_operation(zone, "insert", vm, now)
+            self._op_errors[(zone, op["name"])] = failure
         if rid:
             self._request_ids[rid] = (zone, op["name"])
         self._advance()

@@ -12,6 +12,7 @@ offering it can launch, and optional hooks. Every test here then runs against th
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,17 @@ from decimal import Decimal
 
 import pytest
 
-from providers.base import ComputeProvider, Instance, InstanceState, LaunchRequest, NotFound, describe
+from providers.base import (
+    ComputeProvider,
+    Instance,
+    InstanceState,
+    InsufficientCapacity,
+    LaunchRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    describe,
+)
 from providers.model import JobSpec, Offering, Tags
 
 BROKER_ID = "overspill-contract"
@@ -48,6 +59,10 @@ class ContractEnv:
     `make_foreign` creates an instance at the provider that the broker did not launch (no broker tags) and
     returns its id, so the suite can check `list_instances` ignores it; leave it None when the provider cannot
     hold foreign instances. `settle` is called before reading state that the provider updates asynchronously.
+    `end_by_itself(instance_id)` ends an instance the way a finished job does (the start-up script powers the VM
+    off, the simulated work runs out): the instance may then still exist (stopped: `lingering`) or not.
+    `refuse_next_launch()` makes the stand-in refuse the next launch for lack of capacity or quota, where the cloud
+    says so (at once, or in the operation the launch starts). Leave either None where the stand-in cannot do it.
     """
 
     provider: ComputeProvider
@@ -56,6 +71,8 @@ class ContractEnv:
     make_foreign: Callable[[], str] | None = None
     settle: Callable[[], None] = field(default=lambda: None)
     unknown_id: str = "does-not-exist-0"  # an id shaped like the provider's that it never issued
+    end_by_itself: Callable[[str], None] | None = None
+    refuse_next_launch: Callable[[], None] | None = None
 
     def request(self, token: str | None = None) -> LaunchRequest:
         token = token or uuid.uuid4().hex
@@ -136,3 +153,76 @@ class ProviderContract:
         assert all(i.tags.get("overspill:broker") == env.broker_id for i in listed)
         if foreign is not None:
             assert foreign not in ids
+
+    def test_a_terminated_instance_is_released_so_the_sweep_ends_it_once(self, env: ContractEnv) -> None:
+        """After `terminate`, the instance is gone or `released` wherever the broker looks (`get`, `describe`,
+        `list_instances`): the orphan sweep skips released instances, so it terminates each orphan once."""
+        inst = env.provider.launch(env.request())
+        env.settle()
+        running = env.provider.get(inst.id)
+        assert not running.released and not running.lingering, "a live instance is neither released nor lingering"
+        env.provider.terminate(inst.id)
+        env.settle()
+        try:
+            after = env.provider.get(inst.id)
+        except NotFound:
+            after = None
+        assert after is None or (after.state.terminal and after.released), after
+        view = describe(env.provider, [inst.id])[inst.id]
+        assert isinstance(view, NotFound) or (isinstance(view, Instance) and view.released), view
+        listed = [i for i in env.provider.list_instances() if i.id == inst.id]
+        assert all(i.released for i in listed), "the sweep would terminate it again on its next pass"
+
+    def test_an_instance_that_ended_by_itself_lingers_until_terminated(self, env: ContractEnv) -> None:
+        """A finished instance that still exists (a stopped VM holding its disk) is `lingering`, in `get` and in
+        `list_instances` alike, so the sync step and the orphan sweep delete it; once terminated it is released.
+        One that ended and holds nothing (terminated at the cloud, simulated) is released at once."""
+        inst = env.provider.launch(env.request())
+        env.settle()
+        if env.end_by_itself is None:  # nothing can end it from inside here: it stays live and owned
+            assert not env.provider.get(inst.id).state.terminal
+            return
+        env.end_by_itself(inst.id)
+        env.settle()
+        ended = env.provider.get(inst.id)
+        assert ended.state.terminal, ended
+        assert ended.lingering != ended.released
+        listed = {i.id: i for i in env.provider.list_instances()}
+        assert inst.id not in listed or listed[inst.id].lingering == ended.lingering
+        if not ended.lingering:
+            return
+        env.provider.terminate(inst.id)
+        env.settle()
+        with contextlib.suppress(NotFound):
+            assert env.provider.get(inst.id).released
+        assert all(i.released for i in env.provider.list_instances() if i.id == inst.id)
+
+    def test_a_launch_refused_in_the_clouds_operation_reads_back_failed_with_its_typed_error(
+        self, env: ContractEnv
+    ) -> None:
+        """`launch` returns once the cloud accepted the request; a refusal that comes later (in the operation) is
+        read back by `get` and `describe` as FAILED with `launch_error`, the typed error a synchronous refusal
+        raises, so the broker fails over the same way; a refusal at once is raised."""
+        if env.refuse_next_launch is None:  # the stand-in cannot refuse: a launch is never FAILED
+            inst = env.provider.launch(env.request())
+            env.settle()
+            assert env.provider.get(inst.id).launch_error is None
+            return
+        env.refuse_next_launch()
+        try:
+            inst = env.provider.launch(env.request())
+        except (InsufficientCapacity, QuotaExceeded):
+            return  # refused at once: raised, as the contract says
+        assert inst.state is InstanceState.PENDING and inst.launch_error is None
+        env.settle()
+        view = describe(env.provider, [inst.id])[inst.id]
+        assert isinstance(view, Instance), view
+        assert view.state is InstanceState.FAILED and isinstance(
+            view.launch_error, InsufficientCapacity | QuotaExceeded
+        )
+        assert isinstance(view.launch_error, ProviderError) and str(view.launch_error)
+        got = env.provider.get(inst.id)
+        assert got.state is InstanceState.FAILED and type(got.launch_error) is type(view.launch_error)
+        env.provider.terminate(inst.id)  # what the broker does next: nothing stays behind
+        env.settle()
+        assert all(i.released for i in env.provider.list_instances() if i.id == inst.id)

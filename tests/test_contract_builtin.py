@@ -1,4 +1,7 @@
-"""The provider contract suite run against the built-in simulated providers and the scripted test cloud."""
+"""The provider contract suite run against the built-in simulated providers and the scripted test cloud.
+
+Their instances end by themselves when their work runs out (`end_by_itself` moves the clock past it) and leave
+nothing behind: an ended simulated instance is released, so the orphan sweep never terminates it again."""
 
 from __future__ import annotations
 
@@ -25,7 +28,12 @@ class TestSimulatedCloudContract(ProviderContract):
         offering = next(
             o for o in cloud.offerings(NOW) if o.capacity_type is CapacityType.ON_DEMAND and o.accelerator == "A100"
         )
-        return ContractEnv(provider=cloud, offering=offering, unknown_id="i-0000000000000000f")
+        return ContractEnv(
+            provider=cloud,
+            offering=offering,
+            unknown_id="i-0000000000000000f",
+            end_by_itself=lambda _: clock.advance(hours=3),  # the contract's 2 h of work are done
+        )
 
 
 class TestSimulatedOnPremContract(ProviderContract):
@@ -34,11 +42,24 @@ class TestSimulatedOnPremContract(ProviderContract):
         clock = MovableClock(NOW)
         onprem = SimulatedOnPremCluster(seed=7, clock=clock, store=InMemorySimStore(), broker_id=BROKER_ID)
         offering = next(o for o in onprem.offerings(NOW) if o.accelerator == "A100" and o.accelerator_count == 1)
-        return ContractEnv(provider=onprem, offering=offering, unknown_id="job-00000000000000000")
+        return ContractEnv(
+            provider=onprem,
+            offering=offering,
+            unknown_id="job-00000000000000000",
+            end_by_itself=lambda _: clock.advance(hours=3),
+        )
 
 
 class TestScriptedCloudContract(ProviderContract):
     @pytest.fixture
     def env(self) -> ContractEnv:
-        cloud = ScriptedCloud("scripted", MovableClock(NOW))
-        return ContractEnv(provider=cloud, offering=cloud.offerings(NOW)[0], unknown_id="vm-999")
+        clock = MovableClock(NOW)
+        cloud = ScriptedCloud("scripted", clock)
+        offering = cloud.offerings(NOW)[0]
+        return ContractEnv(
+            provider=cloud,
+            offering=offering,
+            unknown_id="vm-999",
+            end_by_itself=lambda _: clock.advance(hours=3),
+            refuse_next_launch=lambda: cloud.no_capacity.add(offering.zone),
+        )

@@ -1,6 +1,9 @@
 """The broker end to end on Azure (the real ComputeManagementClient against a local ARM endpoint): a job is placed
 on a Spot VM, the VM relays a Scheduled Events Preempt document home, the tick marks the placement preempted and
-re-places the job, and the evicted VM is gone."""
+re-places the job, and the evicted VM is gone; a finished job's VM (stopped, not deallocated, by its start-up
+script: it would keep billing full compute) is deleted; a create Azure refuses in its operation fails over on the
+next tick; a create an Azure Policy denies is refused for that job only, the provider not blocked; a stopped VM of
+this broker that no placement owns is deleted by the orphan sweep, once."""
 
 from __future__ import annotations
 
@@ -16,15 +19,17 @@ from sqlmodel import Session, select
 
 from broker.app import create_app
 from broker.auth import callback_token
+from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
-from broker.runtime import build_runtime
+from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.tables import BlockEntry, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import CapacityType
 from tests.azure_compute_fake import AzureComputeFake
 from tests.builders import job_body
-from tests.test_provider_azure import SUB, make_provider, offering
+from tests.provider_contract import BROKER_ID, ContractEnv
+from tests.test_provider_azure import RG, SUB, make_provider, offering
 
 
 class AzureMarket:
@@ -98,3 +103,103 @@ def test_relayed_preempt_replaces_the_job_and_the_vm_is_gone(fake: AzureComputeF
     except NotFound:
         return  # deleted, as eviction policy Delete does
     assert gone.state.terminal
+
+
+def _runtime(fake: AzureComputeFake, tmp_path: Path, **overrides: object) -> tuple[Runtime, TestClient]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'az.db'}",
+        data_dir=tmp_path,
+        simulated=False,
+        broker_id=BROKER_ID,
+        public_url="https://broker.example",
+        wait_value_usd_per_gpu_hour=0,
+        **overrides,  # type: ignore[arg-type]
+    )
+    rt = build_runtime(settings)
+    azure = make_provider(fake)
+    rt.providers[azure.name] = azure
+    rt.offering_sources.append(AzureMarket())
+    tick(rt, datetime.now(UTC))
+    return rt, TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
+
+
+def _placements(rt: Runtime, job_id: str) -> list[Placement]:
+    with Session(rt.engine) as s:
+        return list(s.exec(select(Placement).where(Placement.job_id == job_id).order_by(Placement.id)).all())
+
+
+def _submit(api: TestClient) -> str:
+    body = job_body(accelerators=["A100-80GB"], work_gpu_hours="3", max_total_usd="20")
+    return str(api.post("/v1/jobs", json=body).json()["id"])
+
+
+def test_a_finished_jobs_vm_is_deleted_not_left_stopped(fake: AzureComputeFake, tmp_path: Path) -> None:
+    rt, api = _runtime(fake, tmp_path)
+    job_id = _submit(api)
+    tick(rt, datetime.now(UTC))
+    tick(rt, datetime.now(UTC))
+    [p] = _placements(rt, job_id)
+    assert p.state == "running" and p.instance_id
+    headers = {"X-Overspill-Callback-Token": callback_token(rt.settings, p.id)}
+    assert api.post(f"/v1/placements/{p.id}/exit", json={"exit_code": 0}, headers=headers).status_code == 204
+    fake.guest_shutdown(RG, p.instance_id)  # `shutdown -h now`: stopped, not deallocated, still billed
+    tick(rt, datetime.now(UTC))
+    [done] = _placements(rt, job_id)
+    assert done.state == "succeeded"
+    assert fake.vm(RG, p.instance_id) is None, "the finished VM is deleted"
+    assert len(fake.recorded("DELETE", f"/virtualMachines/{p.instance_id}")) == 1
+
+
+def test_a_create_refused_in_its_operation_fails_over_on_the_next_tick(fake: AzureComputeFake, tmp_path: Path) -> None:
+    rt, api = _runtime(fake, tmp_path)
+    fake.fail_async("AllocationFailed", "Allocation failed. We do not have sufficient capacity in this region.")
+    job_id = _submit(api)
+    tick(rt, datetime.now(UTC))
+    [first] = _placements(rt, job_id)
+    assert first.zone == "eastus" and first.instance_id and first.state == "launching"
+    assert not fake.recorded("GET", "/operations/"), "the tick never polled the create"
+    tick(rt, datetime.now(UTC))
+    first, second = _placements(rt, job_id)
+    assert first.state == "failed" and first.detail.startswith("InsufficientCapacity:")
+    assert second.zone == "westus2", "re-placed in the same tick, away from the pool that said no"
+    assert fake.vm(RG, first.instance_id or "") is None, "the VM the failed create left behind is deleted"
+    with Session(rt.engine) as s:
+        assert s.exec(select(BlockEntry.scope_key)).all() == ["azure/eastus/eastus"]
+        [event] = s.exec(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "launch_failed")).all()
+    assert "sufficient capacity" in event.data["cloud_message"] and event.data["code"] == "AllocationFailed"
+
+
+def test_a_create_denied_by_policy_refuses_that_pool_for_that_job_only(fake: AzureComputeFake, tmp_path: Path) -> None:
+    """Before: RequestDisallowedByPolicy came back as a 403, read as a credentials failure that blocked all of
+    Azure for an hour. Now the pool is refused for that job, with the policy's message; other jobs still use it."""
+    rt, api = _runtime(fake, tmp_path)
+    message = "Resource 'ovs-x' was disallowed by policy. Policy identifiers: 'require-cost-center-tag'."
+    fake.fail("put", 403, "RequestDisallowedByPolicy", message)
+    denied = _submit(api)
+    tick(rt, datetime.now(UTC))
+    [refused] = _placements(rt, denied)
+    assert refused.state == "failed" and refused.detail.startswith("PolicyDenied:")
+    with Session(rt.engine) as s:
+        assert s.exec(select(BlockEntry.scope_key)).all() == [], "nothing blocklisted: not the provider, not the zone"
+        [event] = s.exec(select(JobEvent).where(JobEvent.job_id == denied, JobEvent.kind == "launch_failed")).all()
+    assert (
+        message in event.data["cloud_message"] and event.data["error"] == "PolicyDenied" and not event.data["blocked"]
+    )
+    other = _submit(api)
+    tick(rt, datetime.now(UTC))
+    assert [p.zone for p in _placements(rt, denied)] == ["eastus", "westus2"], "the refused pool is out for this job"
+    assert [p.zone for p in _placements(rt, other)] == ["eastus"], "...and still the best pool for another job"
+
+
+def test_a_stopped_vm_no_placement_owns_is_swept_once(fake: AzureComputeFake, tmp_path: Path) -> None:
+    rt, _ = _runtime(fake, tmp_path, orphan_grace_seconds=0)
+    azure = rt.providers["azure"]
+    orphan = azure.launch(ContractEnv(provider=azure, offering=offering()).request())  # a launch never recorded
+    fake.guest_shutdown(RG, orphan.id)  # stopped, not deallocated: billing full compute, unseen by the ledger
+    assert azure.get(orphan.id).lingering
+    rt.marks.clear()
+    assert sweep_orphans(rt, datetime.now(UTC)) == 1
+    assert fake.vm(RG, orphan.id) is None
+    rt.marks.clear()
+    assert sweep_orphans(rt, datetime.now(UTC)) == 0, "the sweep converges: nothing is terminated twice"
+    assert len(fake.recorded("DELETE", f"/virtualMachines/{orphan.id}")) == 1

@@ -1,10 +1,14 @@
 """The broker end to end on GCP (the real google-cloud-compute clients against a local endpoint): a job is placed
 on a Spot VM, Google preempts it (a compute.instances.preempted operation), the tick marks the placement preempted
-and re-places the job in another zone, and the stopped VM is deleted so its disk stops billing."""
+and re-places the job in another zone, and the stopped VM is deleted so its disk stops billing; a finished job's
+VM (stopped by its start-up script) is deleted too; an insert Google refuses in its operation, after the launch
+returned, fails over on the next tick with the zone blocklisted; a stopped VM of this broker that no placement
+owns is deleted by the orphan sweep, once."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,14 +18,17 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.auth import callback_token
+from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
-from broker.runtime import build_runtime
+from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.tables import BlockEntry, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import Offering
 from tests.builders import job_body
 from tests.gcp_compute_fake import GcpComputeFake
+from tests.provider_contract import BROKER_ID, ContractEnv
 from tests.test_provider_gcp import make_provider, offering
 
 
@@ -76,3 +83,83 @@ def test_preempted_spot_vm_is_replaced_elsewhere_and_deleted(fake: GcpComputeFak
     except NotFound:
         return  # the stopped spot VM was deleted
     raise AssertionError(f"the preempted VM still exists: {gone.state}")
+
+
+def _runtime(fake: GcpComputeFake, tmp_path: Path, **overrides: object) -> tuple[Runtime, TestClient]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'gcp.db'}",
+        data_dir=tmp_path,
+        simulated=False,
+        broker_id=BROKER_ID,
+        public_url="https://broker.example",
+        wait_value_usd_per_gpu_hour=0,
+        **overrides,  # type: ignore[arg-type]
+    )
+    rt = build_runtime(settings)
+    gcp = make_provider(fake)
+    rt.providers[gcp.name] = gcp
+    rt.offering_sources.append(GcpMarket())
+    tick(rt, datetime.now(UTC))
+    return rt, TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
+
+
+def _placements(rt: Runtime, job_id: str) -> list[Placement]:
+    with Session(rt.engine) as s:
+        return list(s.exec(select(Placement).where(Placement.job_id == job_id).order_by(Placement.id)).all())
+
+
+def test_a_finished_jobs_vm_is_deleted_not_left_stopped(fake: GcpComputeFake, tmp_path: Path) -> None:
+    rt, api = _runtime(fake, tmp_path)
+    job = api.post("/v1/jobs", json=job_body(accelerators=["T4"], gpu_count=2, work_gpu_hours="4")).json()
+    tick(rt, datetime.now(UTC))
+    tick(rt, datetime.now(UTC))
+    [p] = _placements(rt, job["id"])
+    assert p.state == "running" and p.instance_id
+    headers = {"X-Overspill-Callback-Token": callback_token(rt.settings, p.id)}
+    assert api.post(f"/v1/placements/{p.id}/exit", json={"exit_code": 0}, headers=headers).status_code == 204
+    fake.guest_shutdown(p.instance_id)  # the start-up script's `shutdown -h now`: the VM is stopped, disk and all
+    tick(rt, datetime.now(UTC))
+    [done] = _placements(rt, job["id"])
+    assert done.state == "succeeded"
+    assert fake.instance(p.instance_id) is None, "the finished VM is deleted: its boot disk bills no more"
+    assert len(fake.recorded("DELETE", "/instances/" + p.instance_id.split("/")[1])) == 1
+
+
+def test_an_insert_refused_in_its_operation_fails_over_on_the_next_tick(fake: GcpComputeFake, tmp_path: Path) -> None:
+    """The insert is accepted (the tick does not wait for its operation); Google's stockout arrives in the
+    operation; the next tick's sync reads it, fails the placement, blocklists the zone and places the job in the
+    other zone, with Google's message in the launch_failed event."""
+    rt, api = _runtime(fake, tmp_path)
+    fake.op_seconds = 0.3
+    message = "The zone 'projects/proj/zones/us-central1-a' does not have enough resources available."
+    fake.fail_operation("ZONE_RESOURCE_POOL_EXHAUSTED", message, 503)
+    job = api.post("/v1/jobs", json=job_body(accelerators=["T4"], gpu_count=2, work_gpu_hours="4")).json()
+    tick(rt, datetime.now(UTC))
+    [first] = _placements(rt, job["id"])
+    assert first.zone == "us-central1-a" and first.instance_id and first.state == "launching"
+    assert not fake.recorded("POST", "/wait"), "the tick never waited on the insert operation"
+    time.sleep(0.35)
+    tick(rt, datetime.now(UTC))
+    first, second = _placements(rt, job["id"])
+    assert first.state == "failed" and first.detail.startswith("InsufficientCapacity:")
+    assert second.zone == "us-central1-b", "re-placed in the same tick, away from the zone that said no"
+    with Session(rt.engine) as s:
+        blocked = s.exec(select(BlockEntry.scope_key)).all()
+        [event] = s.exec(select(JobEvent).where(JobEvent.job_id == job["id"], JobEvent.kind == "launch_failed")).all()
+    assert blocked == ["gcp/us-central1/us-central1-a"]
+    assert event.data["blocked"] == "gcp/us-central1/us-central1-a" and event.data["error"] == "InsufficientCapacity"
+    assert message in event.data["cloud_message"] and event.data["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+def test_a_stopped_vm_no_placement_owns_is_swept_once(fake: GcpComputeFake, tmp_path: Path) -> None:
+    rt, _ = _runtime(fake, tmp_path, orphan_grace_seconds=0)
+    gcp = rt.providers["gcp"]
+    orphan = gcp.launch(ContractEnv(provider=gcp, offering=offering()).request())  # a launch never recorded
+    fake.guest_shutdown(orphan.id)  # it ran and stopped: it still holds (and bills) its boot disk
+    assert gcp.get(orphan.id).lingering
+    rt.marks.clear()
+    assert sweep_orphans(rt, datetime.now(UTC)) == 1
+    assert fake.instance(orphan.id) is None, "deleted, not merely stopped"
+    rt.marks.clear()
+    assert sweep_orphans(rt, datetime.now(UTC)) == 0, "the sweep converges: nothing is terminated twice"
+    assert len(fake.recorded("DELETE", "/instances/" + orphan.id.split("/")[1])) == 1

@@ -34,7 +34,7 @@ from providers.retry import RetryPolicy, retry_after_seconds
 from tests.fault_scenario import CLOUDS, fault_cloud, run_fault_scenario
 from tests.moto_server import running_moto_server
 
-SEEDS = {"aws": 3, "gcp": 2, "azure": 2, "libcloud": 3}  # each sends capacity errors to launches with 30 jobs
+SEEDS = {"aws": 3, "gcp": 4, "azure": 2, "libcloud": 3}  # each sends capacity errors to launches with 30 jobs
 
 
 def _client_error(code: str, status: int) -> ClientError:

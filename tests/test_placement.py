@@ -181,3 +181,35 @@ def test_fast_path_agrees_with_full_quote_on_random_catalogs() -> None:
             fast = place(job, book, c)
             full = quote(job, book, c).best
             assert (fast.offering.key if fast else None) == (full.offering.key if full else None), round_
+
+
+def test_a_pool_no_adapter_can_launch_is_rejected_and_never_placed() -> None:
+    cheap_gcp = offering(provider="gcp", region="us-central1", zone="us-central1-a", price="1")
+    aws = offering(price="10")
+    book = PriceBook.build([cheap_gcp, aws], NOW)
+    launchable = ctx(launchable=frozenset({"aws"}))
+    best = place(spec(), book, launchable)
+    assert best is not None and best.offering.provider == "aws"
+    q = quote(spec(), book, launchable)
+    [rejected] = q.rejections
+    assert rejected.reason is RejectReason.NO_LAUNCH_ADAPTER and not rejected.reason.permanent
+    assert "no configured adapter launches there" in rejected.message
+    only_gcp = quote(spec(), PriceBook.build([cheap_gcp], NOW), launchable)
+    assert only_gcp.best is None and only_gcp.wait_reason().startswith("no_launch_adapter")
+    assert place(spec(), book, ctx()).offering.provider == "gcp", "without the set (federation alone): every pool"  # type: ignore[union-attr]
+
+
+def test_what_an_instance_bills_beside_compute_counts_in_the_cost_and_the_hourly_cap() -> None:
+    off = offering(price="10")
+    extra = {"aws/spot": Decimal("0.5")}
+    plain = evaluate(spec(), off, ctx(params=PlacementParams(cloud_startup_hours=0.0)))
+    with_extras = evaluate(spec(), off, ctx(params=PlacementParams(cloud_startup_hours=0.0), extra_hourly_usd=extra))
+    assert isinstance(plain, Candidate) and isinstance(with_extras, Candidate)
+    assert with_extras.expected_cost_usd - plain.expected_cost_usd == Decimal("5.00")  # 10 h x $0.50
+    capped = evaluate(spec(max_hourly_usd=Decimal("10.25")), off, ctx(extra_hourly_usd=extra))
+    assert not isinstance(capped, Candidate) and capped.reason is RejectReason.OVER_HOURLY_CEILING
+    assert "$10.5/h ($10 compute + $0.5 disk and address)" in capped.message
+    on_demand = offering(price="10", capacity="on_demand")
+    assert isinstance(
+        evaluate(spec(max_hourly_usd=Decimal("10.25")), on_demand, ctx(extra_hourly_usd=extra)), Candidate
+    )

@@ -1,6 +1,8 @@
 """The AWS compute provider: the provider contract and the launch, interruption and multi-region flows against a
-real moto server; error mapping and the state mapping moto cannot produce (spot reclaim, self shutdown, launch
-failures) through botocore Stubbers and hand-written DescribeInstances responses in AWS's real shape.
+real moto server (with the launch settings: instance profile, security groups, IMDSv2, extra tags, root volume, an
+image per region resolved from SSM); error mapping and the state mapping moto cannot produce (spot reclaim, self
+shutdown, launch failures, policy denials) through botocore Stubbers and hand-written DescribeInstances responses in
+AWS's real shape.
 
 moto 5.2 ignores RunInstances' ClientToken and only ever records Client.UserInitiatedShutdown, see providers/aws.py.
 """
@@ -24,6 +26,8 @@ from botocore.stub import Stubber  # noqa: E402
 from providers.aws import (  # noqa: E402
     TAG_LAUNCH_TOKEN,
     TAG_OFFERING,
+    AmiResolver,
+    AwsLaunchOptions,
     AwsProvider,
     client_token,
     ensure_interruption_queue,
@@ -40,6 +44,7 @@ from providers.base import (  # noqa: E402
     InterruptionSource,
     InvalidRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Scope,
@@ -125,7 +130,12 @@ class TestAwsContract(ProviderContract):
             return instance_ref(REGION, raw["InstanceId"])
 
         return ContractEnv(
-            provider=provider, offering=offering(capacity), make_foreign=make_foreign, unknown_id=UNKNOWN
+            provider=provider,
+            offering=offering(capacity),
+            make_foreign=make_foreign,
+            unknown_id=UNKNOWN,
+            # stopped (not by its own shutdown, which terminates it): the EBS volume stays until it is terminated
+            end_by_itself=lambda iid: ec2.stop_instances(InstanceIds=[parse_instance_ref(iid)[1]]),
         )
 
 
@@ -221,6 +231,122 @@ def test_instances_in_several_regions(moto_url: str, ec2: Any, ami: str) -> None
     assert provider.get(there.id).state is InstanceState.TERMINATED
 
 
+def test_launch_settings_give_the_instance_its_identity_groups_imds_tags_and_encrypted_root_volume(
+    moto_url: str, ec2: Any, ami: str
+) -> None:
+    iam = moto_client("iam", REGION, moto_url)
+    profile = iam.create_instance_profile(InstanceProfileName="overspill-jobs")["InstanceProfile"]
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    group = ec2.create_security_group(GroupName="overspill-jobs", Description="jobs", VpcId=vpc)["GroupId"]
+    options = AwsLaunchOptions(
+        instance_profile=profile["Arn"],
+        security_group_ids={"*": (group,)},
+        extra_tags={"cost-center": "ml-research", "overspill:job": "ignored"},
+        root_volume_gb=300,
+        root_volume_type="gp3",
+    )
+    provider = AwsProvider({REGION: ec2}, broker_id=BROKER_ID, image_id_for=ami, options=options)
+    sent: dict[str, Any] = {}
+    ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.update(params))
+    try:
+        req = ContractEnv(provider=provider, offering=offering()).request()
+        inst = provider.launch(req)
+    finally:
+        ec2.meta.events.unregister("provide-client-params.ec2.RunInstances")
+    assert sent["MetadataOptions"] == {
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 1,
+        "HttpEndpoint": "enabled",
+    }
+    root = ec2.describe_images(ImageIds=[ami])["Images"][0]["RootDeviceName"]
+    assert sent["BlockDeviceMappings"] == [
+        {
+            "DeviceName": root,
+            "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True},
+        }
+    ]
+
+    raw = _raw(ec2, inst.id)
+    assert raw["IamInstanceProfile"]["Arn"] == profile["Arn"]
+    assert [g["GroupId"] for g in raw["SecurityGroups"]] == [group]
+    assert raw["MetadataOptions"]["HttpTokens"] == "required" and raw["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert tags["cost-center"] == "ml-research" and tags["overspill:job"] == req.tags.job_id, "the broker's tag wins"
+    (mapping,) = [m for m in raw["BlockDeviceMappings"] if m["DeviceName"] == root]
+    volume = ec2.describe_volumes(VolumeIds=[mapping["Ebs"]["VolumeId"]])["Volumes"][0]
+    assert (volume["Size"], volume["VolumeType"], volume["Encrypted"]) == (300, "gp3", True)
+    assert {t["Key"]: t["Value"] for t in volume["Tags"]}["cost-center"] == "ml-research"
+
+    by_name = AwsProvider(
+        {REGION: ec2},
+        broker_id=BROKER_ID,
+        image_id_for=ami,
+        options=AwsLaunchOptions(instance_profile="overspill-jobs"),
+    )
+    named = by_name.launch(ContractEnv(provider=by_name, offering=offering()).request())
+    assert _raw(ec2, named.id)["IamInstanceProfile"]["Arn"] == profile["Arn"]
+
+
+def test_images_are_per_region_and_ssm_parameters_are_resolved_once_and_cached(
+    moto_url: str, ec2: Any, ami: str
+) -> None:
+    ssm = moto_client("ssm", REGION, moto_url)
+    ssm.put_parameter(Name="/overspill/gpu-ami", Value=ami, Type="String", Overwrite=True)
+    calls: list[str] = []
+    ssm.meta.events.register("provide-client-params.ssm.GetParameter", lambda params, **_: calls.append(params["Name"]))
+    now = [NOW]
+    resolver = AmiResolver(
+        {REGION: "resolve:ssm:/overspill/gpu-ami", WEST: "ami-0123456789abcdef0"},
+        ssm_clients={REGION: ssm},
+        clock=lambda: now[0],
+    )
+    provider = AwsProvider({REGION: ec2}, broker_id=BROKER_ID, image_id_for=resolver)
+    first = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert _raw(ec2, first.id)["ImageId"] == ami and calls == ["/overspill/gpu-ami"], "read once, then cached"
+    assert resolver(offering(region=WEST, zone="us-west-2b")) == "ami-0123456789abcdef0"
+    now[0] += timedelta(hours=2)
+    assert resolver(offering()) == ami and len(calls) == 2, "re-read once the cache is old"
+    with pytest.raises(InvalidRequest, match="eu-west-1"):
+        resolver(offering(region="eu-west-1", zone="eu-west-1a"))
+    missing = AmiResolver({REGION: "resolve:ssm:/overspill/no-such-parameter"}, ssm_clients={REGION: ssm})
+    with pytest.raises(InvalidRequest) as caught:
+        missing(offering())
+    assert caught.value.detail == "ParameterNotFound"
+
+
+def test_a_stopped_instance_lingers_and_a_terminated_one_is_released() -> None:
+    stopped = instance_from_description(
+        described("stopped", "Client.UserInitiatedShutdown", transition=USER), region=REGION, provider="aws"
+    )
+    assert stopped.state is InstanceState.TERMINATED and stopped.lingering and not stopped.released
+    gone = instance_from_description(
+        described("terminated", "Client.UserInitiatedShutdown", transition=USER), region=REGION, provider="aws"
+    )
+    assert gone.released and not gone.lingering
+    done = instance_from_description(
+        described("shutting-down", "Client.InstanceInitiatedShutdown", transition=USER), region=REGION, provider="aws"
+    )
+    assert done.state is InstanceState.SUCCEEDED and done.released
+
+
+def test_a_launch_denied_by_policy_is_refused_for_the_request_with_awss_message() -> None:
+    client, stub = _stubbed()
+    message = (
+        "You are not authorized to perform this operation. User: arn:aws:sts::123456789012:assumed-role/overspill/x "
+        "is not authorized to perform: ec2:RunInstances on resource: arn:aws:ec2:us-east-1:123456789012:instance/* "
+        "with an explicit deny in a service control policy. Encoded authorization failure message: AbC"
+    )
+    stub.add_response("describe_instances", {"Reservations": []})
+    stub.add_client_error(
+        "run_instances", service_error_code="UnauthorizedOperation", service_message=message, http_status_code=403
+    )
+    provider = AwsProvider({REGION: client}, broker_id=BROKER_ID, image_id_for="ami-12c6146b", retry=RetryPolicy(1))
+    with stub, pytest.raises(PolicyDenied) as caught:
+        provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    assert caught.value.scope is Scope.REQUEST and "explicit deny in a service control policy" in str(caught.value)
+
+
 # -- spot interruption end to end ------------------------------------------------------------------------------
 
 
@@ -293,7 +419,9 @@ def _stubbed(region: str = REGION) -> tuple[Any, Stubber]:
         ("VcpuLimitExceeded", QuotaExceeded, Scope.REGION),
         ("MaxSpotInstanceCountExceeded", QuotaExceeded, Scope.REGION),
         ("RequestLimitExceeded", Throttled, Scope.REQUEST),
-        ("UnauthorizedOperation", AuthError, Scope.PROVIDER),
+        ("UnauthorizedOperation", PolicyDenied, Scope.REQUEST),
+        ("AuthFailure", AuthError, Scope.PROVIDER),
+        ("InvalidClientTokenId", AuthError, Scope.PROVIDER),
         ("InvalidParameterValue", InvalidRequest, Scope.REQUEST),
         ("Unsupported", InvalidRequest, Scope.REQUEST),
         ("SomethingNew", ProviderError, Scope.REQUEST),

@@ -1,11 +1,13 @@
 """Azure provider tests: `providers.azure.AzureProvider` through the real `ComputeManagementClient` (bearer auth
 over plain http, `retry_total=0`) against the in-memory ARM in `tests.azure_compute_fake`.
 
-Covers the provider contract suite, the spot fields, custom data and tags on the wire, idempotent create across a
-lost answer, the typed error mapping (synchronous and in the long-running operation), the adapter's bounded
-retries (transient failures only, Retry-After honoured, a lost poll never mistaken for a failed create), spot
-eviction end to end under both eviction policies, with relayed Scheduled Events, and the batched read the sync step
-makes every tick (`get_many`: the view `get` gives, from the group's VM list joined with the subscription's
+Covers the provider contract suite, the spot fields, custom data, identity, OS disk and tags on the wire,
+idempotent create across a lost answer, launches that return as soon as ARM accepted the PUT (the create's outcome
+read back from the VM's provisioning state: FAILED with the typed `launch_error`), the typed error mapping
+(synchronous and in the long-running operation, policy denials included), the adapter's bounded retries (transient
+failures only, Retry-After honoured), spot eviction end to end under both eviction policies, with relayed Scheduled
+Events, stopped and deallocated VMs reported lingering until deleted, and the batched read the sync step makes every
+tick (`get_many`: the view `get` gives, from the group's VM list joined with the subscription's
 status-only list, counted on the fake's recorded requests; retries; races between the two reads; VMs just launched).
 """
 
@@ -32,11 +34,13 @@ from providers.base import (
     AuthError,
     BatchDescriber,
     ComputeProvider,
+    Instance,
     InstanceState,
     InsufficientCapacity,
     InterruptionSource,
     InvalidRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Scope,
@@ -108,7 +112,6 @@ def make_provider(fake: AzureComputeFake, **kwargs: Any) -> AzureProvider:
         subnet_id=SUBNET,
         image_reference=IMAGE,
         ssh_public_key=SSH_KEY,
-        polling_interval=0,
         **kwargs,
     )
 
@@ -147,7 +150,12 @@ class TestAzureContract(ProviderContract):
             return fake.add_vm(RG, "untagged-vm", "eastus")
 
         return ContractEnv(
-            provider=provider, offering=offering(), make_foreign=make_foreign, unknown_id="ovs-never-issued-0"
+            provider=provider,
+            offering=offering(),
+            make_foreign=make_foreign,
+            unknown_id="ovs-never-issued-0",
+            end_by_itself=lambda name: fake.guest_shutdown(RG, name),  # `shutdown -h now`: stopped, not deallocated
+            refuse_next_launch=lambda: fake.fail_async("AllocationFailed", "Allocation failed."),
         )
 
 
@@ -169,6 +177,7 @@ def test_spot_vm_body_carries_spot_fields_custom_data_managed_nic_and_tags(
     body = put.body
     props = body["properties"]
     assert (props["priority"], props["evictionPolicy"], props["billingProfile"]) == ("Spot", "Delete", {"maxPrice": -1})
+    assert "identity" not in body, "no managed identity configured: none attached"
     assert props["hardwareProfile"] == {"vmSize": "Standard_NC24ads_A100_v4"}
     assert base64.b64decode(props["osProfile"]["customData"]).decode() == startup_script(req)
     assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
@@ -185,7 +194,9 @@ def test_spot_vm_body_carries_spot_fields_custom_data_managed_nic_and_tags(
         OFFERING_TAG: "azure/eastus/eastus/Standard_NC24ads_A100_v4/spot",
     }
 
-    assert inst.id == name and inst.state is InstanceState.RUNNING
+    assert inst.id == name and inst.state is InstanceState.PENDING  # accepted (Creating), not waited for
+    assert not fake.recorded("GET", "/operations/"), "the create's operation is never polled"
+    assert provider.get(inst.id).state is InstanceState.RUNNING
     assert inst.tags == req.tags.as_dict()  # bookkeeping tags stay hidden
     assert inst.offering_key == offering().key
     stored = fake.vm(RG, name)
@@ -205,6 +216,32 @@ def test_max_price_is_the_jobs_hourly_cap_and_on_demand_has_no_spot_fields(
     props = fake.recorded("PUT")[1].body["properties"]
     assert not {"priority", "evictionPolicy", "billingProfile"} & props.keys()
     assert provider.get(inst.id).offering_key == "azure/eastus/eastus/Standard_NC24ads_A100_v4/on_demand"
+
+
+def test_the_vm_runs_as_the_managed_identity_with_the_sites_tags_and_os_disk(fake: AzureComputeFake) -> None:
+    identity = (
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/jobs"
+    )
+    provider = make_provider(
+        fake,
+        managed_identity_id=identity,
+        os_disk_gb=256,
+        os_disk_type="Premium_LRS",
+        extra_tags={"cost-center": "ml-research", "overspill:broker": "ignored"},
+    )
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    inst = provider.launch(req)
+    (put,) = fake.recorded("PUT")
+    assert put.body["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {identity: {}}}
+    os_disk = put.body["properties"]["storageProfile"]["osDisk"]
+    assert (os_disk["diskSizeGB"], os_disk["managedDisk"], os_disk["deleteOption"]) == (
+        256,
+        {"storageAccountType": "Premium_LRS"},
+        "Delete",
+    )
+    assert put.body["tags"]["cost-center"] == "ml-research"
+    assert put.body["tags"]["overspill:broker"] == BROKER_ID, "the broker's own tag wins"
+    assert provider.get(inst.id).tags["cost-center"] == "ml-research"
 
 
 def test_tag_names_are_sanitised_and_tags_round_trip(fake: AzureComputeFake, provider: AzureProvider) -> None:
@@ -258,6 +295,13 @@ SYNC_ERRORS = [
     (409, "QuotaExceeded", "Operation results in exceeding quota limits of Core.", QuotaExceeded),
     (429, "TooManyRequests", "The request is being throttled.", Throttled),
     (403, "AuthorizationFailed", "The client does not have authorization to perform action 'write'.", AuthError),
+    (
+        403,
+        "RequestDisallowedByPolicy",
+        'Resource \'ovs-x\' was disallowed by policy. Policy identifiers: \'[{"policyAssignment":{"name":'
+        '"Require a cost-center tag"}}]\'.',
+        PolicyDenied,
+    ),
     (401, "InvalidAuthenticationToken", "The access token is invalid.", AuthError),
     (400, "InvalidParameter", "The value of parameter imageReference.sku is invalid.", InvalidRequest),
     (500, "InternalServerError", "An internal execution error occurred.", Throttled),
@@ -276,22 +320,37 @@ def test_synchronous_errors_are_typed(
 
 
 @pytest.mark.parametrize(
-    ("code", "message"),
+    ("code", "message", "expected"),
     [
-        ("AllocationFailed", "Allocation failed. We do not have sufficient capacity for the requested VM size."),
-        ("ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity in this zone."),
-        ("OverconstrainedAllocationRequest", "Allocation failed. VM(s) with the following constraints cannot be met."),
+        ("AllocationFailed", "Allocation failed. We do not have sufficient capacity for the requested VM size.", None),
+        ("ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity in this zone.", None),
+        (
+            "OverconstrainedAllocationRequest",
+            "Allocation failed. VM(s) with the following constraints cannot be met.",
+            None,
+        ),
+        ("SkuNotAvailable", "The requested VM size is currently not available in location 'eastus'.", None),
+        ("RequestDisallowedByPolicy", "Resource 'ovs-x' was disallowed by policy.", PolicyDenied),
+        ("QuotaExceeded", "Operation results in exceeding quota limits of Core.", QuotaExceeded),
     ],
 )
-def test_allocation_failures_in_the_operation_are_capacity_and_clean_up(
-    fake: AzureComputeFake, env: ContractEnv, code: str, message: str
+def test_a_create_refused_in_its_operation_reads_back_failed_with_the_typed_error(
+    fake: AzureComputeFake, env: ContractEnv, code: str, message: str, expected: type[ProviderError] | None
 ) -> None:
+    """The PUT is accepted and launch returns PENDING at once; the operation then fails, leaving the VM in
+    provisioning state Failed: `get` and `get_many` read it FAILED with `launch_error` the typed error, and the VM
+    lingers (it exists) until the broker deletes it."""
+    expected = expected or InsufficientCapacity
     fake.fail_async(code, message)
-    with pytest.raises(InsufficientCapacity) as caught:
-        env.provider.launch(env.request())
-    assert caught.value.detail == code and message in str(caught.value) and caught.value.scope is Scope.ZONE
-    assert fake.recorded("DELETE"), "the VM left in provisioning state Failed is deleted"
-    assert not fake.vms
+    inst = env.provider.launch(env.request())
+    assert inst.state is InstanceState.PENDING and inst.launch_error is None
+    assert not fake.recorded("GET", "/operations/"), "launch did not poll the operation"
+    for view in (env.provider.get(inst.id), env.provider.get_many([inst.id])[inst.id]):
+        assert isinstance(view, Instance) and view.state is InstanceState.FAILED and view.lingering
+        assert type(view.launch_error) is expected and view.launch_error.detail == code
+        assert message in str(view.launch_error) and view.launch_error.scope is expected.scope
+    env.provider.terminate(inst.id)  # what the broker does with it
+    assert fake.vm(RG, inst.id) is None
 
 
 def test_a_lost_put_answer_is_retried_at_once_as_an_update_of_the_same_vm(fake: AzureComputeFake) -> None:
@@ -304,7 +363,7 @@ def test_a_lost_put_answer_is_retried_at_once_as_an_update_of_the_same_vm(fake: 
 
     name = vm_name(req.launch_token)
     assert len(fake.recorded("PUT")) == 2 and fake.created == {name: 1} and fake.updated == {name: 1}
-    assert inst.id == name and inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    assert inst.id == name and inst.launch_token == req.launch_token and inst.state is InstanceState.PENDING
     assert retry.retries_made == 1 and len(slept) == 1
 
 
@@ -321,7 +380,7 @@ def test_transient_failures_are_retried_with_backoff_and_bounded(
     retry, slept = recorded_retries(attempts=3)
     provider = make_provider(fake, retry=retry)
     fake.fail("put", status, code, message, count=2)
-    assert provider.launch(ContractEnv(provider=provider, offering=offering()).request()).state is InstanceState.RUNNING
+    assert provider.launch(ContractEnv(provider=provider, offering=offering()).request()).state is InstanceState.PENDING
     assert len(fake.recorded("PUT")) == 3 and retry.retries_made == 2 and len(slept) == 2
 
     fake.fail("put", status, code, message, count=3)  # one more than the policy allows: the broker gets it, typed
@@ -348,42 +407,40 @@ def test_definitive_answers_are_never_retried(fake: AzureComputeFake, env: Contr
     with pytest.raises(QuotaExceeded):
         provider.launch(env.request())
     fake.fail_async("AllocationFailed", "Allocation failed.")
-    with pytest.raises(InsufficientCapacity):
-        provider.launch(env.request())
+    refused = provider.launch(env.request())  # accepted; refused in the operation, read back later
+    assert isinstance(provider.get(refused.id).launch_error, InsufficientCapacity)
     assert len(fake.recorded("PUT")) == 3 and retry.retries_made == 0 and not slept
 
 
-def test_a_failed_status_poll_is_not_a_failed_create(fake: AzureComputeFake) -> None:
-    """A 5xx on the operation's status poll says nothing about the create: the VM is read back, not deleted."""
-    fake.op_seconds = 0.3
+def test_launch_never_waits_for_the_create_operation(fake: AzureComputeFake) -> None:
+    """However long the create runs, launch answers once ARM accepted the PUT, and never polls the operation: the
+    VM's own provisioning state is what `get` follows."""
+    fake.op_seconds = 0.5
     provider = make_provider(fake, retry=no_retries())
-    fake.fail("operation", 500, "InternalExecutionError", count=1)
+    started = time.monotonic()
     inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
-    assert inst.state is InstanceState.PENDING and not fake.recorded("DELETE")
-    time.sleep(0.35)
+    assert time.monotonic() - started < 0.5 and inst.state is InstanceState.PENDING
+    assert provider.get(inst.id).state is InstanceState.PENDING  # still Creating
+    time.sleep(0.55)
     assert provider.get(inst.id).state is InstanceState.RUNNING
+    assert not fake.recorded("GET", "/operations/"), "no poll of the long-running operation"
 
 
 def test_an_allocation_failure_learnt_late_is_still_a_capacity_answer(fake: AzureComputeFake) -> None:
-    """The operation failed with AllocationFailed but its poll was lost: the VM, read back (now or at the next
-    launch of the token), says "ProvisioningState/failed/AllocationFailed", which is raised as capacity."""
+    """The broker never heard of the create (its answer was lost) and the operation failed with AllocationFailed:
+    the next launch of the token finds the VM Failed for lack of capacity, deletes it and raises that answer, without
+    a PUT into a region that has just said no."""
     provider = make_provider(fake, retry=no_retries())
-    fake.fail_async("AllocationFailed", "Allocation failed. We do not have sufficient capacity in this region.")
-    fake.fail("operation", 500, "InternalExecutionError", count=1)
-    with pytest.raises(InsufficientCapacity) as now:
-        provider.launch(ContractEnv(provider=provider, offering=offering()).request())
-    assert now.value.detail == "AllocationFailed" and len(fake.recorded("DELETE")) == 1
-
     req = ContractEnv(provider=provider, offering=offering()).request()
     fake.fail_async("AllocationFailed", "Allocation failed. We do not have sufficient capacity in this region.")
-    fake.drop_response("put")  # the broker never hears of the create at all
+    fake.drop_response("put")
     with pytest.raises(Throttled):
         provider.launch(req)
     with pytest.raises(InsufficientCapacity) as later:
         make_provider(fake).launch(req)  # the next tick: the token's VM is there, Failed for lack of capacity
     assert later.value.detail == "AllocationFailed" and later.value.scope is Scope.ZONE
-    assert len(fake.recorded("PUT")) == 2, "no PUT again into a region that has just said no"
-    assert len(fake.recorded("DELETE")) == 2
+    assert len(fake.recorded("PUT")) == 1, "no PUT again into a region that has just said no"
+    assert len(fake.recorded("DELETE")) == 1
 
 
 def test_eviction_with_deallocate_policy_end_to_end(fake: AzureComputeFake) -> None:
@@ -395,6 +452,7 @@ def test_eviction_with_deallocate_policy_end_to_end(fake: AzureComputeFake) -> N
 
     got = provider.get(inst.id)
     assert got.state is InstanceState.PREEMPTED and "evicted" in got.detail
+    assert got.lingering, "a deallocated VM keeps its disk: not gone until deleted"
     assert [(i.id, i.state) for i in provider.list_instances()] == [(inst.id, InstanceState.PREEMPTED)]
     provider.terminate(inst.id)
     with pytest.raises(NotFound):
@@ -450,10 +508,18 @@ def test_eviction_with_delete_policy_through_relayed_scheduled_events(
         provider.get(inst.id)
 
 
-def test_a_guest_shutdown_is_terminated_not_preempted(fake: AzureComputeFake, provider: AzureProvider) -> None:
+def test_a_guest_shutdown_is_terminated_not_preempted_and_lingers_until_deleted(
+    fake: AzureComputeFake, provider: AzureProvider
+) -> None:
     inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
     fake.guest_shutdown(RG, inst.id)
-    assert provider.get(inst.id).state is InstanceState.TERMINATED
+    got = provider.get(inst.id)
+    assert got.state is InstanceState.TERMINATED
+    assert got.lingering, "stopped without deallocation: it keeps billing full compute until deleted"
+    assert [(i.id, i.lingering) for i in make_provider(fake).list_instances()] == [(inst.id, True)]
+    fake.op_seconds = 30.0  # the delete takes a while: provisioning state Deleting meanwhile
+    provider.terminate(inst.id)
+    assert provider.get(inst.id).released and [i.released for i in provider.list_instances()] == [True]
 
 
 # ------------------------------------------------------------------------------------ batched reads (get_many)

@@ -1,11 +1,14 @@
 """GCP provider tests: `providers.gcp.GcpProvider` through the real `google.cloud.compute_v1` clients (REST transport,
 anonymous credentials) against the in-memory Compute Engine in `tests.gcp_compute_fake`.
 
-Covers the provider contract suite, the spot fields and labels on the wire, idempotent insert across a lost answer,
-the typed error mapping (synchronous and in the insert operation), the adapter's bounded retries (transient failures
-only, the client library's own retries off, a timeout on every call), a spot preemption end to end, and the batched
-read the sync step makes every tick (`get_many`: the view `get` gives, from one paged aggregated list and at most
-one preemption query per zone, counted on the fake's recorded requests; retries; VMs just launched).
+Covers the provider contract suite, the spot fields, identity, image, disk and labels on the wire, idempotent
+insert across a lost answer, launches that return as soon as the insert is accepted (the insert operation's outcome
+read back by `get`/`get_many`, also after a restart), the typed error mapping (synchronous and in the insert
+operation, organisation policy denials included), the adapter's bounded retries (transient failures only, the client
+library's own retries off, a timeout on every call), a spot preemption end to end, stopped VMs reported lingering
+until deleted, and the batched read the sync step makes every tick (`get_many`: the view `get` gives, from one paged
+aggregated list and at most one preemption query per zone, counted on the fake's recorded requests; retries; VMs
+just launched).
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from providers.base import (
     AuthError,
     BatchDescriber,
     ComputeProvider,
+    Instance,
     InstanceState,
     InsufficientCapacity,
     InterruptionSource,
     InvalidRequest,
     NotFound,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Scope,
@@ -41,6 +46,7 @@ from providers.base import (
 )
 from providers.gcp import (
     BROKER_LABEL,
+    CLOUD_PLATFORM_SCOPE,
     GcpProvider,
     instance_name,
     label_key,
@@ -92,8 +98,7 @@ def make_provider(fake: GcpComputeFake, *, endpoint: str | None = None, **kwargs
         compute_v1.ZoneOperationsClient(transport="rest", client_options=options, credentials=creds),
         project=fake.project,
         broker_id=BROKER_ID,
-        image=IMAGE,
-        **kwargs,
+        **{"image": IMAGE, **kwargs},
     )
 
 
@@ -123,6 +128,9 @@ def env(fake: GcpComputeFake, provider: GcpProvider) -> ContractEnv:
     return ContractEnv(provider=provider, offering=offering(), unknown_id=f"{ZONE}/ovs-never-issued-0")
 
 
+STOCKOUT = "The zone 'projects/proj/zones/us-central1-a' does not have enough resources available."
+
+
 class TestGcpContract(ProviderContract):
     @pytest.fixture
     def env(self, fake: GcpComputeFake, provider: GcpProvider) -> ContractEnv:
@@ -130,8 +138,18 @@ class TestGcpContract(ProviderContract):
             fake.add_instance("us-central1-b", "someone-elses", {BROKER_LABEL: "another-broker"})
             return fake.add_instance(ZONE, "unlabelled-vm")
 
+        def refuse_next_launch() -> None:
+            fake.op_seconds = 0.05  # the insert is accepted; its operation fails a moment later
+            fake.fail_operation("ZONE_RESOURCE_POOL_EXHAUSTED", STOCKOUT, 503)
+
         return ContractEnv(
-            provider=provider, offering=offering(), make_foreign=make_foreign, unknown_id=f"{ZONE}/ovs-never-issued-0"
+            provider=provider,
+            offering=offering(),
+            make_foreign=make_foreign,
+            unknown_id=f"{ZONE}/ovs-never-issued-0",
+            settle=lambda: time.sleep(fake.op_seconds + 0.02 if fake.op_seconds else 0),
+            end_by_itself=fake.guest_shutdown,  # the start-up script's `shutdown -h now`: stopped, not deleted
+            refuse_next_launch=refuse_next_launch,
         )
 
 
@@ -163,13 +181,51 @@ def test_spot_n1_insert_carries_spot_scheduling_gpus_startup_script_and_request_
     ]
     meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
     assert meta["startup-script"] == startup_script(req)
-    assert body["disks"][0]["initializeParams"]["sourceImage"] == IMAGE
+    assert body["disks"][0]["initializeParams"] == {
+        "sourceImage": IMAGE,
+        "diskSizeGb": "200",
+        "diskType": f"zones/{ZONE}/diskTypes/pd-balanced",
+    }
     assert body["labels"][BROKER_LABEL] == label_value(BROKER_ID)
+    assert "serviceAccounts" not in body, "no service account configured: none attached"
 
     assert inst.offering_key == "gcp/us-central1/us-central1-a/n1-standard-8+2xnvidia-tesla-t4/spot"
-    assert inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    assert inst.launch_token == req.launch_token and inst.state is InstanceState.PENDING  # accepted, not waited for
+    assert provider.get(inst.id).state is InstanceState.RUNNING
     stored = fake.instance(inst.id)
     assert stored is not None and stored["guestAccelerators"][0]["acceleratorType"].startswith("https://")
+
+
+def test_the_vm_runs_as_the_service_account_from_its_regions_image_with_the_sites_labels_and_disk(
+    fake: GcpComputeFake,
+) -> None:
+    account = "overspill-jobs@proj.iam.gserviceaccount.com"
+    regional = "projects/proj/global/images/train-usc1-2026"
+    provider = make_provider(
+        fake,
+        images={"us-central1": regional},
+        service_account=account,
+        extra_labels={"cost-center": "ml-research", "overspill-broker": "ignored"},
+        boot_disk_gb=300,
+        boot_disk_type="pd-ssd",
+    )
+    inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
+    body = fake.recorded("POST", "/instances")[0].body
+    assert body["serviceAccounts"] == [{"email": account, "scopes": [CLOUD_PLATFORM_SCOPE]}]
+    assert body["disks"][0]["initializeParams"] == {
+        "sourceImage": regional,
+        "diskSizeGb": "300",
+        "diskType": f"zones/{ZONE}/diskTypes/pd-ssd",
+    }
+    assert body["disks"][0]["autoDelete"] is True
+    assert body["labels"]["cost-center"] == "ml-research"
+    assert body["labels"][BROKER_LABEL] == label_value(BROKER_ID), "the broker's own label wins"
+    assert provider.get(inst.id).tags.get("cost-center") is None  # labels are for billing, not the broker's tags
+
+    elsewhere = make_provider(fake, image="", images={"us-central1": regional})
+    east = dataclasses.replace(offering(), region="us-east1", zone="us-east1-b")
+    with pytest.raises(InvalidRequest, match="us-east1"):
+        elsewhere.launch(ContractEnv(provider=elsewhere, offering=east).request())
 
 
 def test_bundled_gpu_machine_on_demand_has_no_guest_accelerators(fake: GcpComputeFake) -> None:
@@ -217,7 +273,7 @@ def test_instance_names_are_rfc1035_deterministic_and_distinct(token: str) -> No
 
 
 def test_insert_is_idempotent_across_a_lost_answer(fake: GcpComputeFake) -> None:
-    fake.op_seconds = 0.05  # the insert operation runs a little: launch waits for it through zoneOperations.wait
+    fake.op_seconds = 0.05  # the insert operation runs a little: launch does not wait for it
     env = ContractEnv(provider=make_provider(fake), offering=offering())
     req = env.request()
 
@@ -228,7 +284,8 @@ def test_insert_is_idempotent_across_a_lost_answer(fake: GcpComputeFake) -> None
     again = make_provider(fake).launch(req)  # a fresh process: same requestId -> Google answers the same operation
     inserts = fake.recorded("POST", "/instances")
     assert [c.query["requestId"] for c in inserts] == [[request_id(req.launch_token)]] * 2
-    assert fake.recorded("POST", "/wait"), "launch waited on the insert operation"
+    assert again.state is InstanceState.PENDING
+    assert not fake.recorded("POST", "/wait") and not fake.recorded("GET", "/operations"), "no wait on the insert"
 
     fake.forget_request_ids()  # past Google's idempotency window: the name is what protects us now (409)
     third = make_provider(fake).launch(req)
@@ -246,6 +303,7 @@ def test_a_name_taken_by_another_token_is_refused(fake: GcpComputeFake, provider
         if item["key"] == "overspill-launch-token":
             item["value"] = "someone-else"
     fake.instances[(ZONE, stored["name"])] = stored
+    fake.forget_request_ids()  # a new insert of the name (not a replay of ours): 409, and the VM is read
     with pytest.raises(InvalidRequest, match="another launch token"):
         provider.launch(req)
 
@@ -254,6 +312,14 @@ SYNC_ERRORS = [
     (403, "quotaExceeded", "Quota exceeded for quota metric 'Queries'", QuotaExceeded),
     (429, "rateLimitExceeded", "Rate Limit Exceeded", Throttled),
     (403, "forbidden", "Required 'compute.instances.create' permission for 'projects/proj'", AuthError),
+    (
+        412,
+        "conditionNotMet",
+        "Constraint constraints/compute.vmExternalIpAccess violated for project 1234567890. Add instance "
+        "projects/proj/zones/us-central1-a/instances/ovs-x to the constraint to use external IP with it.",
+        PolicyDenied,
+    ),
+    (403, "orgpolicy", "Request denied by the organization policy constraints/gcp.resourceLocations.", PolicyDenied),
     (401, "authError", "Request had invalid authentication credentials.", AuthError),
     (400, "invalid", "Invalid value for field 'resource.machineType'", InvalidRequest),
     (503, "backendError", "Backend Error", Throttled),
@@ -290,7 +356,7 @@ def test_a_lost_insert_answer_is_retried_at_once_with_the_same_request_id(fake: 
     inserts = fake.recorded("POST", "/instances")
     assert [c.query["requestId"] for c in inserts] == [[request_id(req.launch_token)]] * 2
     assert fake.created == {instance_name(req.launch_token): 1} and fake.replayed == 1
-    assert inst.launch_token == req.launch_token and inst.state is InstanceState.RUNNING
+    assert inst.launch_token == req.launch_token and inst.state is InstanceState.PENDING
     assert retry.retries_made == 1 and len(slept) == 1
 
 
@@ -305,7 +371,7 @@ def test_transient_failures_are_retried_with_backoff_and_bounded(
     provider = make_provider(fake, retry=retry)
     fake.fail("insert", status, reason, count=2)
     inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
-    assert inst.state is InstanceState.RUNNING
+    assert inst.state is InstanceState.PENDING
     assert len(fake.recorded("POST", "/instances")) == 3 and retry.retries_made == 2
     assert len(slept) == 2 and all(
         0 <= p <= min(retry.cap_seconds, retry.base_seconds * 2**n) for n, p in enumerate(slept)
@@ -372,21 +438,79 @@ OPERATION_ERRORS = [
         InsufficientCapacity,
     ),
     ("QUOTA_EXCEEDED", "Quota 'NVIDIA_T4_GPUS' exceeded. Limit: 0.0 in region us-central1.", 403, QuotaExceeded),
+    (
+        "CONDITION_NOT_MET",
+        "Constraint constraints/compute.requireShieldedVm violated for project 1234567890. Secure Boot is not "
+        "enabled in the 'shielded_instance_config' field.",
+        412,
+        PolicyDenied,
+    ),
 ]
+_SCOPES = {InsufficientCapacity: Scope.ZONE, QuotaExceeded: Scope.REGION, PolicyDenied: Scope.REQUEST}
 
 
 @pytest.mark.parametrize(("code", "message", "http_status", "expected"), OPERATION_ERRORS)
-def test_errors_in_the_insert_operation_are_typed(
+def test_errors_in_an_insert_operation_already_done_are_raised_typed(
     fake: GcpComputeFake, env: ContractEnv, code: str, message: str, http_status: int, expected: type[ProviderError]
 ) -> None:
-    fake.fail_operation(code, message, http_status)
+    fake.fail_operation(code, message, http_status)  # op_seconds 0: the insert's own answer is the failed operation
     req = env.request()
     with pytest.raises(expected) as caught:
         env.provider.launch(req)
     assert caught.value.detail == code and message in str(caught.value)
-    assert caught.value.scope is (Scope.ZONE if expected is InsufficientCapacity else Scope.REGION)
-    with pytest.raises(NotFound):
-        env.provider.get(f"{ZONE}/{instance_name(req.launch_token)}")
+    assert caught.value.scope is _SCOPES[expected]
+    later = env.provider.get(f"{ZONE}/{instance_name(req.launch_token)}")  # no VM: its insert operation answers
+    assert later.state is InstanceState.FAILED and type(later.launch_error) is expected and later.released
+
+
+@pytest.mark.parametrize(("code", "message", "http_status", "expected"), OPERATION_ERRORS)
+def test_an_insert_refused_in_its_operation_after_launch_returned_reads_back_failed_with_the_typed_error(
+    fake: GcpComputeFake, code: str, message: str, http_status: int, expected: type[ProviderError]
+) -> None:
+    """The insert is accepted and launch returns PENDING at once; the operation fails a moment later. `get` and
+    `get_many` read it: FAILED with `launch_error` the typed error, so the broker fails over (and blocklists the
+    right scope) as for a synchronous refusal; a restarted process learns it from the zone's operations."""
+    fake.op_seconds = 0.2
+    provider = make_provider(fake)
+    req = ContractEnv(provider=provider, offering=offering()).request()
+    fake.fail_operation(code, message, http_status)
+    started = time.monotonic()
+    inst = provider.launch(req)
+    assert time.monotonic() - started < fake.op_seconds, "launch did not wait for the operation"
+    assert inst.state is InstanceState.PENDING and inst.launch_error is None
+    assert provider.get_many([inst.id])[inst.id].state is InstanceState.PENDING  # still running
+    time.sleep(fake.op_seconds + 0.02)
+
+    for view in (provider.get(inst.id), provider.get_many([inst.id])[inst.id], make_provider(fake).get(inst.id)):
+        assert isinstance(view, Instance) and view.state is InstanceState.FAILED and view.ended_at is not None
+        assert type(view.launch_error) is expected and view.launch_error.detail == code
+        assert message in str(view.launch_error) and view.launch_error.scope is _SCOPES[expected]
+    restarted = make_provider(fake)  # no memory of the insert: its zone's insert operation for that VM is found
+    before = len(fake.requests)
+    (view,) = restarted.get_many([inst.id]).values()
+    assert isinstance(view, Instance) and type(view.launch_error) is expected
+    assert [r.query.get("filter") for r in fake.requests[before:] if r.path.endswith("/operations")] == [
+        [f'(operationType = "insert") AND (targetLink = "{fake_link(inst.id)}")']
+    ]
+    assert view.released and not view.lingering, "a refused insert left no VM to delete"
+    restarted.terminate(inst.id)  # converges: there is no VM
+
+
+def test_a_failed_operation_read_is_unknown_for_that_vm_only(fake: GcpComputeFake) -> None:
+    launcher = make_provider(fake)
+    refused = launcher.launch(ContractEnv(provider=launcher, offering=offering()).request())
+    ok = launcher.launch(ContractEnv(provider=launcher, offering=offering()).request())
+    provider = make_provider(fake, retry=no_retries())
+    with fake._lock:  # the first VM never came to be (its insert failed), the other one runs
+        fake.instances.pop(tuple(refused.id.split("/")))  # type: ignore[arg-type]
+    fake.fail("operations", 403, "forbidden", "Required 'compute.zoneOperations.list' permission")
+    many = provider.get_many([refused.id, ok.id])
+    assert isinstance(many[refused.id], AuthError), "what could not be learnt is unknown, not gone"
+    assert isinstance(many[ok.id], Instance) and many[ok.id].state is InstanceState.RUNNING
+    fake.fail("operations", 403, "forbidden", "Required 'compute.zoneOperations.list' permission")
+    views = describe(provider, [refused.id, ok.id])
+    assert isinstance(views[refused.id], AuthError) and isinstance(views[ok.id], Instance)
+    assert provider.get_many([refused.id, ok.id]).keys() == {ok.id}, "once the read answers: that VM is gone"
 
 
 def test_spot_preemption_end_to_end(fake: GcpComputeFake, provider: GcpProvider, env: ContractEnv) -> None:
@@ -416,12 +540,19 @@ def test_spot_preemption_end_to_end(fake: GcpComputeFake, provider: GcpProvider,
     assert fake.instance(inst.id) is None and fake.instance(other.id) is not None
 
 
-def test_a_guest_shutdown_is_terminated_not_preempted(fake: GcpComputeFake, provider: GcpProvider) -> None:
+def test_a_guest_shutdown_is_terminated_not_preempted_and_lingers_until_deleted(
+    fake: GcpComputeFake, provider: GcpProvider
+) -> None:
     inst = provider.launch(ContractEnv(provider=provider, offering=offering()).request())
     fake.guest_shutdown(inst.id)
     got = provider.get(inst.id)
     assert got.state is InstanceState.TERMINATED and got.ended_at is not None
+    assert got.lingering and not got.released, "a stopped VM keeps its boot disk: not gone until deleted"
+    assert [(i.id, i.lingering) for i in make_provider(fake).list_instances()] == [(inst.id, True)]
     assert provider.poll_interruptions() == []
+    fake.op_seconds = 30.0  # the delete takes a while: the VM shows STOPPING, being deleted
+    provider.terminate(inst.id)
+    assert provider.get(inst.id).released and [i.released for i in provider.list_instances()] == [True]
 
 
 def test_termination_action_delete_reports_through_interruptions(fake: GcpComputeFake) -> None:

@@ -76,7 +76,12 @@ class TestLibcloudDummyContract(ProviderContract):
         def foreign() -> str:
             return str(driver.create_node("foreign", None, None).id)
 
-        return ContractEnv(provider=provider, offering=offering, make_foreign=foreign, unknown_id="999")
+        def power_off(node_id: str) -> None:  # the Dummy driver cannot stop a node: its in-memory node stops
+            next(n for n in driver.nl if str(n.id) == node_id).state = NodeState.STOPPED
+
+        return ContractEnv(
+            provider=provider, offering=offering, make_foreign=foreign, unknown_id="999", end_by_itself=power_off
+        )
 
 
 def test_dummy_offerings_come_from_priced_gpu_sizes() -> None:
@@ -369,8 +374,15 @@ class TestLibcloudEc2MotoContract(ProviderContract):
             size, image = NodeSize("t3.micro", "t3.micro", 0, 0, None, None, driver), NodeImage(EC2_IMAGE, None, driver)
             return str(driver.create_node("foreign", size, image).id)
 
+        def stop(node_id: str) -> None:
+            driver.ex_stop_node(Node(node_id, "", NodeState.RUNNING, [], [], driver))
+
         return ContractEnv(
-            provider=provider, offering=_ec2_offering(provider), make_foreign=foreign, unknown_id="i-0123456789abcdef0"
+            provider=provider,
+            offering=_ec2_offering(provider),
+            make_foreign=foreign,
+            unknown_id="i-0123456789abcdef0",
+            end_by_itself=stop,  # stopped: its volume stays until the node is destroyed
         )
 
 

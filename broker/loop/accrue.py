@@ -9,6 +9,14 @@ prorate). On-prem placements accrue the same way at their pool's internal rate (
 or a Slurm partition's `rate_usd_per_gpu_hour`).
 When a preempted placement's last second is accrued, the compute since its last checkpoint is reclassified as
 `wasted` (`broker.finance.ledger.record_wasted`).
+Beside compute, a cloud instance bills its boot disk and its public IPv4 address (`rt.extras`, list prices from
+`pricing.extras`, settings `OVERSPILL_DISK_USD_PER_GB_MONTH` / `OVERSPILL_PUBLIC_IPV4_USD_PER_HOUR`): each is its
+own ledger entry over the same stretch as the compute, kind `disk` (unit GB-Hours, the billed size) or `public_ip`
+(unit Hours), at a constant rate telescoped from the placement's start (so its entries also sum exactly), with no
+spot saving (`on_demand_usd` = cost). They count in the placement's `cost_usd` and the job's `spent_usd`, so
+budgets and ceilings see them; FOCUS reports them as Storage / Block Storage and Networking / Network
+Infrastructure. The compute of lost work is reclassified as wasted; the disk and address are not (they are billed
+whatever the work).
 The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entries are written in one
 transaction under row locks, so a crash or a second replica can neither skip nor double-count a second.
 Placements are accrued `loop_batch_size` (a setting) to a transaction (one commit and a few statements per
@@ -30,6 +38,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
 from pricing.book import PriceBook
+from pricing.extras import ExtraCharge
 from providers.model import CostKind, PlacementState, hours_between
 
 
@@ -55,12 +64,20 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
         ).all()
     written = 0
     size = rt.settings.loop_batch_size
+    extras = {
+        (provider, capacity): ex.charges(capacity)
+        for provider, ex in rt.extras.items()
+        for capacity in ("spot", "on_demand", "reserved")
+    }
     for start in range(0, len(ids), size):
-        written += _accrue_batch(rt, ids[start : start + size], book, now)
+        written += _accrue_batch(rt, ids[start : start + size], book, now, extras)
     return written
 
 
-def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetime) -> int:
+Extras = dict[tuple[str, str], tuple[ExtraCharge, ...]]
+
+
+def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetime, extras: Extras) -> int:
     """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
     with Session(rt.engine) as session:
@@ -69,7 +86,7 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
             return 0
         written = 0
         for p in placements:
-            written += _accrue_one(session, p, jobs[p.job_id], book, now)
+            written += _accrue_one(session, p, jobs[p.job_id], book, now, extras.get((p.provider, p.capacity_type), ()))
             crashpoint("accrue.before_commit")  # each placement's entries written, the batch not committed yet
         session.commit()
         crashpoint("accrue.after_commit")
@@ -85,8 +102,16 @@ def _unaccrued(p: Placement, now: datetime) -> bool:
     return p.started_at is not None and _accrual_end(p, now) > (p.accrued_until or p.started_at)
 
 
-def _accrue_one(session: Session, p: Placement, job: Job, book: PriceBook, now: datetime) -> int:
-    """Write `p`'s entries from `accrued_until` to now (or its end) and move its marks; returns entries written."""
+def _accrue_one(
+    session: Session,
+    p: Placement,
+    job: Job,
+    book: PriceBook,
+    now: datetime,
+    extras: tuple[ExtraCharge, ...] = (),
+) -> int:
+    """Write `p`'s entries (compute, then each of `extras`) from `accrued_until` to now (or its end) and move its
+    marks; returns entries written."""
     assert p.started_at is not None
     start = p.accrued_until or p.started_at
     end = _accrual_end(p, now)
@@ -119,17 +144,43 @@ def _accrue_one(session: Session, p: Placement, job: Job, book: PriceBook, now: 
         )
         usd += part
         written += 1
+    extras_usd = Decimal("0")
+    for charge in extras:
+        for a, b in day_cuts(start, end):
+            part = _telescoped(charge.hourly_usd, p.started_at, a, b)  # a constant rate since the start
+            record_entry(
+                session,
+                job,
+                kind=charge.kind,
+                usd=part,
+                start=a,
+                end=b,
+                now=now,
+                placement=p,
+                hourly_usd=charge.hourly_usd,
+                on_demand_usd=part,
+                quantity=charge.quantity_per_hour * hours_between(a, b),
+                unit=charge.unit,
+                note=charge.description,
+            )
+            extras_usd += part
+            written += 1
     p.accrued_until = end
-    p.cost_usd = p.cost_usd + usd
+    p.cost_usd = p.cost_usd + usd + extras_usd
     session.add(p)
+    message = f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h"
+    if extras:
+        message += f" + ${extras_usd.quantize(Decimal('0.0001'))} " + " and ".join(c.description for c in extras)
     add_event(
         session,
         job,
         end,
         "cost_accrued",
-        f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h",
+        message,
         placement_id=p.id,
-        usd=str(usd),
+        usd=str(usd + extras_usd),
+        compute_usd=str(usd),
+        extras_usd=str(extras_usd),
         spent_usd=str(job.spent_usd),
     )
     if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:

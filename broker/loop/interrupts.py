@@ -6,8 +6,11 @@
   discover the loss by polling. The zone is avoided for a while. Notices are at-least-once: a repeat is a no-op.
   `apply_notice` is the same action for one notice delivered another way (the Lambda's SQS event source).
 - `sweep_orphans`: any instance carrying this broker's tags without a live placement (a crash between a launch and
-  its record, a reclaim the broker never heard of, a placement stopped while its terminate failed) is terminated
-  once older than the grace period, and logged; nothing keeps billing unseen.
+  its record, a reclaim the broker never heard of, a placement stopped while its terminate failed, a finished VM
+  whose delete failed) is terminated once older than the grace period, and logged; nothing keeps billing unseen.
+  That includes an ended instance that still exists (`Instance.lingering`: a stopped GCP VM holding its disk, an
+  Azure VM stopped or deallocated, a VM left Failed by its create). An instance that is `released` (gone, or being
+  deleted) is skipped, so the sweep converges: each orphan is terminated once, and the next passes find nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
-from providers.base import InstanceState, InterruptionNotice, InterruptionSource, NotFound, ProviderError
+from providers.base import InterruptionNotice, InterruptionSource, NotFound, ProviderError
 from providers.model import JobState, PlacementState
 
 log = logging.getLogger(__name__)
@@ -164,12 +167,8 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
             log.warning("listing %s instances for the orphan sweep failed: %s", provider.name, exc)
             continue
         for inst in instances:
-            if (
-                inst.state is InstanceState.TERMINATED
-                or (provider.name, inst.id) in live
-                or inst.launch_token in unrecorded_tokens
-            ):
-                continue  # a preempted or finished VM may still exist (stopped, holding its disk): it is swept too
+            if inst.released or (provider.name, inst.id) in live or inst.launch_token in unrecorded_tokens:
+                continue  # an ended VM that still exists (stopped, holding its disk) is `lingering`: swept too
             if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
                 continue
             try:

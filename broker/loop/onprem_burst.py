@@ -43,6 +43,7 @@ from sqlmodel import Session, col, select
 from broker.audit import record_system
 from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
+from broker.loop.place import extra_hourly, launchable_providers
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
@@ -130,7 +131,14 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         _refuse(rt, provider, q, over, decision.policy.tenant, now)
         return 0
     spec = spec_of(job)
-    if place(spec, rt.catalog.book(now), PlacementContext(now, spec.work_hours, params=rt.params)) is None:
+    ctx = PlacementContext(
+        now=now,
+        remaining_work_hours=spec.work_hours,
+        params=rt.params,
+        launchable=launchable_providers(rt),  # a pool nothing here launches on is no pool to burst to
+        extra_hourly_usd=extra_hourly(rt),
+    )
+    if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
     try:

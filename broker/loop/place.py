@@ -5,9 +5,17 @@ lock (PostgreSQL `FOR UPDATE SKIP LOCKED`) and a conditional state check, so two
 twice. The launch itself happens after that commit and is idempotent on the placement's launch token, so a crash
 between the two is repaired by the next tick relaunching with the same token.
 
-Launch failures. A definitive answer (no capacity, quota, credentials, bad request) fails the placement, blocklists
-the scope the error names (zone, region or provider) at once, also for the rest of this tick, and sends the job
-back to pending to be placed elsewhere. An ambiguous one (throttled after the adapter's own retries, a timeout, a
+Only launchable pools are chosen: a pool whose provider has no adapter in this process (prices from a feed or an
+imported catalog, launching not enabled) is rejected `no_launch_adapter`. A pool's expected cost counts what its
+instance bills beside compute (boot disk, public IPv4: `rt.extras`, at list price) on top of its price.
+
+Launch failures. A definitive answer (no capacity, quota, credentials, bad request, a policy denial) fails the
+placement, blocklists the scope the error names (zone, region or provider; none for a request-scoped one) at once,
+also for the rest of this tick, and sends the job back to pending to be placed elsewhere; the cloud's message is in
+the `launch_failed` event. A pool that refused the job's request as invalid or by policy is refused for that job
+only (`refused_pools`). Launches return once the cloud accepted them: a refusal that comes later, in the cloud's
+operation, reaches the broker through the sync step's read of the instance (`launch_error`), which calls
+`launch_failed` here the same way. An ambiguous one (throttled after the adapter's own retries, a timeout, a
 5xx: the cloud may or may not have launched) keeps the placement and its token: the next tick's sync relaunches
 with the same token, which finds the instance if the request got through, and never launches a second one. After
 `MAX_LAUNCH_ATTEMPTS` ambiguous attempts it fails like a definitive answer (the orphan sweep covers a late launch).
@@ -22,7 +30,7 @@ from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, func, or_, select
 
 from broker.auth import callback_token
 from broker.availability import pool_outlooks
@@ -44,11 +52,13 @@ from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
 from federation.strategies import Move, Preemption, RunState, decide, make_strategy
 from pricing.book import PriceBook
+from pricing.extras import extra_hourly_table
 from providers.base import (
     AuthError,
     InsufficientCapacity,
     InvalidRequest,
     LaunchRequest,
+    PolicyDenied,
     ProviderError,
     QuotaExceeded,
     Scope,
@@ -56,10 +66,22 @@ from providers.base import (
 )
 from providers.model import CapacityType, JobSpec, JobState, PlacementState, Tags
 
+_CLOUD_CAPACITY = tuple(c.value for c in CapacityType if c is not CapacityType.ON_PREM)
+
 log = logging.getLogger(__name__)
 
 MAX_STAGE_FAILURES = 3  # storage errors before a launch gives up pre-staging and resumes from the remote copy
 MAX_LAUNCH_ATTEMPTS = 5
+
+
+def launchable_providers(rt: Runtime) -> frozenset[str]:
+    """The providers this process can launch on: the ones it has an adapter for (simulated ones included)."""
+    return frozenset(rt.providers)
+
+
+def extra_hourly(rt: Runtime) -> dict[str, Decimal]:
+    """What an instance bills per hour beside compute, by `provider/capacity_type` (placement's shape)."""
+    return extra_hourly_table(rt.extras, _CLOUD_CAPACITY)
 
 
 def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset[str]) -> PlacementContext:
@@ -77,6 +99,8 @@ def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset
             transfer_rate(rt, checkpoint_at, (checkpoint_at[0], "")) if checkpoint_at else Decimal(0)
         ),
         params=rt.params,
+        launchable=launchable_providers(rt),
+        extra_hourly_usd=extra_hourly(rt),
     )
 
 
@@ -228,15 +252,19 @@ def tenant_refusals(rt: Runtime, tenant: str) -> dict[str, str]:
 
 def refused_pools(session: Session, job: Job) -> frozenset[str]:
     """The pools that refused this job's launch request as invalid (`InvalidRequest`: a configuration the pool
-    does not support, a pool no longer offered, a request the cloud rejects): placing the job there again would be
-    refused again, so they are out of this job's choices for good; other jobs may still use them."""
+    does not support, a pool no longer offered, a request the cloud rejects) or by policy (`PolicyDenied`: an
+    organisation, IAM or Azure policy refused this request): placing the job there again would be refused again,
+    so they are out of this job's choices for good; other jobs may still use them."""
     if job.attempts == 0:
         return frozenset()
     keys = session.exec(
         select(Placement.offering_key).where(
             Placement.job_id == job.id,
             Placement.state == PlacementState.FAILED.value,
-            col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
+            or_(
+                col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
+                col(Placement.detail).startswith(f"{PolicyDenied.__name__}:"),
+            ),
         )
     ).all()
     return frozenset(keys)
@@ -285,7 +313,7 @@ def _deadline_decision(
         outlook=pool_outlooks(session, _spot_keys(book, spec), now, rt.trace_runs),
     )
     strategy = make_strategy("overspill", restart_hours=rt.settings.restart_hours)
-    plan = decide(strategy, state, _without_blocked(book, spec, ctx.blocklist, now))
+    plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
     if plan.move is not Move.LAUNCH or plan.offering is None:
@@ -306,15 +334,17 @@ def _spot_keys(book: PriceBook, spec: JobSpec) -> list[str]:
     ]
 
 
-def _without_blocked(book: PriceBook, spec: JobSpec, blocklist: frozenset[str], now: datetime) -> PriceBook:
-    """The job's pools minus those the broker's blocklist (failed launches, recent reclaims) rules out now."""
-    if not blocklist:
+def _without_blocked(book: PriceBook, spec: JobSpec, ctx: PlacementContext, now: datetime) -> PriceBook:
+    """The job's pools minus those the broker's blocklist (failed launches, recent reclaims) rules out now and those
+    nothing here can launch."""
+    blocklist, launchable = ctx.blocklist, ctx.launchable
+    if not blocklist and launchable is None:
         return book
     keep = [
         item.offering
         for group in book.for_accelerators(spec.accelerators)
         for item in group
-        if not blocked(item.offering, blocklist)
+        if not blocked(item.offering, blocklist) and (launchable is None or item.offering.provider in launchable)
     ]
     return PriceBook.build(keep, now, book.feed_observed_at)
 
@@ -392,7 +422,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
             return None
         if provider is None or offering is None:
             gone = InvalidRequest(f"pool {p.offering_key} is no longer offered", provider=p.provider)
-            scope = _launch_failed(session, p, job, gone, now)
+            scope = launch_failed(session, p, job, gone, now)
             session.commit()
             return scope
         p.launch_attempts += 1
@@ -418,7 +448,7 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
                 session.commit()
                 log.info("launch of %s on %s unanswered, retrying next tick: %s", p.id, p.offering_key, exc)
                 return None
-            scope = _launch_failed(session, p, job, exc, now)
+            scope = launch_failed(session, p, job, exc, now)
             session.commit()
             return scope
         crashpoint("launch.after_cloud_call")
@@ -478,7 +508,11 @@ def _ambiguous(exc: ProviderError) -> bool:
     return type(exc) in (Throttled, ProviderError)
 
 
-def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> str | None:
+def launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError, now: datetime) -> str | None:
+    """Record a definitive launch refusal on the locked placement: FAILED with the error's type and message, the
+    error's scope blocklisted (zone, region or provider; none for a request-scoped one), the job back to pending,
+    and a `launch_failed` event carrying the cloud's message. Used for a refusal at launch and for one the sync step
+    reads later from the instance (`Instance.launch_error`). Returns the scope key blocklisted, if any."""
     p.state = PlacementState.FAILED.value
     p.ended_at = now
     p.detail = f"{type(exc).__name__}: {exc}"[:500]
@@ -499,6 +533,17 @@ def _launch_failed(session: Session, p: Placement, job: Job, exc: ProviderError,
         job.wait_reason = f"launch failed on {p.offering_key} ({type(exc).__name__}); trying elsewhere"
         job.updated_at = now
         session.add(job)
-    add_event(session, job, now, "launch_failed", p.detail, placement_id=p.id, blocked=scope)
+    add_event(
+        session,
+        job,
+        now,
+        "launch_failed",
+        p.detail,
+        placement_id=p.id,
+        blocked=scope,
+        error=type(exc).__name__,
+        cloud_message=str(exc)[:2000],
+        code=exc.detail[:200],
+    )
     log.info("launch of %s on %s failed: %s", p.id, p.offering_key, exc)
     return scope

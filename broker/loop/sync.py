@@ -13,9 +13,17 @@ For each of them (row-locked, so one replica handles it):
 - a placement recorded but never launched (the broker crashed in between) is launched again with its token;
 - a job that was cancelled has its instance terminated;
 - a running placement that would break its job's `max_total_usd` before the next tick is stopped and the job
-  paused with the reason (the ceiling is a promise: stopping early is allowed, overspending is not);
+  paused with the reason (the ceiling is a promise: stopping early is allowed, overspending is not); the hourly
+  rate it projects is the pool's price plus what the instance bills beside compute (boot disk, public IPv4);
+- a launch the cloud accepted and then refused in its operation (the instance FAILED with `launch_error`: no
+  capacity, quota, a policy) fails the placement exactly as a refusal at launch does (`place.launch_failed`: the
+  error's scope blocklisted, the job re-placed, the cloud's message in the event); the tick never waits on the
+  cloud's operation, it reads its outcome here;
 - otherwise the provider's view is copied: started, finished, preempted (the job goes back to pending with the
   work its last checkpoint saved, and the zone is avoided for a while), failed or gone.
+Every instance that ended is then terminated (deleted), success included: a finished GCP or Azure VM is only
+stopped by its start-up script, and a stopped VM keeps its disk (an Azure VM stopped without deallocation keeps
+billing full compute). Terminate converges, so repeating it is harmless; a failed one is left to the orphan sweep.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from sqlmodel import Session, col, select
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, lock_batch, locked
-from broker.loop.place import launch_placement
+from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
@@ -170,6 +178,10 @@ def _sync_one(
     if isinstance(view, ProviderError):
         raise view
     inst = view
+    if inst.launch_error is not None and p.started_at is None:  # the cloud refused the launch in its operation
+        launch_failed(session, p, job, inst.launch_error, now)
+        _release(provider, p)  # the VM a failed create left behind (Azure), or nothing (converges)
+        return
     if inst.state is InstanceState.PENDING:
         if p.state == PlacementState.LAUNCHING.value:
             p.state = PlacementState.QUEUED.value
@@ -200,13 +212,14 @@ def _sync_one(
         _ended(session, p, job, now, PlacementState.FAILED, inst, inst.detail or "the job's command failed")
     else:
         _ended(session, p, job, now, PlacementState.STOPPED, inst, "terminated")
-    if p.state != PlacementState.SUCCEEDED.value:
+    if not inst.released:
         _release(provider, p)
 
 
 def _release(provider: ComputeProvider, p: Placement) -> None:
-    """Delete what a reclaimed or failed instance leaves behind (a stopped GCP VM, a deallocated Azure VM keep
-    their disks and quota). Terminate converges, so repeating it is harmless."""
+    """Delete what an ended instance leaves behind, whatever the verdict: a finished, reclaimed or failed VM that
+    is only stopped (GCP, Azure) keeps its disk and quota, an Azure VM stopped without deallocation bills full
+    compute. Terminate converges, so repeating it is harmless; one that fails is the orphan sweep's."""
     assert p.instance_id is not None
     try:
         provider.terminate(p.instance_id)
@@ -297,15 +310,22 @@ def guard_horizon_seconds(rt: Runtime) -> float:
 def _projected_spend(rt: Runtime, p: Placement, job: Job, now: datetime) -> tuple[Decimal, Decimal]:
     """(the job's spend by the end of the guard horizon if `p` keeps running, the hourly price assumed): the
     higher of the placement's price and the pool's current one, over what is not accrued yet plus the horizon
-    (or the run's remaining work, if shorter)."""
+    (or the run's remaining work, if shorter). The price includes what the instance bills beside compute (boot
+    disk, public IPv4: `rt.extras`), which the ledger accrues next to it."""
     assert p.started_at is not None
     hourly = rt.catalog.book(now).get(p.offering_key)
-    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd)
+    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
     accrued_until = p.accrued_until or p.started_at
     unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
     run_left = p.work_hours_at_start - hours_between(p.started_at, now)
     guard = hours_between(now, now + timedelta(seconds=guard_horizon_seconds(rt)))
     return job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard))), price
+
+
+def extra_hourly_usd(rt: Runtime, p: Placement) -> Decimal:
+    """What `p`'s instance bills per hour beside compute (0 for providers without extras: simulated, on-prem)."""
+    extras = rt.extras.get(p.provider)
+    return extras.hourly_usd(p.capacity_type) if extras is not None else Decimal("0")
 
 
 def _guard_ceiling(

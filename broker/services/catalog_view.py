@@ -9,6 +9,7 @@ from sqlmodel import Session, select
 
 from broker.db import plain
 from broker.loop.common import active_blocklist
+from broker.loop.place import extra_hourly, launchable_providers
 from broker.runtime import Runtime
 from broker.schemas import (
     JobCreate,
@@ -120,7 +121,14 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         blocklist = active_blocklist(session, now)
-    ctx = PlacementContext(now=now, remaining_work_hours=spec.work_hours, blocklist=blocklist, params=rt.params)
+    ctx = PlacementContext(
+        now=now,
+        remaining_work_hours=spec.work_hours,
+        blocklist=blocklist,
+        params=rt.params,
+        launchable=launchable_providers(rt),  # priced pools nothing here launches on: rejected no_launch_adapter
+        extra_hourly_usd=extra_hourly(rt),
+    )
     q = quote(spec, book, ctx)
     health = feed_health(rt, now)
     return QuoteResponse(

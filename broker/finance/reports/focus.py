@@ -5,6 +5,9 @@ One row per UTC day, job, resource and kind. Mapping:
   (so ListCost - EffectiveCost is what spot saved).
 - PricingCategory: spot is `Dynamic` (a price the provider changes without notice), on-demand and on-prem
   `Standard`; ChargeClass `Correction` for correction entries; wasted work stays Usage, marked in x_CostKind.
+- What an instance bills beside compute (kinds `disk` and `public_ip`, at list price) is its own row: Storage /
+  Block Storage ("<provider> Boot Disks") and Networking / Network Infrastructure ("<provider> Public IPv4
+  Addresses"), `Standard` pricing even on a spot instance.
 - ChargePeriodStart/End: the UTC day (end exclusive), clipped to the report period; BillingPeriod = the period.
 - Billing account = the tenant; sub account = the team. ResourceId = the instance id the broker launched.
 - Custom columns come after the FOCUS ones and are prefixed `x_`: x_Team, x_Project, x_JobId, x_PlacementId,
@@ -83,7 +86,12 @@ _CLOUDS = {
 _SERVICE = {
     "egress": ("Networking", "Network Connectivity", "Data Transfer"),
     "storage": ("Storage", "Object Storage", "Checkpoint Storage"),
+    "disk": ("Storage", "Block Storage", "Boot Disks"),  # a cloud instance's boot disk (broker.loop.accrue)
+    "public_ip": ("Networking", "Network Infrastructure", "Public IPv4 Addresses"),
 }
+
+
+_STANDARD_PRICED = frozenset({"disk", "public_ip"})  # list prices, whatever the instance's capacity type
 
 
 def _dec(d: Decimal) -> str:
@@ -143,7 +151,7 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
         charge_start, charge_end = max(day, data.start), min(day + timedelta(days=1), data.end)
         provider_name, compute_service = _provider_names(first.provider, first.capacity_type, data.tenant)
         category, subcategory, service = _service(compute_service, provider_name, first.kind, first.capacity_type)
-        spot = first.capacity_type == "spot"
+        spot = first.capacity_type == "spot" and first.kind not in _STANDARD_PRICED
         correction = first.kind == "correction"
         unit = first.unit or "Hours"
         quantity = qty[0]
@@ -206,6 +214,8 @@ def _description(e: Entry, provider_name: str) -> str:
         "wasted": "GPU compute lost to a preemption (work since the last checkpoint)",
         "egress": "checkpoint transfer out",
         "storage": "checkpoint storage",
+        "disk": "instance boot disk",
+        "public_ip": "instance public IPv4 address",
         "correction": "correction",
     }.get(e.kind, e.kind)
     where = " ".join(x for x in (e.instance_type, e.capacity_type.replace("_", "-"), e.zone or e.region) if x)
