@@ -8,13 +8,20 @@ Use it from a module-scoped fixture (the first EC2 call costs ~1.5 s of backend 
             yield url
 
 moto keeps its state in process-wide backends, so every server started in one test process sees the same
-resources: tests must find their own resources by id, token or tag, never assume an empty account.
+resources: tests must find their own resources by id, token or tag, never assume an empty account. A test that
+resets moto (`/moto-api/reset`) wipes every in-process server's resources, so state that must outlive other test
+modules (the session's Terraform deployment) lives in `running_moto_process()`: a server in a process of its own.
 Clients are built with dummy credentials and a single attempt (no retries hiding errors).
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +47,32 @@ def running_moto_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def running_moto_process(timeout: float = 60.0) -> Iterator[str]:
+    """A moto server in its own process (its own backends: no other test's reset reaches it); yield its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server process did not start on port {port}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def moto_client(service: str, region: str, url: str) -> Any:

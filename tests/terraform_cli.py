@@ -192,10 +192,12 @@ def example_deployment(config: pytest.Config) -> Deployment:
     if found is not None and not found.destroyed:
         return found
     if _RESOURCES not in config.stash:
-        from tests.moto_server import running_moto_server
+        from tests.moto_server import running_moto_process
 
         stack = ExitStack()
-        moto_url = stack.enter_context(running_moto_server())
+        # a process of its own: other test modules reset their in-process moto servers, which would wipe this
+        # session-long deployment
+        moto_url = stack.enter_context(running_moto_process())
         tmp = Path(tempfile.mkdtemp(prefix="overspill-tf-"))
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         config.stash[_RESOURCES] = (stack, moto_url, tmp)
