@@ -358,6 +358,7 @@ class CheckpointStores:
         config = Config(
             connect_timeout=timeout,
             read_timeout=timeout,
+            signature_version="s3v4",  # presigned URLs (the agent's wheel) too: SigV2 is deprecated
             s3={"addressing_style": "path"} if endpoint else None,
         )
         return boto3.client("s3", endpoint_url=endpoint, config=config)
