@@ -62,6 +62,13 @@ def _env_name_refusal(name: str) -> str | None:
     return None
 
 
+def _env_name(name: str) -> str:
+    refusal = _env_name_refusal(name)
+    if refusal:
+        raise ValueError(refusal)
+    return name
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     if len(env) > MAX_ENV_ENTRIES:
         raise ValueError(f"at most {MAX_ENV_ENTRIES} variables (got {len(env)})")
@@ -115,8 +122,8 @@ class SecretLocation(BaseModel):
 class JobSecret(SecretLocation):
     """A secret the workload receives as the environment variable `env`."""
 
-    env: str = Field(
-        pattern=ENV_NAME, description="the variable the workload reads it from", examples=["WANDB_API_KEY"]
+    env: Annotated[str, AfterValidator(_env_name)] = Field(
+        max_length=128, description="the variable the workload reads it from", examples=["WANDB_API_KEY"]
     )
 
 
@@ -208,18 +215,6 @@ class JobCreate(BaseModel):
     def _one_work_estimate(self) -> JobCreate:
         if (self.work_gpu_hours is None) == (self.runtime_hours is None):
             raise ValueError("give exactly one of work_gpu_hours or runtime_hours")
-        return self
-
-    @model_validator(mode="after")
-    def _secret_names(self) -> JobCreate:
-        seen: set[str] = set()
-        for i, secret in enumerate(self.secrets):
-            refusal = _env_name_refusal(secret.env)
-            if refusal:
-                raise ValueError(f"secrets[{i}].env: {refusal}")
-            if secret.env in self.env or secret.env in seen:
-                raise ValueError(f"secrets[{i}].env: {secret.env} is set twice (in env or another secret)")
-            seen.add(secret.env)
         return self
 
 

@@ -101,7 +101,13 @@ def check_checkpoint_uri(checkpoints: CheckpointStores | None, tenant: str, uri:
 
 def check_secret_refs(settings: Settings | None, tenant: str, create: JobCreate) -> None:
     """Raise Unprocessable naming `secrets[i].ref` (or `registry_secret.ref`) for a secret reference that is not
-    under one of `tenant`'s secret prefixes (`OVERSPILL_TENANT_SECRET_PREFIXES`; none given: no secret is allowed)."""
+    under one of `tenant`'s secret prefixes (`OVERSPILL_TENANT_SECRET_PREFIXES`; none given: no secret is allowed),
+    and `secrets[i].env` for a variable set twice (by `env` or another secret)."""
+    seen: set[str] = set()
+    for i, secret in enumerate(create.secrets):
+        if secret.env in create.env or secret.env in seen:
+            raise Unprocessable(f"secrets[{i}].env", f"{secret.env} is set twice (in env or by another secret)")
+        seen.add(secret.env)
     named = [(f"secrets[{i}].ref", secret.ref) for i, secret in enumerate(create.secrets)]
     if create.registry_secret is not None:
         named.append(("registry_secret.ref", create.registry_secret.ref))
