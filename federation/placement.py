@@ -82,9 +82,9 @@ class PlacementContext:
     """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region`,
         `provider/region/zone` and pool keys to avoid (see `blocked`); `checkpoint_at` is `(provider, region)` of the
         latest checkpoint. `launchable` names the providers something can launch on (None: all); a pool of any other
-        provider is rejected `no_launch_adapter`. `no_checkpoint_store` names the providers whose instances run the agent
-    but have no checkpoint store anywhere (the agent reads its spec from one and reports through it): their pools are
-    rejected `no_checkpoint_store`. `extra_hourly_usd` is what an instance bills per hour beside compute,
+        provider is rejected `no_launch_adapter`. `no_checkpoint_store` names the providers whose instances run the
+    agent but have no checkpoint store anywhere (the agent reads its spec from one and reports through it): their
+    pools are rejected `no_checkpoint_store`. `extra_hourly_usd` is what an instance bills per hour beside compute,
         by `provider/capacity_type` (e.g. `{"aws/spot": 0.027}`: a boot disk and a public IPv4), added to the pool's
         price for `max_hourly_usd` and the expected cost."""
 
