@@ -168,6 +168,7 @@ class JobCreate(BaseModel):
     preemptible: bool = True
     env: Annotated[dict[str, str], AfterValidator(_check_env)] = Field(
         default_factory=dict,
+        max_length=MAX_ENV_ENTRIES,
         description=f"environment of the workload: at most {MAX_ENV_ENTRIES} variables, names {ENV_NAME} not starting "
         f"with {RESERVED_ENV_PREFIX}, values up to {MAX_ENV_VALUE_BYTES} bytes without NUL ({MAX_ENV_BYTES} bytes in "
         "all). Passed as data, never through a shell; not for secrets (they show in the job's spec): use `secrets`",
