@@ -155,6 +155,10 @@ def run(cloud: str, jobs: int, op_seconds: float, ticks: int, progress: bool) ->
     with stand_in(cloud, op_seconds) as (cloud_settings, market, running):
         known = set(Settings.model_fields)
         values = {k: v for k, v in cloud_settings.items() if k in known}
+        if "agent_root" in known:  # instances run the agent: it needs a checkpoint store of their cloud
+            from tests.builders import agent_store
+
+            values["checkpoint_stores"] = agent_store(workdir)
         settings = Settings(
             database_url=f"sqlite:///{workdir / 'broker.db'}",
             data_dir=workdir,

@@ -6,6 +6,8 @@ For every configured store prefix `P` (`OVERSPILL_CHECKPOINT_STORES`), tenant `T
                                                           and where pre-staging copies a checkpoint to
     P tenants/T/jobs/<job id>/attempts/<placement id>/    reserved for the instance agent (spec, logs)
     P tenants/T/mailbox/                                  reserved for instance reports
+    P _agent/<sha256>/<wheel file name>                   the instance agent's wheel (broker-owned, beside
+                                                          `tenants/`, so no tenant's area can hold or name it)
 
 `P` ends in `/`; every name put into a path (tenant, job id, placement id) must be one safe segment
 (`providers.storage.keys.safe_segment`: no `/`, `..`, control characters...), or `UnsafeKey` is raised, so no
@@ -22,6 +24,8 @@ JOBS = "jobs/"
 CHECKPOINT = "checkpoint/"
 ATTEMPTS = "attempts/"
 MAILBOX = "mailbox/"
+AGENT = "_agent/"
+BROKER_AREAS = (AGENT,)  # what the broker keeps beside `tenants/` in every store
 
 
 def tenant_area(store_prefix: str, tenant: str) -> str:
@@ -47,6 +51,11 @@ def attempt_prefix(store_prefix: str, tenant: str, job_id: str, placement_id: st
 def mailbox_prefix(store_prefix: str, tenant: str) -> str:
     """`P tenants/T/mailbox/`: reserved for instance reports."""
     return tenant_area(store_prefix, tenant) + MAILBOX
+
+
+def agent_wheel_key(sha256: str, wheel_name: str) -> str:
+    """`_agent/<sha256>/<wheel name>`, relative to a store prefix: where the broker publishes the agent's wheel."""
+    return f"{AGENT}{safe_segment(sha256)}/{safe_segment(wheel_name)}"
 
 
 def reserved_reason(key_in_area: str) -> str | None:

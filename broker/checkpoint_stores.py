@@ -24,7 +24,13 @@ Contract:
   Every store is opened at its configured root (resolved once) and narrowed to the prefix, so for local files
   the tenant's and the job's directories are walked without following symlinks, like the keys beneath them.
 - `near`, `locate` and `job_checkpoint_uri` answer where a store is, where a checkpoint is, and where the broker
-  puts a job's checkpoint.
+  puts a job's checkpoint. `for_launch(provider, region)` is the store an instance there uses (its job's
+  checkpoint, its attempt's spec, logs and reports): the store at that location, else the *nearest* store of the
+  same provider, i.e. the region whose name shares the longest prefix with the target's (`us-east-2` before
+  `us-west-2` for `us-east-1`; ties by name), a cheap stand-in for distance that keeps a continent's regions
+  together; None when the provider has no store at all (`providers_with_stores`).
+- `broker_store(store_prefix, area)` is the only way to the broker's own keys beside `tenants/` (`_agent/`, where
+  the agent's wheel is published): confined beneath `P <area>`, which no tenant's prefix can reach.
 
 SDK clients are built on first use from the settings (`s3_endpoint_url`, `gcs_endpoint`,
 `azure_storage_connection_string`), each SDK imported only when a store of its scheme is configured.
@@ -204,6 +210,40 @@ class CheckpointStores:
         """The URI prefix of the store at `provider/region`, if one is configured."""
         return self.by_location.get((provider, region))
 
+    def providers_with_stores(self) -> frozenset[str]:
+        """The providers with at least one configured store."""
+        return frozenset(provider for provider, _ in self.by_location)
+
+    def for_launch(self, provider: str, region: str) -> tuple[Location, str] | None:
+        """`(location, prefix)` of the store an instance at `provider/region` uses: the one there, else the nearest
+        of the same provider (see the module docstring); None when the provider has none."""
+        exact = self.by_location.get((provider, region))
+        if exact is not None:
+            return (provider, region), exact
+        regions = sorted(r for p, r in self.by_location if p == provider)
+        if not regions:
+            return None
+
+        def shared(other: str) -> int:
+            n = 0
+            for a, b in zip(region, other, strict=False):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        best = min(regions, key=lambda r: (-shared(r), r))
+        return (provider, best), self.by_location[(provider, best)]
+
+    def broker_store(self, store_prefix: str, area: str) -> ObjectStore:
+        """The store confined beneath `<store_prefix><area>`, one of the broker's own areas beside `tenants/`
+        (`checkpoint_layout.BROKER_AREAS`), for a configured store prefix."""
+        if area not in layout.BROKER_AREAS:
+            raise CheckpointRefused(f"{area!r} is not one of the broker's areas {layout.BROKER_AREAS}")
+        if store_prefix not in self.by_location.values():
+            raise CheckpointRefused(f"{store_prefix!r} is not a configured checkpoint store")
+        return store_at(store_prefix, self.clients(), prefix=area)
+
     def prefixes(self, tenant: str) -> list[Allowed]:
         """Every prefix `tenant` may use: its area in every store, then its extra prefixes."""
         try:
@@ -318,6 +358,7 @@ class CheckpointStores:
         config = Config(
             connect_timeout=timeout,
             read_timeout=timeout,
+            signature_version="s3v4",  # presigned URLs (the agent's wheel) too: SigV2 is deprecated
             s3={"addressing_style": "path"} if endpoint else None,
         )
         return boto3.client("s3", endpoint_url=endpoint, config=config)

@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 
 from broker import migrate
+from broker.agent_publish import AgentPublisher
 from broker.auth import KeyVerifier, ensure_bootstrap_key
 from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointStores
@@ -55,9 +56,16 @@ class Runtime:
     metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
     last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
     extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
+    _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)
+
+    def agent_publisher(self) -> AgentPublisher:
+        """Publishes the instance agent's wheel to the checkpoint stores (built on first use)."""
+        if self._publisher is None:
+            self._publisher = AgentPublisher(self.checkpoint_stores, self.settings)
+        return self._publisher
 
 
 def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Engine | None = None) -> Runtime:

@@ -5,9 +5,10 @@ Unknown fields are refused (a typo must not silently drop a ceiling). Money trav
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -43,6 +44,87 @@ def aware_utc(value: datetime | None) -> datetime | None:
     if not 1970 <= utc.year <= 9998:
         raise ValueError("out of range: must fall within years 1970-9998 in UTC")
     return utc
+
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIX = "OVERSPILL_"
+MAX_ENV_ENTRIES = 128
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 256 * 1024  # every name and value together
+MAX_SECRETS = 32
+
+
+def _env_name_refusal(name: str) -> str | None:
+    if not re.fullmatch(ENV_NAME, name):
+        return f"name {name[:64]!r} must be a letter or '_' then up to 127 letters, digits or '_'"
+    if name.upper().startswith(RESERVED_ENV_PREFIX):
+        return f"name {name!r}: names starting with {RESERVED_ENV_PREFIX} are the agent's own"
+    return None
+
+
+def _env_name(name: str) -> str:
+    refusal = _env_name_refusal(name)
+    if refusal:
+        raise ValueError(refusal)
+    return name
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    if len(env) > MAX_ENV_ENTRIES:
+        raise ValueError(f"at most {MAX_ENV_ENTRIES} variables (got {len(env)})")
+    total = 0
+    for name, value in env.items():
+        refusal = _env_name_refusal(name)
+        if refusal:
+            raise ValueError(refusal)
+        if "\x00" in value:
+            raise ValueError(f"{name}: the value contains NUL, which no process environment can hold")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"{name}: the value is not valid UTF-8 (a lone surrogate)") from None
+        if size > MAX_ENV_VALUE_BYTES:
+            raise ValueError(f"{name}: the value is {size} bytes, over {MAX_ENV_VALUE_BYTES}")
+        total += len(name) + size
+    if total > MAX_ENV_BYTES:
+        raise ValueError(f"names and values add up to {total} bytes, over {MAX_ENV_BYTES}")
+    return env
+
+
+SecretSourceName = Literal["aws-secretsmanager", "gcp-secretmanager", "azure-keyvault"]
+
+
+class SecretLocation(BaseModel):
+    """Where a secret is: a reference, never its value (the instance's agent reads it at run time with the
+    instance's identity). The reference must lie under one of the tenant's secret prefixes, which the operator sets
+    in `OVERSPILL_TENANT_SECRET_PREFIXES`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: SecretSourceName = Field(description="the secret service")
+    ref: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=r"^[A-Za-z0-9:/._@+=,-]+$",
+        description="aws-secretsmanager: the secret's ARN; gcp-secretmanager: projects/<p>/secrets/<s>[/versions/<v>]; "
+        "azure-keyvault: https://<vault>.vault.azure.net/secrets/<name>[/<version>]",
+        examples=["arn:aws:secretsmanager:us-east-1:123456789012:secret:overspill/jobs/acme/wandb-AbCdEf"],
+    )
+    field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="for a JSON secret: the key whose value to use (default: the whole secret)",
+    )
+
+
+class JobSecret(SecretLocation):
+    """A secret the workload receives as the environment variable `env`."""
+
+    env: Annotated[str, AfterValidator(_env_name)] = Field(
+        max_length=128, description="the variable the workload reads it from", examples=["WANDB_API_KEY"]
+    )
 
 
 class JobCreate(BaseModel):
@@ -84,6 +166,51 @@ class JobCreate(BaseModel):
     allowed_regions: list[Label] = Field(default_factory=list, max_length=128)
     priority: int = Field(default=0, ge=-1000, le=1000)
     preemptible: bool = True
+    env: Annotated[dict[str, str], AfterValidator(_check_env)] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_ENTRIES,
+        description=f"environment of the workload: at most {MAX_ENV_ENTRIES} variables, names {ENV_NAME} not starting "
+        f"with {RESERVED_ENV_PREFIX}, values up to {MAX_ENV_VALUE_BYTES} bytes without NUL ({MAX_ENV_BYTES} bytes in "
+        "all). Passed as data, never through a shell; not for secrets (they show in the job's spec): use `secrets`",
+        examples=[{"WANDB_PROJECT": "atlas", "NCCL_DEBUG": "WARN"}],
+    )
+    secrets: list[JobSecret] = Field(
+        default_factory=list,
+        max_length=MAX_SECRETS,
+        description="secrets the workload receives as environment variables, by reference (the broker stores and "
+        "shows only the reference); each `ref` must lie under one of the tenant's secret prefixes",
+        examples=[
+            [
+                {
+                    "env": "WANDB_API_KEY",
+                    "source": "aws-secretsmanager",
+                    "ref": "arn:aws:secretsmanager:us-east-1:123456789012:secret:overspill/jobs/acme/wandb-AbCdEf",
+                }
+            ]
+        ],
+    )
+    registry_secret: SecretLocation | None = Field(
+        default=None,
+        description='a secret holding {"username": ..., "password": ...} for a private registry; by default the '
+        "instance's own identity logs in to ECR, Artifact Registry/GCR or ACR images, and other images are pulled "
+        "anonymously",
+    )
+    shm_size_gb: Decimal | None = Field(
+        default=None,
+        gt=0,
+        le=1024,
+        max_digits=8,
+        decimal_places=3,
+        description="size of the container's /dev/shm in GB; absent: the container shares the host's IPC namespace "
+        "(--ipc=host), as multi-GPU training usually needs",
+    )
+    max_infra_retries: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="attempts that failed through no fault of the job (image pull, GPU driver, a broken instance) "
+        "retried elsewhere before the job fails",
+    )
 
     @model_validator(mode="after")
     def _one_work_estimate(self) -> JobCreate:

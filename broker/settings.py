@@ -334,6 +334,36 @@ class Settings(BaseSettings):
         "it), 'local' in each process (N processes admit N x the rate); 'auto': shared on PostgreSQL and under "
         "`uvicorn --factory broker.app:app_from_env` (several workers on one SQLite file), local otherwise",
     )
+    # -- the instance agent (broker/agent_publish.py, broker/attempt_spec.py) ----------------------------------------
+    agent_runtime: dict[str, Literal["docker", "podman", "process"]] = Field(
+        default_factory=dict,
+        description='how the agent runs workloads, per provider, e.g. {"aws": "docker", "libcloud": "podman"}; '
+        "default docker ('process' runs the command on the host itself, unisolated: only when configured)",
+    )
+    agent_url_expiry_seconds: int = Field(
+        default=12 * 3600,
+        ge=300,
+        le=7 * 24 * 3600,
+        description="how long the agent wheel's URL in a start-up script stays readable (S3 presigned GET, GCS V4 "
+        "signed URL, Azure SAS)",
+    )
+    agent_root: str = Field(
+        default="/var/lib/overspill-agent",
+        pattern=r"^/[A-Za-z0-9._/-]*$",
+        description="directory on the instance for the agent's wheel, work dir (checkpoints) and log",
+    )
+    agent_heartbeat_seconds: int = Field(default=600, ge=10, le=86400, description="agent heartbeat report period")
+    gcs_signing_key_file: Path | None = Field(
+        default=None,
+        description="service-account key JSON that signs GCS URLs for the agent wheel (default: the GCS client's "
+        "credentials, or the IAM signBlob API for the service account they belong to)",
+    )
+    tenant_secret_prefixes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="the secret references each tenant's jobs may use, as prefixes, e.g. "
+        '{"acme": ["arn:aws:secretsmanager:us-east-1:123456789012:secret:overspill/jobs/acme/", '
+        '"projects/p/secrets/acme-", "https://acme-kv.vault.azure.net/secrets/"]}; none: no secrets',
+    )
     public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
     callback_secret: str = Field(
         default="", repr=False, description="signs per-placement callback tokens (default: derived)"

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from broker.db import Money, UTCDateTime
@@ -109,6 +109,12 @@ class Placement(SQLModel, table=True):
     exit_code: int | None = None  # reported by the instance itself through the completion callback
     saved_work_hours: Decimal | None = _money(None, nullable=True)  # work its last checkpoint kept, once ended
     detail: str = Field(default="", max_length=500)
+    # the instance agent's attempt prefix (`<store>tenants/T/jobs/<job>/attempts/<placement>/`: spec, logs), set once
+    # its spec is written; None for providers that run no agent (simulated clouds, Slurm)
+    attempt_uri: str | None = Field(default=None, max_length=1024)
+    # the start-up script the instance boots with, rendered once so a retried launch sends the same bytes (EC2
+    # ClientToken, Azure's PUT refuse a changed UserData/customData); holds no secret (tests/test_attempt_secrets.py)
+    user_data: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class JobEvent(SQLModel, table=True):

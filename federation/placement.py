@@ -10,8 +10,9 @@ where `rate` is the pool's expected interruptions per hour: each reclaim loses o
 interval of work plus a restart. Pools are ranked by `cost + wait_hours x gpus x wait_value` (the value of GPU
 time lost while queuing; 0 ranks by cost alone), ties broken by finish time and then pool key, so a decision is
 deterministic. A pool is rejected with a reason when it does not fit the job (permanent reasons: the job could
-never run there) or does not fit right now (price over a ceiling, deadline missed, no capacity, blocklisted, or no
-launch adapter: the broker has prices for the pool but nothing configured that can launch there).
+never run there) or does not fit right now (price over a ceiling, deadline missed, no capacity, blocklisted, no
+launch adapter: the broker has prices for the pool but nothing configured that can launch there, or no checkpoint
+store: its instances would run the agent, which needs a store of that provider for the spec, logs and reports).
 
 `quote` explains every relevant pool; `place` is the fast path used per decision: it walks each accelerator's
 pools in price order and stops once price alone cannot beat the best candidate.
@@ -39,6 +40,7 @@ class RejectReason(StrEnum):
     REGION_NOT_ALLOWED = "region_not_allowed"
     NOT_PREEMPTIBLE = "job_not_preemptible"
     NO_LAUNCH_ADAPTER = "no_launch_adapter"
+    NO_CHECKPOINT_STORE = "no_checkpoint_store"
     UNAVAILABLE = "no_capacity"
     BLOCKLISTED = "blocklisted"
     OVER_HOURLY_CEILING = "over_hourly_ceiling"
@@ -78,11 +80,13 @@ class PlacementParams:
 @dataclass(frozen=True, slots=True)
 class PlacementContext:
     """What a decision needs beyond the job and the catalog. `blocklist` holds `provider`, `provider/region`,
-    `provider/region/zone` and pool keys to avoid (see `blocked`); `checkpoint_at` is `(provider, region)` of the
-    latest checkpoint. `launchable` names the providers something can launch on (None: all); a pool of any other
-    provider is rejected `no_launch_adapter`. `extra_hourly_usd` is what an instance bills per hour beside compute,
-    by `provider/capacity_type` (e.g. `{"aws/spot": 0.027}`: a boot disk and a public IPv4), added to the pool's
-    price for `max_hourly_usd` and the expected cost."""
+        `provider/region/zone` and pool keys to avoid (see `blocked`); `checkpoint_at` is `(provider, region)` of the
+        latest checkpoint. `launchable` names the providers something can launch on (None: all); a pool of any other
+        provider is rejected `no_launch_adapter`. `no_checkpoint_store` names the providers whose instances run the
+    agent but have no checkpoint store anywhere (the agent reads its spec from one and reports through it): their
+    pools are rejected `no_checkpoint_store`. `extra_hourly_usd` is what an instance bills per hour beside compute,
+        by `provider/capacity_type` (e.g. `{"aws/spot": 0.027}`: a boot disk and a public IPv4), added to the pool's
+        price for `max_hourly_usd` and the expected cost."""
 
     now: datetime
     remaining_work_hours: Decimal
@@ -94,6 +98,7 @@ class PlacementContext:
     params: PlacementParams = field(default_factory=PlacementParams)
     launchable: frozenset[str] | None = None
     extra_hourly_usd: Mapping[str, Decimal] = field(default_factory=dict)
+    no_checkpoint_store: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +151,8 @@ class Quote:
         transient = [r for r in self.rejections if not r.reason.permanent]
         if not transient:
             return "no pool fits this job's shape and constraints"
-        launchable = [r for r in transient if r.reason is not RejectReason.NO_LAUNCH_ADAPTER]
+        unlaunchable = (RejectReason.NO_LAUNCH_ADAPTER, RejectReason.NO_CHECKPOINT_STORE)
+        launchable = [r for r in transient if r.reason not in unlaunchable]
         transient = launchable or transient  # a limit the job could act on says more than a pool nobody launches
         cheapest = min(transient, key=lambda r: (r.offering.price.hourly_usd, r.offering.key))
         return f"{cheapest.reason.value}: {cheapest.message} (cheapest suitable pool {cheapest.offering.key})"
@@ -228,6 +234,8 @@ def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rej
         return reason
     if ctx.launchable is not None and off.provider not in ctx.launchable:
         return RejectReason.NO_LAUNCH_ADAPTER
+    if ctx.no_checkpoint_store and off.provider in ctx.no_checkpoint_store:
+        return RejectReason.NO_CHECKPOINT_STORE
     if not off.available:
         return RejectReason.UNAVAILABLE
     if ctx.blocklist and blocked(off, ctx.blocklist):
@@ -254,6 +262,11 @@ def explain(reason: RejectReason, job: JobSpec, off: Offering, ctx: PlacementCon
         return _SHAPE_MESSAGES[reason].format(job=job, off=off)
     if reason is RejectReason.NO_LAUNCH_ADAPTER:
         return f"the broker has prices for {off.provider} but no configured adapter launches there"
+    if reason is RejectReason.NO_CHECKPOINT_STORE:
+        return (
+            f"{off.provider} instances run the agent, which needs a checkpoint store of {off.provider} for its spec, "
+            f"checkpoints, logs and reports, and none is configured (OVERSPILL_CHECKPOINT_STORES)"
+        )
     if reason is RejectReason.UNAVAILABLE:
         return "provider reports no capacity"
     if reason is RejectReason.BLOCKLISTED:

@@ -18,8 +18,9 @@ Contract (providers/base.py):
   (2) Otherwise RunInstances is sent with `ClientToken` = the token (its SHA-256 hex when longer than 64 ASCII
   characters), which covers a crash between launch and the tag becoming visible (DescribeInstances is eventually
   consistent). The instance and its volumes are tagged at creation with `Tags.as_dict()` plus
-  `overspill:launch-token` and `overspill:offering` (the offering key), boot with `startup_script(request)` as user
-  data and `InstanceInitiatedShutdownBehavior=terminate` (the script powers off when the job ends). SPOT offerings
+  `overspill:launch-token` and `overspill:offering` (the offering key), boot with `request.user_data` (the
+  start-up script that starts the instance agent, providers.startup) as user data and
+  `InstanceInitiatedShutdownBehavior=terminate` (the instance powers off when the attempt ends). SPOT offerings
   use InstanceMarketOptions (one-time, interruption behaviour terminate); ON_DEMAND and RESERVED launch on-demand
   (an open capacity reservation is used by AWS when one matches); ON_PREM is an `InvalidRequest`. `options`
   (`AwsLaunchOptions`) gives every launch its identity and hardening: the instance profile (ARN or name), the
@@ -97,7 +98,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 
@@ -117,7 +118,6 @@ from providers.base import (
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering
 from providers.retry import RetryPolicy
-from providers.startup import startup_script
 
 log = logging.getLogger(__name__)
 
@@ -618,6 +618,9 @@ class AmiResolver:
 class AwsProvider:
     """EC2 instances for the broker (see the module docstring for the contract and the state mapping)."""
 
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    notice_source: ClassVar[str] = "aws"  # the interruption notice the agent watches there
+
     def __init__(
         self,
         ec2_clients: Mapping[str, EC2Client],
@@ -787,8 +790,9 @@ class AwsProvider:
             "MinCount": 1,
             "MaxCount": 1,
             "Placement": {**self._run_params.get("Placement", {}), "AvailabilityZone": offering.zone},
-            "UserData": startup_script(request),  # boto3 base64-encodes RunInstances user data itself
         }
+        if request.user_data is not None:
+            params["UserData"] = request.user_data  # boto3 base64-encodes RunInstances user data itself
         if subnet_id:
             params["SubnetId"] = subnet_id
         if offering.capacity_type is CapacityType.SPOT:
@@ -813,8 +817,9 @@ class AwsProvider:
         offering = request.offering
         spot = offering.capacity_type is CapacityType.SPOT
         template = "overspill-" + hashlib.sha256(request.launch_token.encode()).hexdigest()[:40]
-        user_data = base64.b64encode(startup_script(request).encode()).decode()
-        data = {**base, "UserData": user_data}
+        data = dict(base)
+        if request.user_data is not None:
+            data["UserData"] = base64.b64encode(request.user_data.encode()).decode()
         action = f"launching {offering.key} (fleet)"
         try:
             self._ec2(

@@ -112,7 +112,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from azure.core.exceptions import (
     AzureError,
@@ -142,7 +142,6 @@ from providers.base import (
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, offering_key
 from providers.retry import RetryPolicy, retry_after_seconds
-from providers.startup import startup_script
 
 T = TypeVar("T")
 
@@ -299,6 +298,9 @@ def _event_time(text: object) -> datetime | None:
 
 class AzureProvider:
     """`ComputeProvider` + `InterruptionSource` for Azure VMs. See the module docstring."""
+
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    notice_source: ClassVar[str] = "azure"  # the interruption notice the agent watches there
 
     def __init__(
         self,
@@ -547,7 +549,7 @@ class AzureProvider:
         """The VirtualMachine `launch` PUTs for a request."""
         offering = request.offering
         name = vm_name(request.launch_token)
-        custom_data = base64.b64encode(startup_script(request).encode()).decode()
+        custom_data = base64.b64encode(request.user_data.encode()).decode() if request.user_data else None
         nic_ip = m.VirtualMachineNetworkInterfaceIPConfiguration(
             name="ipconfig1",
             properties=m.VirtualMachineNetworkInterfaceIPConfigurationProperties(

@@ -117,8 +117,11 @@ class LaunchRequest:
     remaining_work_hours: Decimal
     resume_from: str | None = None
     checkpoint_interval_hours: Decimal = Decimal("0.5")
-    callback_url: str | None = None  # where the instance reports its container's exit status
-    callback_token: str | None = None
+    # the start-up script the instance boots with (providers.startup: it installs and starts the instance agent,
+    # which reads the attempt's spec from the store), passed as the cloud takes it: EC2 UserData, GCP metadata
+    # `startup-script`, Azure customData, libcloud `ex_userdata`. None: the instance boots with none (simulated
+    # providers and Slurm run no agent). Never holds a secret.
+    user_data: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import requests
 from google.api_core import exceptions as gexc
@@ -138,7 +138,6 @@ from providers.base import (
 )
 from providers.model import BROKER_TAG, JOB_TAG, PLACEMENT_TAG, CapacityType, offering_key
 from providers.retry import RetryPolicy, retry_after_seconds
-from providers.startup import startup_script
 
 T = TypeVar("T")
 
@@ -316,6 +315,9 @@ def _is_done(op: compute_v1.Operation) -> bool:
 
 class GcpProvider:
     """`ComputeProvider` + `InterruptionSource` for Compute Engine. See the module docstring."""
+
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    notice_source: ClassVar[str] = "gcp"  # the interruption notice the agent watches there
 
     def __init__(
         self,
@@ -579,7 +581,7 @@ class GcpProvider:
             network_interfaces=[nic],
             metadata=compute_v1.Metadata(
                 items=[
-                    compute_v1.Items(key=META_STARTUP, value=startup_script(request)),
+                    *([compute_v1.Items(key=META_STARTUP, value=request.user_data)] if request.user_data else []),
                     compute_v1.Items(key=META_TOKEN, value=request.launch_token),
                     compute_v1.Items(key=META_TAGS, value=json.dumps(tags, sort_keys=True)),
                     compute_v1.Items(key=META_OFFERING, value=offering.key),

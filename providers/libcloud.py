@@ -29,9 +29,9 @@ What `list_instances` can verify, per driver (see `traits_for`):
   The Dummy driver ignores names entirely (`dummy-N`) and reissues ids (`len(nodes) + 1`), so for it the notes
   are the only record; a reissued id retires the older note.
 
-User data: `startup_script(request)` goes where the driver takes it (`ex_userdata` for OpenStack and EC2). A
-driver without such a keyword cannot run the job, so the constructor refuses it unless `require_userdata=False`
-(tests with the Dummy driver).
+User data: `request.user_data` (the agent's start-up script) goes where the driver takes it (`ex_userdata` for
+OpenStack and EC2). A driver without such a keyword cannot run the job, so the constructor refuses it unless
+`require_userdata=False` (tests with the Dummy driver).
 
 States: PENDING/STARTING/REBOOTING/RECONFIGURING/UNKNOWN -> PENDING, RUNNING -> RUNNING,
 STOPPED/STOPPING/SUSPENDED/PAUSED/TERMINATED -> TERMINATED, ERROR -> FAILED. UNKNOWN is refined from the raw
@@ -64,7 +64,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import requests
 from libcloud.common.exceptions import BaseHTTPError, RateLimitReachedError
@@ -88,7 +88,6 @@ from providers.base import (
 )
 from providers.model import BROKER_TAG, LAUNCH_TOKEN_TAG, OFFERING_TAG, CapacityType, Offering, Price
 from providers.retry import RetryPolicy
-from providers.startup import startup_script
 
 T = TypeVar("T")
 
@@ -330,6 +329,9 @@ def _utc(value: object) -> datetime | None:
 
 class LibcloudProvider:
     """ON-DEMAND instances on any libcloud compute driver. See the module docstring for the contract."""
+
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    notice_source: ClassVar[str] = "none"  # the interruption notice the agent watches there
 
     def __init__(
         self,
@@ -585,8 +587,8 @@ class LibcloudProvider:
         traits = self.traits
         if traits.tags_kwarg:
             kwargs[traits.tags_kwarg] = {**kwargs.get(traits.tags_kwarg, {}), **tags}
-        if traits.userdata_kwarg:
-            kwargs[traits.userdata_kwarg] = startup_script(request)
+        if traits.userdata_kwarg and request.user_data is not None:
+            kwargs[traits.userdata_kwarg] = request.user_data
         if traits.token_kwarg:
             kwargs[traits.token_kwarg] = request.launch_token[:64]
         zone = self._location_for(offering) if self._location_for else None

@@ -137,6 +137,18 @@ def offering_key(provider: str, region: str, zone: str, instance_type: str, capa
 
 
 @dataclass(frozen=True, slots=True)
+class SecretReference:
+    """A secret the job's workload receives as environment variable `env` (empty for a registry secret): where it
+    is (`source`: aws-secretsmanager, gcp-secretmanager or azure-keyvault; `ref`: its ARN, resource name or URL)
+    and, for a JSON secret, which `field`. Never the value: the instance's agent reads it at run time."""
+
+    env: str
+    source: str
+    ref: str
+    field: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a user asks for. Validated at the API edge; here it is trusted.
 
@@ -167,6 +179,11 @@ class JobSpec:
     allowed_regions: tuple[str, ...] = ()
     priority: int = 0
     preemptible: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[SecretReference, ...] = ()
+    registry_secret: SecretReference | None = None
+    shm_size_gb: Decimal | None = None  # None: the container shares the host's IPC namespace
+    max_infra_retries: int = 3
 
     @property
     def work_hours(self) -> Decimal:

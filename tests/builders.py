@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -82,3 +83,16 @@ def spec(**overrides: Any) -> Any:
     }
     fields.update(overrides)
     return JobSpec(**fields)
+
+
+def agent_store(
+    tmp_path: Path, places: tuple[str, ...] = ("aws/us-east-1", "gcp/us-central1", "azure/eastus")
+) -> dict[str, str]:
+    """File checkpoint stores for clouds whose instances run the agent (it needs one: spec, logs, reports), beside
+    `tmp_path` (a test's data dir, which no store may be near)."""
+    root = tmp_path.parent / f"{tmp_path.name}-stores"
+    out = {}
+    for place in places:
+        (root / place.replace("/", "-")).mkdir(parents=True, exist_ok=True)
+        out[place] = f"file://{root / place.replace('/', '-')}/"
+    return out

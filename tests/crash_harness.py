@@ -133,7 +133,15 @@ def broker_settings(env: Env, db_url: str, ami: str, queue_url: str) -> dict[str
         "orphan_sweep_seconds": 0,
         "tick_interval_seconds": 10,
         "aws_interruption_redeliver_seconds": REDELIVER_SECONDS,
+        "checkpoint_stores": {"aws/us-east-1": _store(env)},  # the agent's spec, logs and reports
     }
+
+
+def _store(env: Env) -> str:
+    """A file checkpoint store beside the work dir (the data dir, which no store may be near)."""
+    root = env.workdir.parent / f"{env.workdir.name}-store"
+    root.mkdir(parents=True, exist_ok=True)
+    return f"file://{root}/"
 
 
 def process_env(settings: dict[str, Any]) -> dict[str, str]:

@@ -61,7 +61,7 @@ from providers.aws import tag_dict
 from providers.model import BROKER_TAG, JOB_TAG, LAUNCH_TOKEN_TAG, PlacementState
 from tests.azure_compute_fake import AzureComputeFake
 from tests.azure_fake import AzureFake
-from tests.builders import job_body
+from tests.builders import agent_store, job_body
 from tests.crash_harness import BROKER_ID, REGION, check_invariants
 from tests.fault_proxy import ArmDialect, Ec2Dialect, FaultProxy, GceDialect, running_fault_proxy
 from tests.gcp_compute_fake import GcpComputeFake, adc_file
@@ -432,6 +432,7 @@ def run_fault_scenario(cloud: FaultCloud, *, db_url: str, workdir: Path, jobs: i
         tick_interval_seconds=60,
         cloud_timeout_seconds=1.0,
         price_refresh_seconds=3600,
+        checkpoint_stores=agent_store(workdir, ("aws/us-east-1", "ec2/us-east-1", "gcp/us-central1", "azure/eastus")),
         **cloud.settings,
     )
     rate = proxy.rate

@@ -35,6 +35,9 @@ from providers.model import JobSpec, Offering, Tags
 
 BROKER_ID = "overspill-contract"
 
+# what the broker passes as a launch's start-up script (providers.startup); every adapter must deliver it as is
+USER_DATA = "#!/bin/sh\n# overspill contract test\nexec python3 -m agent run --spec 's3://b/a b/spec.json'\n"
+
 
 def contract_spec() -> JobSpec:
     return JobSpec(
@@ -82,6 +85,7 @@ class ContractEnv:
             tags=Tags(self.broker_id, f"job-{token[:8]}", f"plc-{token[:8]}"),
             spec=contract_spec(),
             remaining_work_hours=Decimal("2"),
+            user_data=USER_DATA,
         )
 
 

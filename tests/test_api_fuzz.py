@@ -175,7 +175,9 @@ def _variants(operation: Any, base: Any) -> Iterator[Any]:
 
 def _properties(operation: Any, schema: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
-    if ref:
+    if ref and ref.startswith("#/x-bundled/"):  # a body with nested models: schemathesis bundles its references
+        schema = schema["x-bundled"][ref.rsplit("/", 1)[1]]
+    elif ref:
         schema = operation.schema.raw_schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
     return dict(schema.get("properties", {}))
 

@@ -42,6 +42,7 @@ def test_spot_job_interrupted_and_replaced_on_aws(
     events = moto_client("events", REGION, moto_url)
     queue_url = ensure_interruption_queue(events, sqs, "overspill-e2e")
     ami = str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    moto_client("s3", REGION, moto_url).create_bucket(Bucket="e2e-ckpt")  # the agent's spec, logs and reports
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'aws.db'}",
         data_dir=tmp_path,
@@ -54,6 +55,7 @@ def test_spot_job_interrupted_and_replaced_on_aws(
         aws_interruption_queue_url=queue_url,
         orphan_grace_seconds=0,
         orphan_sweep_seconds=0,
+        checkpoint_stores={"aws/us-east-1": "s3://e2e-ckpt/"},
     )
     rt = build_runtime(settings)
     tick(rt, datetime.now(UTC))

@@ -27,7 +27,7 @@ from broker.tables import BlockEntry, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import CapacityType
 from tests.azure_compute_fake import AzureComputeFake
-from tests.builders import job_body
+from tests.builders import agent_store, job_body
 from tests.provider_contract import BROKER_ID, ContractEnv
 from tests.test_provider_azure import RG, SUB, make_provider, offering
 
@@ -58,6 +58,7 @@ def test_relayed_preempt_replaces_the_job_and_the_vm_is_gone(fake: AzureComputeF
         database_url=f"sqlite:///{tmp_path / 'az.db'}",
         data_dir=tmp_path,
         simulated=False,
+        checkpoint_stores=agent_store(tmp_path),
         public_url="https://broker.example",
         wait_value_usd_per_gpu_hour=0,
     )
@@ -110,6 +111,7 @@ def _runtime(fake: AzureComputeFake, tmp_path: Path, **overrides: object) -> tup
         database_url=f"sqlite:///{tmp_path / 'az.db'}",
         data_dir=tmp_path,
         simulated=False,
+        checkpoint_stores=agent_store(tmp_path),
         broker_id=BROKER_ID,
         public_url="https://broker.example",
         wait_value_usd_per_gpu_hour=0,

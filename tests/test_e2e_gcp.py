@@ -26,7 +26,7 @@ from broker.settings import DEV_API_KEY, Settings
 from broker.tables import BlockEntry, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import Offering
-from tests.builders import job_body
+from tests.builders import agent_store, job_body
 from tests.gcp_compute_fake import GcpComputeFake
 from tests.provider_contract import BROKER_ID, ContractEnv
 from tests.test_provider_gcp import make_provider, offering
@@ -56,6 +56,7 @@ def test_preempted_spot_vm_is_replaced_elsewhere_and_deleted(fake: GcpComputeFak
         database_url=f"sqlite:///{tmp_path / 'gcp.db'}",
         data_dir=tmp_path,
         simulated=False,
+        checkpoint_stores=agent_store(tmp_path),
         wait_value_usd_per_gpu_hour=0,
     )
     rt = build_runtime(settings)
@@ -90,6 +91,7 @@ def _runtime(fake: GcpComputeFake, tmp_path: Path, **overrides: object) -> tuple
         database_url=f"sqlite:///{tmp_path / 'gcp.db'}",
         data_dir=tmp_path,
         simulated=False,
+        checkpoint_stores=agent_store(tmp_path),
         broker_id=BROKER_ID,
         public_url="https://broker.example",
         wait_value_usd_per_gpu_hour=0,

@@ -53,7 +53,7 @@ from providers.base import (  # noqa: E402
 from providers.model import CapacityType, Offering, Price  # noqa: E402
 from providers.retry import RetryPolicy  # noqa: E402
 from tests.moto_server import CREDS, moto_client, running_moto_server  # noqa: E402
-from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract  # noqa: E402
+from tests.provider_contract import BROKER_ID, USER_DATA, ContractEnv, ProviderContract  # noqa: E402
 
 REGION = "us-east-1"
 ZONE = "us-east-1a"
@@ -166,8 +166,7 @@ def test_spot_launch_sets_market_options_user_data_and_tags(ec2: Any, ami: str) 
     user_data = base64.b64decode(
         ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")["UserData"]["Value"]
     ).decode()
-    assert f"docker pull -- {IMAGE}" in user_data and f"OVERSPILL_JOB_ID={req.tags.job_id}" in user_data
-    assert "shutdown -h now" in user_data  # powers off when the job ends (see providers.startup)
+    assert user_data == req.user_data == USER_DATA  # the start-up script, as the broker rendered it
     shutdown = ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="instanceInitiatedShutdownBehavior")
     assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
     volumes = ec2.describe_volumes(Filters=[{"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [req.launch_token]}])
@@ -187,7 +186,7 @@ def test_fleet_spot_launch_tags_the_instance_and_removes_its_template(ec2: Any, 
     assert inst.tags[TAG_LAUNCH_TOKEN] == req.launch_token and inst.tags["overspill:job"] == req.tags.job_id
     _, ec2_id = parse_instance_ref(inst.id)
     user_data = ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")["UserData"]["Value"]
-    assert IMAGE in base64.b64decode(user_data).decode()
+    assert base64.b64decode(user_data).decode() == USER_DATA
     names = [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]]
     assert not [n for n in names if n.startswith("overspill-")]
     assert provider.launch(req).id == inst.id

@@ -49,9 +49,8 @@ from providers.base import (
 )
 from providers.model import CapacityType, Offering, Price, Tags
 from providers.retry import RetryPolicy
-from providers.startup import startup_script
 from tests.azure_compute_fake import AzureComputeFake
-from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract, contract_spec
+from tests.provider_contract import BROKER_ID, USER_DATA, ContractEnv, ProviderContract, contract_spec
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 SUB = "00000000-0000-0000-0000-000000000001"
@@ -179,7 +178,7 @@ def test_spot_vm_body_carries_spot_fields_custom_data_managed_nic_and_tags(
     assert (props["priority"], props["evictionPolicy"], props["billingProfile"]) == ("Spot", "Delete", {"maxPrice": -1})
     assert "identity" not in body, "no managed identity configured: none attached"
     assert props["hardwareProfile"] == {"vmSize": "Standard_NC24ads_A100_v4"}
-    assert base64.b64decode(props["osProfile"]["customData"]).decode() == startup_script(req)
+    assert base64.b64decode(props["osProfile"]["customData"]).decode() == req.user_data == USER_DATA
     assert props["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"] is True
     assert props["storageProfile"]["imageReference"] == IMAGE
     assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"

@@ -56,9 +56,8 @@ from providers.gcp import (
 )
 from providers.model import CapacityType, Offering, Price, Tags
 from providers.retry import RetryPolicy
-from providers.startup import startup_script
 from tests.gcp_compute_fake import GcpComputeFake
-from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
+from tests.provider_contract import BROKER_ID, USER_DATA, ContractEnv, ProviderContract
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 ZONE = "us-central1-a"
@@ -180,7 +179,7 @@ def test_spot_n1_insert_carries_spot_scheduling_gpus_startup_script_and_request_
         {"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}
     ]
     meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
-    assert meta["startup-script"] == startup_script(req)
+    assert meta["startup-script"] == req.user_data == USER_DATA
     assert body["disks"][0]["initializeParams"] == {
         "sourceImage": IMAGE,
         "diskSizeGb": "200",

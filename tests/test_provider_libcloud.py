@@ -43,8 +43,7 @@ from providers.base import (
 )
 from providers.libcloud import TAG_OFFERING, TAG_TOKEN, GpuSpec, LibcloudProvider, map_state, node_name
 from providers.model import CapacityType, Offering
-from providers.startup import startup_script
-from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
+from tests.provider_contract import BROKER_ID, USER_DATA, ContractEnv, ProviderContract
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 EC2_IMAGE = "ami-12c6146b"
@@ -197,7 +196,7 @@ def test_openstack_shaped_driver_stores_tags_userdata_and_zone() -> None:
     [call] = driver.calls
     assert call == {
         "name": node_name(req.launch_token),
-        "userdata": startup_script(req),
+        "userdata": USER_DATA,
         "zone": "nova",
         "size": "gpu.a100x2",
     }
@@ -402,7 +401,7 @@ def test_moto_launch_delivers_userdata_zone_and_survives_a_restart(moto_port: in
         aws_access_key_id="AKIDMOTOEXAMPLE", aws_secret_access_key="secret",
     )  # fmt: skip
     attr = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="userData")
-    assert base64.b64decode(attr["UserData"]["Value"]).decode() == startup_script(req)
+    assert base64.b64decode(attr["UserData"]["Value"]).decode() == USER_DATA
 
     restarted = _ec2_provider(moto_port, broker_id="restart-check")  # moto ignores ClientToken: tags find it
     assert restarted.launch(req).id == inst.id

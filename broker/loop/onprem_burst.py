@@ -43,7 +43,7 @@ from sqlmodel import Session, col, select
 from broker.audit import record_system
 from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
-from broker.loop.place import extra_hourly, launchable_providers
+from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
@@ -137,6 +137,7 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         params=rt.params,
         launchable=launchable_providers(rt),  # a pool nothing here launches on is no pool to burst to
         extra_hourly_usd=extra_hourly(rt),
+        no_checkpoint_store=storeless_providers(rt),
     )
     if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)

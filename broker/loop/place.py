@@ -6,8 +6,10 @@ twice. The launch itself happens after that commit and is idempotent on the plac
 between the two is repaired by the next tick relaunching with the same token.
 
 Only launchable pools are chosen: a pool whose provider has no adapter in this process (prices from a feed or an
-imported catalog, launching not enabled) is rejected `no_launch_adapter`. A pool's expected cost counts what its
-instance bills beside compute (boot disk, public IPv4: `rt.extras`, at list price) on top of its price.
+imported catalog, launching not enabled) is rejected `no_launch_adapter`, and a pool of a cloud whose instances run
+the agent but that has no checkpoint store (`OVERSPILL_CHECKPOINT_STORES`, any region) `no_checkpoint_store`. A
+pool's expected cost counts what its instance bills beside compute (boot disk, public IPv4: `rt.extras`, at list
+price) on top of its price.
 
 Launch failures. A definitive answer (no capacity, quota, credentials, bad request, a policy denial) fails the
 placement, blocklists the scope the error names (zone, region or provider; none for a request-scoped one) at once,
@@ -32,10 +34,18 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, func, or_, select
 
-from broker.auth import callback_token
+from broker.attempt_spec import boots_agent
 from broker.availability import pool_outlooks
 from broker.crashpoints import crashpoint
 from broker.finance.budgets import HardBudgetGate, onprem_only
+from broker.loop.attempt import (
+    MAX_SPEC_FAILURES,
+    AttemptStoreUnavailable,
+    Prepared,
+    prepare_attempt,
+    resume_from,
+    spec_failures,
+)
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -79,6 +89,13 @@ def launchable_providers(rt: Runtime) -> frozenset[str]:
     return frozenset(rt.providers)
 
 
+def storeless_providers(rt: Runtime) -> frozenset[str]:
+    """Providers whose instances run the agent but that have no checkpoint store in any region: none of their
+    pools can run a job (rejected `no_checkpoint_store`). The simulated clouds and Slurm run no agent."""
+    have = rt.checkpoint_stores.providers_with_stores()
+    return frozenset(name for name, prov in rt.providers.items() if boots_agent(prov) and name not in have)
+
+
 def extra_hourly(rt: Runtime) -> dict[str, Decimal]:
     """What an instance bills per hour beside compute, by `provider/capacity_type` (placement's shape)."""
     return extra_hourly_table(rt.extras, _CLOUD_CAPACITY)
@@ -101,6 +118,7 @@ def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset
         params=rt.params,
         launchable=launchable_providers(rt),
         extra_hourly_usd=extra_hourly(rt),
+        no_checkpoint_store=storeless_providers(rt),
     )
 
 
@@ -337,14 +355,16 @@ def _spot_keys(book: PriceBook, spec: JobSpec) -> list[str]:
 def _without_blocked(book: PriceBook, spec: JobSpec, ctx: PlacementContext, now: datetime) -> PriceBook:
     """The job's pools minus those the broker's blocklist (failed launches, recent reclaims) rules out now and those
     nothing here can launch."""
-    blocklist, launchable = ctx.blocklist, ctx.launchable
-    if not blocklist and launchable is None:
+    blocklist, launchable, storeless = ctx.blocklist, ctx.launchable, ctx.no_checkpoint_store
+    if not blocklist and launchable is None and not storeless:
         return book
     keep = [
         item.offering
         for group in book.for_accelerators(spec.accelerators)
         for item in group
-        if not blocked(item.offering, blocklist) and (launchable is None or item.offering.provider in launchable)
+        if not blocked(item.offering, blocklist)
+        and (launchable is None or item.offering.provider in launchable)
+        and item.offering.provider not in storeless
     ]
     return PriceBook.build(keep, now, book.feed_observed_at)
 
@@ -367,6 +387,11 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
     pauses the job instead, and so does a checkpoint URI outside the tenant's checkpoint prefixes (it is neither
     read nor handed to the instance). The instance is told the job's checkpoint URI as it is after staging (a
     job without one was given its prefix in the store at the target, if any).
+
+    On a cloud whose instances run the agent, the attempt's spec is then written to the job's store and the start-up
+    script recorded (`broker.loop.attempt.prepare_attempt`): a store error leaves the placement LAUNCHING for the
+    next tick (after `MAX_SPEC_FAILURES` the launch fails over), a refused image or secret reference pauses the job,
+    and the instance always boots with its spec in place.
 
     A placement whose job was cancelled meanwhile is stopped without launching.
 
@@ -400,6 +425,18 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
             ),
         )
         return None
+    prepared, why = prepare_attempt(rt, placement_id, now)
+    if prepared is Prepared.FAILED and spec_failures(rt, _job_of(rt, placement_id), placement_id) < MAX_SPEC_FAILURES:
+        return None
+    if prepared is Prepared.REFUSED:
+        _abandon(
+            rt,
+            placement_id,
+            now,
+            "the job cannot be handed to an instance",
+            lambda p, job: f"paused: {why}"[:500],
+        )
+        return None
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
         if p is None or p.state != PlacementState.LAUNCHING.value or p.instance_id is not None:
@@ -425,6 +462,15 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
             scope = launch_failed(session, p, job, gone, now)
             session.commit()
             return scope
+        if prepared in (Prepared.FAILED, Prepared.NO_STORE):  # never launched without its spec: fail over
+            refusal: ProviderError = (
+                AttemptStoreUnavailable(f"the attempt's spec could not be written: {why}", provider=p.provider)
+                if prepared is Prepared.FAILED
+                else InvalidRequest(f"{why}: its instances could not run the agent", provider=p.provider)
+            )
+            scope = launch_failed(session, p, job, refusal, now)
+            session.commit()
+            return scope
         p.launch_attempts += 1
         try:
             instance = provider.launch(
@@ -434,10 +480,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
                     tags=Tags(rt.settings.broker_id, job.id, p.id),
                     spec=replace(spec_of(job), checkpoint_uri=job.checkpoint_uri),
                     remaining_work_hours=p.work_hours_at_start,
-                    resume_from=_resume_from(job),
+                    resume_from=resume_from(job),
                     checkpoint_interval_hours=Decimal(str(rt.settings.checkpoint_interval_hours)),
-                    callback_url=rt.settings.public_url or None,
-                    callback_token=callback_token(rt.settings, p.id) if rt.settings.public_url else None,
+                    user_data=p.user_data,
                 )
             )
         except ProviderError as exc:
@@ -461,13 +506,9 @@ def launch_placement(rt: Runtime, placement_id: str, now: datetime) -> str | Non
     return None
 
 
-def _resume_from(job: Job) -> str | None:
-    """The checkpoint to resume from: the job's own after a first attempt, or a staged copy of the one it came
-    with (a location the broker assigned to a first attempt holds nothing to resume from yet)."""
-    given = spec_of(job).checkpoint_uri
-    if job.checkpoint_uri and (job.attempts > 1 or (given is not None and job.checkpoint_uri != given)):
-        return job.checkpoint_uri
-    return None
+def _job_of(rt: Runtime, placement_id: str) -> str:
+    with Session(rt.engine) as session:
+        return session.exec(select(Placement.job_id).where(Placement.id == placement_id)).first() or ""
 
 
 def _stage_failures(rt: Runtime, placement_id: str) -> int:

@@ -1,8 +1,9 @@
 """Pre-stage a job's latest checkpoint next to where it is about to launch, and book the transfer.
 
-Called by `launch_placement` before the cloud launch. When the job's checkpoint lives at another location than
-the placement's `(provider, region)` and a store is configured there (`broker.checkpoint_stores`), the checkpoint
-(one object, or every object under a URI ending in `/`) is copied into the tenant's job checkpoint prefix in that
+Called by `launch_placement` before the cloud launch. The store next to the launch is the one at the placement's
+`(provider, region)`, else the nearest of that provider (`CheckpointStores.for_launch`). When the job's checkpoint
+lives at another location than that store, the checkpoint (one object, or every object under a URI ending in `/`)
+is copied into the tenant's job checkpoint prefix in that
 store, `<store>tenants/<tenant>/jobs/<job id>/checkpoint/` (`broker.checkpoint_layout`), with
 `providers.storage.copy_checkpoint`: streamed, verified, and resumable across crashes and replicas through the
 database-backed copy state. The job then resumes from the local copy, which becomes its checkpoint URI. A job
@@ -122,10 +123,11 @@ def plan_staging(stores: CheckpointStores, job: Job, target: Location) -> StageP
     if not job.checkpoint_uri:
         return None
     source = checkpoint_location(stores, job)
-    prefix = stores.near(*target)
-    if source is None or source == target or prefix is None:
+    found = stores.for_launch(*target)  # the store there, else the provider's nearest
+    if source is None or found is None or source == found[0]:
         return None
-    return StagePlan(job.checkpoint_uri, source, target, layout.job_checkpoint_prefix(prefix, job.tenant, job.id))
+    where, prefix = found
+    return StagePlan(job.checkpoint_uri, source, where, layout.job_checkpoint_prefix(prefix, job.tenant, job.id))
 
 
 def transfer_rate(rt: Runtime, source: Location, target: Location) -> Decimal:
@@ -191,20 +193,23 @@ def stage_checkpoint(
 
 
 def _assign_location(rt: Runtime, p: Placement, job: Job, now: datetime) -> None:
-    """Give a job without a checkpoint URI its checkpoint prefix in the store at the placement's location."""
+    """Give a job without a checkpoint URI its checkpoint prefix in the store its instance uses (the one at the
+    placement's location, else the provider's nearest: `CheckpointStores.for_launch`)."""
+    found = rt.checkpoint_stores.for_launch(p.provider, p.region)
+    if found is None:
+        return
+    where, prefix = found
     try:
-        uri = rt.checkpoint_stores.job_checkpoint_uri((p.provider, p.region), job.tenant, job.id)
+        uri = layout.job_checkpoint_prefix(prefix, job.tenant, job.id)
     except UnsafeKey as exc:
         log.warning("no checkpoint location for %s: %s", job.id, exc)
-        return
-    if uri is None:
         return
     with Session(rt.engine) as session:
         locked_job = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
         if locked_job.checkpoint_uri is not None:
             return  # another replica assigned it
         locked_job.checkpoint_uri = uri
-        locked_job.checkpoint_provider, locked_job.checkpoint_region = p.provider, p.region
+        locked_job.checkpoint_provider, locked_job.checkpoint_region = where
         locked_job.updated_at = now
         session.add(locked_job)
         add_event(

@@ -33,6 +33,7 @@ def submit_job(
         now=rt.clock(),
         request_id=current_context().get("request_id"),
         checkpoints=rt.checkpoint_stores,
+        settings=rt.settings,
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if not created:

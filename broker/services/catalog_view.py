@@ -9,7 +9,7 @@ from sqlmodel import Session, select
 
 from broker.db import plain
 from broker.loop.common import active_blocklist
-from broker.loop.place import extra_hourly, launchable_providers
+from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
 from broker.runtime import Runtime
 from broker.schemas import (
     JobCreate,
@@ -20,7 +20,7 @@ from broker.schemas import (
     QuoteRejection,
     QuoteResponse,
 )
-from broker.services.jobs import check_checkpoint_uri, new_id, spec_of
+from broker.services.jobs import check_checkpoint_uri, check_secret_refs, new_id, spec_of
 from broker.tables import FeedStatus, Job, PressureRow, PriceChange
 from federation.placement import PlacementContext, quote
 from providers.model import Offering
@@ -105,6 +105,7 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
     """Rank every pool for the spec without submitting it; every rejected pool carries its reason. A
     `checkpoint_uri` outside the tenant's checkpoint prefixes is refused as at submission."""
     check_checkpoint_uri(rt.checkpoint_stores, tenant, create.checkpoint_uri)
+    check_secret_refs(rt.settings, tenant, create)
     now = rt.clock()
     probe = Job(
         id=new_id("quote"),
@@ -128,6 +129,7 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
         params=rt.params,
         launchable=launchable_providers(rt),  # priced pools nothing here launches on: rejected no_launch_adapter
         extra_hourly_usd=extra_hourly(rt),
+        no_checkpoint_store=storeless_providers(rt),
     )
     q = quote(spec, book, ctx)
     health = feed_health(rt, now)

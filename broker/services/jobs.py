@@ -17,13 +17,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from broker.attempt_spec import secret_ref_refusal
 from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
 from broker.errors import Conflict, NotFoundError, Unprocessable
 from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
+from broker.settings import Settings
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import ever_feasible
-from providers.model import JobSpec, JobState
+from providers.model import JobSpec, JobState, SecretReference
 
 
 def new_id(prefix: str) -> str:
@@ -63,7 +65,16 @@ def spec_of(job: Job) -> JobSpec:
         allowed_regions=tuple(s.get("allowed_regions", ())),
         priority=int(s.get("priority", 0)),
         preemptible=bool(s.get("preemptible", True)),
+        env={str(k): str(v) for k, v in (s.get("env") or {}).items()},
+        secrets=tuple(_secret_ref(x, x.get("env", "")) for x in s.get("secrets") or ()),
+        registry_secret=_secret_ref(s["registry_secret"], "") if s.get("registry_secret") else None,
+        shm_size_gb=dec("shm_size_gb"),
+        max_infra_retries=int(s.get("max_infra_retries", 3)),
     )
+
+
+def _secret_ref(raw: dict[str, Any], env: str) -> SecretReference:
+    return SecretReference(env=str(env), source=str(raw["source"]), ref=str(raw["ref"]), field=raw.get("field"))
 
 
 def _request_hash(payload: dict[str, Any]) -> str:
@@ -88,6 +99,24 @@ def check_checkpoint_uri(checkpoints: CheckpointStores | None, tenant: str, uri:
         raise Unprocessable("checkpoint_uri", str(exc)) from None
 
 
+def check_secret_refs(settings: Settings | None, tenant: str, create: JobCreate) -> None:
+    """Raise Unprocessable naming `secrets[i].ref` (or `registry_secret.ref`) for a secret reference that is not
+    under one of `tenant`'s secret prefixes (`OVERSPILL_TENANT_SECRET_PREFIXES`; none given: no secret is allowed),
+    and `secrets[i].env` for a variable set twice (by `env` or another secret)."""
+    seen: set[str] = set()
+    for i, secret in enumerate(create.secrets):
+        if secret.env in create.env or secret.env in seen:
+            raise Unprocessable(f"secrets[{i}].env", f"{secret.env} is set twice (in env or by another secret)")
+        seen.add(secret.env)
+    named = [(f"secrets[{i}].ref", secret.ref) for i, secret in enumerate(create.secrets)]
+    if create.registry_secret is not None:
+        named.append(("registry_secret.ref", create.registry_secret.ref))
+    for name, ref in named:
+        reason = secret_ref_refusal(settings.tenant_secret_prefixes if settings else {}, tenant, ref)
+        if reason:
+            raise Unprocessable(name, reason)
+
+
 def submit_job(
     engine: Engine,
     catalog: CatalogCache,
@@ -98,13 +127,15 @@ def submit_job(
     now: datetime,
     request_id: str | None = None,
     checkpoints: CheckpointStores | None = None,
+    settings: Settings | None = None,
 ) -> tuple[Job, bool]:
     """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
 
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
-    region or provider constraints...), the deadline has passed, or `checkpoint_uri` is not under one of the
-    tenant's allowed prefixes in `checkpoints` (none given: any checkpoint_uri is refused), and Conflict when the
-    key was used for a different request.
+    region or provider constraints...), the deadline has passed, `checkpoint_uri` is not under one of the
+    tenant's allowed prefixes in `checkpoints` (none given: any checkpoint_uri is refused), or a secret reference is
+    not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), and Conflict
+    when the key was used for a different request.
     """
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
@@ -115,6 +146,7 @@ def submit_job(
     if create.deadline is not None and create.deadline <= now:
         raise Unprocessable("deadline", "the deadline is in the past")
     check_checkpoint_uri(checkpoints, tenant, create.checkpoint_uri)
+    check_secret_refs(settings, tenant, create)
     job = Job(
         id=new_id("job"),
         tenant=tenant,
