@@ -71,7 +71,8 @@ def costs_summary(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Cost, on-demand equivalent and savings grouped as asked (a finance or admin key)."""
+    """Cost, compute lost to preemptions, on-demand equivalent and what spot saved, grouped as asked (a finance or
+    admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
     from broker.client import ApiError, BrokerClient
@@ -87,13 +88,43 @@ def costs_summary(
     if as_json:
         print(json.dumps(data))
         return
+    console.print(summary_table(data))
+
+
+def _when(iso: str) -> str:
+    """An ISO 8601 UTC time from the API as "2026-11-25 10:30 UTC"."""
+    return iso[:16].replace("T", " ") + " UTC"
+
+
+def summary_table(data: dict[str, Any]) -> Table:
+    """A `/v1/costs` answer as a table of its display figures (cents, each column adding up to its total:
+    `broker.finance.money`), with the data's "as of" time."""
     keys = data["group_by"]
-    table = Table(*keys, "cost $", "on-demand $", "saved $", "entries", title=f"{data['from']} to {data['to']}")
+    as_of = f"data as of {_when(data['as_of'])}" if data.get("as_of") else "no ledger entries"
+    table = Table(
+        *keys,
+        "cost $",
+        "lost to preemptions $",
+        "on-demand equivalent $",
+        "saved by spot $",
+        "entries",
+        title=f"{_when(data['from'])} to {_when(data['to'])} ({as_of})",
+    )
+    for column in table.columns[len(keys) :]:
+        column.justify = "right"
+    money = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
     for r in data["rows"]:
-        table.add_row(*[r[k] for k in keys], r["cost_usd"], r["on_demand_usd"], r["savings_usd"], str(r["entries"]))
-    t = data["total"]
-    table.add_row(*(["total"] + [""] * (len(keys) - 1)), t["cost_usd"], t["on_demand_usd"], t["savings_usd"], "")
-    console.print(table)
+        table.add_row(*[r[k] for k in keys], *[r["display"][m] for m in money], str(r["entries"]))
+    if table.rows:
+        table.rows[-1].end_section = True
+    total = data["total"]
+    table.add_row(
+        *(["total"] + [""] * (len(keys) - 1)),
+        *[total["display"][m] for m in money],
+        str(total.get("entries", "")),
+        style="bold",
+    )
+    return table
 
 
 @costs_app.command("import-bill")
