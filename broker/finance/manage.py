@@ -36,7 +36,8 @@ from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job, ReportRu
 def cost_summary(rt: Runtime, tenant: str, group_by: list[str], start: datetime, end: datetime) -> dict[str, Any]:
     """Sums per group, exact (`cost_usd`, `wasted_usd`, `on_demand_usd`, `savings_usd`: see
     `broker.finance.costs`) and rounded for display (`display`: cents, each column allocated so that its rows
-    add up to the total's, `broker.finance.money`); `as_of`: the latest accrued time among the entries."""
+    add up to the total's, `broker.finance.money`); `title`: the window for people ("1-25 November 2026 (month to
+    date)"); `as_of`: the latest accrued time among the entries."""
     items = entries(rt.engine, tenant, start, end)
     grouped = group(items, group_by)
     ordered = grouped.sorted_rows()
@@ -49,6 +50,7 @@ def cost_summary(rt: Runtime, tenant: str, group_by: list[str], start: datetime,
     return {
         "from": start.isoformat(),
         "to": end.isoformat(),
+        "title": title(start, end),
         "as_of": latest.isoformat() if latest else None,
         "group_by": group_by,
         "currency": "USD",
