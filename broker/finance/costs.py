@@ -211,8 +211,7 @@ class Sums:
 MONEY_FIELDS = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
 
 
-@dataclass(frozen=True, slots=True)
-class Shown:
+class Shown(NamedTuple):
     """A line of `Sums` rounded for display (cents, Decimal), allocated with the other lines of its table."""
 
     cost_usd: Decimal

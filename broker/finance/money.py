@@ -21,6 +21,7 @@ cost columns are decimals at the ledger's full precision, as the FOCUS 1.2 spec 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
@@ -39,9 +40,8 @@ def allocate(values: Sequence[Decimal]) -> list[Decimal]:
     floors = [v.quantize(CENT, rounding=ROUND_FLOOR) for v in values]
     total = cents(sum(values, Decimal(0)))
     missing = int((total - sum(floors, Decimal(0))) / CENT)  # 0 <= missing <= count of lines with a remainder
-    if missing:
-        order = sorted(range(len(values)), key=lambda i: (floors[i] - values[i], i))  # largest remainder first
-        for i in order[:missing]:
+    if missing:  # the largest remainders first (ties: the earlier line)
+        for i in heapq.nsmallest(missing, range(len(values)), key=lambda i: (floors[i] - values[i], i)):
             floors[i] += CENT
     return floors
 

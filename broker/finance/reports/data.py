@@ -18,7 +18,7 @@ from decimal import Decimal
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from broker.finance.costs import Entry, Grouped, Sums, as_of, entries, iter_days
+from broker.finance.costs import WASTED, Entry, Grouped, Sums, as_of, entries, iter_days, on_demand_of
 from broker.finance.reports.period import label, title
 from broker.tables import Job
 
@@ -133,25 +133,34 @@ def build(
     by_location: dict[str, Sums] = {"cloud": Sums(), "on-prem": Sums()}
     jobs: dict[str, tuple[str, str, Sums, dict[str, Decimal]]] = {}
     days: dict[object, str] = {}
+    places: dict[str | None, str] = {}  # where each placement ran (one place per placement)
     for e in items:
         d = e.start.date()
         day = days.get(d)
         if day is None:
             day = days[d] = d.isoformat()
         keys = ((e.team,), (e.project,), (e.provider,), (e.kind,), (day, e.team), (day, e.provider), (e.team, e.kind))
+        slot = jobs.get(e.job_id)
+        if slot is None:
+            slot = jobs[e.job_id] = (e.team, e.project, Sums(), {})
+        targets = [total, by_location["on-prem" if e.capacity_type == "on_prem" else "cloud"], slot[2]]
         for table, key in zip(rows, keys, strict=True):
             sums = table.get(key)
             if sums is None:
                 sums = table[key] = Sums()
-            sums.add(e)
-        total.add(e)
-        by_location["on-prem" if e.capacity_type == "on_prem" else "cloud"].add(e)
-        slot = jobs.get(e.job_id)
-        if slot is None:
-            slot = jobs[e.job_id] = (e.team, e.project, Sums(), {})
-        slot[2].add(e)
-        place = _place(e)
-        slot[3][place] = slot[3].get(place, ZERO) + e.usd
+            targets.append(sums)
+        usd, od = e.usd, on_demand_of(e)  # what Sums.add does, once per entry for its ten sums
+        wasted = usd if e.kind == WASTED else None
+        for sums in targets:
+            sums.cost_usd += usd
+            sums.on_demand_usd += od
+            if wasted is not None:
+                sums.wasted_usd += wasted
+            sums.entries += 1
+        place = places.get(e.placement_id) if e.placement_id else _place(e)
+        if place is None:
+            place = places[e.placement_id] = _place(e)
+        slot[3][place] = slot[3].get(place, ZERO) + usd
     for g in groups.values():
         g.total = total
     ranked = sorted(jobs.items(), key=lambda kv: (-kv[1][2].cost_usd, kv[0]))

@@ -154,6 +154,7 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
         slot[2][0] += e.quantity
         slot[2][1] += e.on_demand_usd
     as_of = _ts(data.as_of) if data.as_of else ""
+    months: dict[str, tuple[datetime, datetime]] = {}
     rows = []
     for key, (first, sums, qty) in sorted(groups.items()):
         day = datetime.strptime(key[0], "%Y-%m-%d").replace(tzinfo=data.start.tzinfo)
@@ -164,7 +165,10 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
         correction = first.kind == "correction"
         unit = first.unit or "Hours"
         quantity, list_cost = qty
-        billing_start, billing_end = parse_period(key[0][:7])  # the calendar month: one statement per month
+        billing = months.get(key[0][:7])
+        if billing is None:
+            billing = months[key[0][:7]] = parse_period(key[0][:7])  # the calendar month: one statement per month
+        billing_start, billing_end = billing
         resource = first.resource_id or first.placement_id or first.job_id
         rows.append(
             {
