@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from broker.finance.costs import WASTED, Entry, Grouped, Sums, as_of, entries, iter_days, on_demand_of
-from broker.finance.reports.period import label, title
+from broker.finance.reports.period import title
 from broker.tables import Job
 
 ZERO = Decimal("0")
@@ -63,11 +63,6 @@ class ReportData:
     job_count: int
     as_of: datetime | None  # the ledger's latest accrued time in the period; None without entries
     open: bool = False  # the period had not ended when the report was made
-
-    @property
-    def label(self) -> str:
-        """The period's short name (file names, FOCUS invoice ids)."""
-        return label(self.start, self.end)
 
     @property
     def title(self) -> str:
