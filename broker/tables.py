@@ -366,6 +366,8 @@ class ReportRunRow(SQLModel, table=True):
     destination: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     delivery_state: str = Field(default="", max_length=16)
     delivery_attempts: int = 0
+    # the ledger's latest accrued time in the period (what the file's "data as of" says); None without entries
+    data_as_of: datetime | None = _at()
 
 
 class BillImportRow(SQLModel, table=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.message
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -257,13 +258,15 @@ def test_cli_report_run_writes_the_file(
     monkeypatch.setenv("OVERSPILL_SIMULATED", "false")
     monkeypatch.setenv("OVERSPILL_DATA_DIR", str(tmp_path))
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli_app, ["report", "run", "--period", "2026-10", "--format", "pdf", "--out", str(out)])
+    command = ["report", "run", "--period", "2026-10", "--format", "pdf", "--out", str(out)]
+    result = CliRunner().invoke(cli_app, command, env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     pdf = out / "overspill-costs-demo-2026-10.pdf"
     assert pdf.read_bytes().startswith(b"%PDF") and "400 ledger entries" in result.output
-    again = CliRunner().invoke(
-        cli_app, ["report", "run", "--period", "2026-10", "--format", "pdf", "--out", str(out), "--json"]
-    )
+    assert ": October 2026, data as of 2026-1" in result.output, result.output  # the period for people
+    again = CliRunner().invoke(cli_app, [*command, "--json"])
     assert again.exit_code == 0 and hashlib.sha256(pdf.read_bytes()).hexdigest() in again.output
+    made = json.loads(again.output)
+    assert made["period_title"] == "October 2026" and made["data_as_of"].startswith("2026-1")
     bad = CliRunner().invoke(cli_app, ["report", "run", "--period", "October", "--format", "pdf"])
     assert bad.exit_code != 0 and "--period" in bad.output

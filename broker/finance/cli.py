@@ -4,6 +4,7 @@ from the API) and `overspill costs import-bill FILE` (local: import a FOCUS bill
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +28,7 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from broker.finance.manage import run_public
     from broker.finance.reports.period import PeriodError, parse_period
     from broker.finance.reports.render import FORMATS
     from broker.finance.reports.runs import run_report
@@ -54,11 +56,20 @@ def report_run(
     out.mkdir(parents=True, exist_ok=True)
     target = out / run.filename
     target.write_bytes(run.content or b"")
+    public = run_public(run)
+    as_of = f"data as of {public.data_as_of:%Y-%m-%d %H:%M} UTC" if public.data_as_of else "no ledger entries"
     result = {"id": run.id, "file": str(target), "sha256": run.sha256, "bytes": run.size_bytes, "entries": run.entries}
+    result |= {
+        "period_title": public.period_title,
+        "data_as_of": public.data_as_of.isoformat() if public.data_as_of else None,
+    }
     if as_json:
         print(json.dumps(result))
     else:
-        console.print(f"{target} ({run.size_bytes} bytes, {run.entries} ledger entries, sha256 {run.sha256[:16]}…)")
+        console.print(
+            f"{target}: {public.period_title}, {as_of} ({run.size_bytes} bytes, {run.entries} ledger entries, "
+            f"sha256 {run.sha256[:16]}…)"
+        )
 
 
 @costs_app.callback()
@@ -71,7 +82,8 @@ def costs_summary(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Cost, on-demand equivalent and savings grouped as asked (a finance or admin key)."""
+    """Cost, compute lost to preemptions, on-demand equivalent and what spot saved, grouped as asked (a finance or
+    admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
     from broker.client import ApiError, BrokerClient
@@ -87,13 +99,43 @@ def costs_summary(
     if as_json:
         print(json.dumps(data))
         return
+    console.print(summary_table(data))
+
+
+def _when(iso: str) -> str:
+    """An ISO 8601 UTC time from the API as "2026-11-25 10:30 UTC"."""
+    return iso[:16].replace("T", " ") + " UTC"
+
+
+def summary_table(data: dict[str, Any]) -> Table:
+    """A `/v1/costs` answer as a table of its display figures (cents, each column adding up to its total:
+    `broker.finance.money`), with the data's "as of" time."""
     keys = data["group_by"]
-    table = Table(*keys, "cost $", "on-demand $", "saved $", "entries", title=f"{data['from']} to {data['to']}")
+    as_of = f"data as of {_when(data['as_of'])}" if data.get("as_of") else "no ledger entries"
+    table = Table(
+        *keys,
+        "cost $",
+        "lost to preemptions $",
+        "on-demand equivalent $",
+        "saved by spot $",
+        "entries",
+        title=f"{_when(data['from'])} to {_when(data['to'])} ({as_of})",
+    )
+    for column in table.columns[len(keys) :]:
+        column.justify = "right"
+    money = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
     for r in data["rows"]:
-        table.add_row(*[r[k] for k in keys], r["cost_usd"], r["on_demand_usd"], r["savings_usd"], str(r["entries"]))
-    t = data["total"]
-    table.add_row(*(["total"] + [""] * (len(keys) - 1)), t["cost_usd"], t["on_demand_usd"], t["savings_usd"], "")
-    console.print(table)
+        table.add_row(*[r[k] for k in keys], *[r["display"][m] for m in money], str(r["entries"]))
+    if table.rows:
+        table.rows[-1].end_section = True
+    total = data["total"]
+    table.add_row(
+        *(["total"] + [""] * (len(keys) - 1)),
+        *[total["display"][m] for m in money],
+        str(total.get("entries", "")),
+        style="bold",
+    )
+    return table
 
 
 @costs_app.command("import-bill")
@@ -105,6 +147,7 @@ def import_bill_cmd(
 ) -> None:
     """Import a provider billing export and show the ledger vs bill difference per resource."""
     from broker.finance.billing import BillError, import_bill, reconcile
+    from broker.finance.money import plain, usd
     from broker.runtime import build_runtime
     from broker.settings import Settings
 
@@ -123,9 +166,10 @@ def import_bill_cmd(
         return
     console.print(
         f"{file.name}: {summary.rows} rows, {summary.resources} resources "
-        f"({summary.skipped_without_resource} rows without a resource), billed ${summary.billed_usd}"
+        f"({summary.skipped_without_resource} rows without a resource), billed {usd(summary.billed_usd)}"
     )
     table = Table("resource", "ledger $", "billed $", "difference $", "status")
     for r in result.get("rows", []):
-        table.add_row(r["resource_id"], r["ledger_usd"], r["billed_usd"], r["difference_usd"], r["status"])
+        amounts = [plain(Decimal(r[k])) for k in ("ledger_usd", "billed_usd", "difference_usd")]
+        table.add_row(r["resource_id"], *amounts, r["status"])
     console.print(table)

@@ -2,8 +2,17 @@
 
 An entry belongs to the window when its period starts inside `[start, end)`. Accrual cuts entries at UTC
 midnight, so day and month windows are exact. Sums are Decimal, added in Python (SQLite keeps money as text,
-and SQL SUM over it would be a float). Savings are `on_demand_usd - cost_usd`: what the same hours would have
-cost on the pool's on-demand twin, minus what they cost.
+and SQL SUM over it would be a float).
+
+What a `Sums` holds (exact; `shown` rounds a table of them for people, `broker.finance.money`):
+- `cost_usd`: everything the entries cost, wasted work included.
+- `wasted_usd`: the part of it that paid for work lost to preemptions (kind `wasted`): a loss, never a saving.
+- `on_demand_usd`: the on-demand equivalent of the useful work: what the `compute` entries' hours would have
+  cost on their pool's on-demand twin (as accrued), plus every other useful kind at its own cost (`disk`,
+  `public_ip`, `egress`, `storage` and `correction` have no spot price, so no saving). Wasted work counts 0:
+  on-demand capacity would not have lost it.
+- `savings_usd` = `on_demand_usd - (cost_usd - wasted_usd)`: what spot saved on the useful work ("saved by
+  spot"). What preemptions cost is `wasted_usd`, beside it; `on_demand_usd - cost_usd` is the net of the two.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import String, select, type_coerce
 from sqlalchemy.engine import Engine
 
+from broker.finance.money import allocate, plain
 from broker.tables import CostEntryRow
 
 GROUP_KEYS = ("team", "project", "job", "provider", "region", "capacity_type", "kind", "day", "month")
@@ -140,27 +150,97 @@ def key_of(e: Entry, name: str) -> str:
     return _KEYS[name](e)
 
 
+SPOT_SAVING_KINDS = frozenset({"compute"})  # the only kind whose on-demand equivalent differs from its cost
+WASTED = "wasted"
+
+
+def on_demand_of(e: Entry) -> Decimal:
+    """An entry's on-demand equivalent (see the module docstring): its accrued counterfactual for compute, 0 for
+    wasted work, its own cost for every other kind."""
+    if e.kind in SPOT_SAVING_KINDS:
+        return e.on_demand_usd
+    return ZERO if e.kind == WASTED else e.usd
+
+
 @dataclass(slots=True)
 class Sums:
     cost_usd: Decimal = ZERO
     on_demand_usd: Decimal = ZERO
+    wasted_usd: Decimal = ZERO
     entries: int = 0
 
     def add(self, e: Entry) -> None:
         self.cost_usd += e.usd
-        self.on_demand_usd += e.on_demand_usd
+        if e.kind in SPOT_SAVING_KINDS:
+            self.on_demand_usd += e.on_demand_usd
+        elif e.kind == WASTED:
+            self.wasted_usd += e.usd
+        else:
+            self.on_demand_usd += e.usd
         self.entries += 1
+
+    def merge(self, other: Sums) -> None:
+        self.cost_usd += other.cost_usd
+        self.on_demand_usd += other.on_demand_usd
+        self.wasted_usd += other.wasted_usd
+        self.entries += other.entries
+
+    def minus(self, other: Sums) -> Sums:
+        return Sums(
+            self.cost_usd - other.cost_usd,
+            self.on_demand_usd - other.on_demand_usd,
+            self.wasted_usd - other.wasted_usd,
+            self.entries - other.entries,
+        )
 
     @property
     def savings_usd(self) -> Decimal:
-        return self.on_demand_usd - self.cost_usd
+        """Saved by spot on the useful work (wasted work is a loss, not a saving)."""
+        return self.on_demand_usd - (self.cost_usd - self.wasted_usd)
 
     def money(self) -> dict[str, str]:
+        """The exact amounts as wire strings."""
         return {
             "cost_usd": _fmt(self.cost_usd),
+            "wasted_usd": _fmt(self.wasted_usd),
             "on_demand_usd": _fmt(self.on_demand_usd),
             "savings_usd": _fmt(self.savings_usd),
         }
+
+
+MONEY_FIELDS = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
+
+
+class Shown(NamedTuple):
+    """A line of `Sums` rounded for display (cents, Decimal), allocated with the other lines of its table."""
+
+    cost_usd: Decimal
+    wasted_usd: Decimal
+    on_demand_usd: Decimal
+    savings_usd: Decimal
+
+    def plain(self) -> dict[str, str]:
+        """Display strings ("1234.56") per money field, as the API's `display` object carries them."""
+        return {f: plain(getattr(self, f)) for f in MONEY_FIELDS}
+
+
+def shown(lines: Sequence[Sums]) -> tuple[list[Shown], Shown]:
+    """A table's lines and its footer rounded for display (`broker.finance.money`).
+
+    Cost, wasted and savings are each allocated on their own (largest remainder), so each of those columns adds
+    up exactly to its footer, and each footer is its exact total rounded half-even (the same figure in every
+    table of a report). The on-demand equivalent is derived on every line and in the footer as cost - wasted +
+    savings, so the arithmetic a reader checks holds to the cent (a line without a spot saving shows its cost as
+    its on-demand equivalent); its footer may differ by a cent from the exact on-demand total rounded."""
+    cost, wasted, savings = (
+        allocate([getattr(s, f) for s in lines]) for f in ("cost_usd", "wasted_usd", "savings_usd")
+    )
+
+    def line(c: Decimal, w: Decimal, sv: Decimal) -> Shown:
+        return Shown(cost_usd=c, wasted_usd=w, on_demand_usd=c - w + sv, savings_usd=sv)
+
+    rows = [line(*values) for values in zip(cost, wasted, savings, strict=True)]
+    return rows, line(sum(cost, ZERO), sum(wasted, ZERO), sum(savings, ZERO))
 
 
 @dataclass
@@ -188,13 +268,17 @@ def group(items: Iterable[Entry], group_by: Sequence[str]) -> Grouped:
         sums = rows.get(key)
         if sums is None:
             sums = rows[key] = Sums()
-        sums.cost_usd += e.usd
-        sums.on_demand_usd += e.on_demand_usd
-        sums.entries += 1
-        total.cost_usd += e.usd
-        total.on_demand_usd += e.on_demand_usd
-        total.entries += 1
+        sums.add(e)
+        total.add(e)
     return out
+
+
+def as_of(items: Iterable[Entry], end: datetime) -> datetime | None:
+    """The ledger's latest accrued time among `items` (the latest end of an entry, at most `end`): the "data as of"
+    of a report or a summary. None without entries. Derived from the data, never from a clock, so the same
+    ledger gives the same answer."""
+    latest = max((e.end for e in items), default=None)
+    return None if latest is None else min(latest, end)
 
 
 def _fmt(d: Decimal) -> str:

@@ -12,10 +12,11 @@ from sqlmodel import Session, col, select
 
 from broker.errors import NotFoundError, Unprocessable
 from broker.finance import budgets as bud
-from broker.finance.costs import entries, group, money
+from broker.finance.costs import as_of, entries, group, money, shown
 from broker.finance.ledger import LedgerError, record_correction
 from broker.finance.outbound import check_url
 from broker.finance.reports.deliver import check_destination
+from broker.finance.reports.period import title
 from broker.finance.reports.runs import next_fire
 from broker.finance.schemas import (
     BudgetCreate,
@@ -33,18 +34,28 @@ from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job, ReportRu
 
 
 def cost_summary(rt: Runtime, tenant: str, group_by: list[str], start: datetime, end: datetime) -> dict[str, Any]:
-    grouped = group(entries(rt.engine, tenant, start, end), group_by)
+    """Sums per group, exact (`cost_usd`, `wasted_usd`, `on_demand_usd`, `savings_usd`: see
+    `broker.finance.costs`) and rounded for display (`display`: cents, each column allocated so that its rows
+    add up to the total's, `broker.finance.money`); `title`: the window for people ("1-25 November 2026 (month to
+    date)"); `as_of`: the latest accrued time among the entries."""
+    items = entries(rt.engine, tenant, start, end)
+    grouped = group(items, group_by)
+    ordered = grouped.sorted_rows()
+    lines, footer = shown([sums for _, sums in ordered])
     rows = [
-        {**dict(zip(group_by, key, strict=True)), **sums.money(), "entries": sums.entries}
-        for key, sums in grouped.sorted_rows()
+        {**dict(zip(group_by, key, strict=True)), **sums.money(), "entries": sums.entries, "display": line.plain()}
+        for (key, sums), line in zip(ordered, lines, strict=True)
     ]
+    latest = as_of(items, end)
     return {
         "from": start.isoformat(),
         "to": end.isoformat(),
+        "title": title(start, end),
+        "as_of": latest.isoformat() if latest else None,
         "group_by": group_by,
         "currency": "USD",
         "rows": rows,
-        "total": grouped.total.money(),
+        "total": {**grouped.total.money(), "entries": grouped.total.entries, "display": footer.plain()},
     }
 
 
@@ -240,6 +251,12 @@ def delete_schedule(rt: Runtime, tenant: str, schedule_id: str) -> None:
 # report runs
 
 
+def _through(r: ReportRunRow) -> datetime | None:
+    """Where the data of a run's period stopped if the period was still running when the run was made (as its
+    file says: `broker.finance.reports.data.ReportData.title`), else None."""
+    return (r.data_as_of or r.period_start_at) if r.created_at < r.period_end_at else None
+
+
 def run_public(r: ReportRunRow) -> RunPublic:
     return RunPublic(
         id=r.id,
@@ -247,6 +264,8 @@ def run_public(r: ReportRunRow) -> RunPublic:
         format=r.format,
         period_start=r.period_start_at,
         period_end=r.period_end_at,
+        period_title=title(r.period_start_at, r.period_end_at, through=_through(r)),
+        data_as_of=r.data_as_of,
         state=r.state,
         filename=r.filename,
         content_type=r.content_type,

@@ -174,6 +174,13 @@ class RunPublic(BaseModel):
     format: str
     period_start: datetime
     period_end: datetime
+    period_title: str = Field(
+        description='the period for people: "November 2026", "1-25 November 2026 (month to date)" for a month not '
+        "over when the run was made"
+    )
+    data_as_of: datetime | None = Field(
+        description="the ledger's latest accrued time in the period, as the report says (null: no entries)"
+    )
     state: str
     filename: str
     content_type: str

@@ -31,7 +31,8 @@ function h(tag, props, ...children) {
   return el;
 }
 
-// Money arrives as decimal strings; round them as strings (half up), never through binary floats.
+// Money arrives as decimal strings; round them as strings, half-even (the broker's display rule,
+// broker/finance/money.py), never through binary floats.
 function usd(value, places) {
   if (value === null || value === undefined || value === "") return "—";
   let s = String(value).trim();
@@ -40,7 +41,9 @@ function usd(value, places) {
   let [whole, frac = ""] = s.split(".");
   if (places === undefined) places = whole === "0" && !/^0*$/.test(frac) && frac.slice(0, 2) === "00" ? 4 : 2;
   const digits = (whole + (frac + "0".repeat(places)).slice(0, places)).split("").map(Number);
-  if (Number(frac[places] || 0) >= 5) {
+  const rest = frac.slice(places);
+  const next = Number(rest[0] || 0);
+  if (next > 5 || (next === 5 && (/[1-9]/.test(rest.slice(1)) || digits[digits.length - 1] % 2 === 1))) {
     let i = digits.length - 1;
     while (i >= 0 && digits[i] === 9) digits[i--] = 0;
     if (i < 0) digits.unshift(1);
@@ -49,7 +52,8 @@ function usd(value, places) {
   const intPart = digits.slice(0, digits.length - places).join("").replace(/^0+(?=\d)/, "") || "0";
   const grouped = intPart.replace(/\B(?=(\d{3})+(?!\d))/g, ",");
   const fracPart = places ? "." + digits.slice(digits.length - places).join("") : "";
-  return (negative ? "-$" : "$") + grouped + fracPart;
+  const zero = /^[0.,]*$/.test(grouped + fracPart);
+  return (negative && !zero ? "-$" : "$") + grouped + fracPart;
 }
 
 function ratio(part, whole) {
@@ -616,6 +620,57 @@ async function renderPools() {
 }
 
 // ---------- costs ----------
+//
+// Amounts on this page come rounded by the broker (each row's `display`: cents, half-even, every column adding up
+// to its total: the same rule as the CSV/HTML/PDF reports); sums of them are added here in integer cents, never in
+// binary floats. Reports are made by POST /v1/report-runs and downloaded with the key (fetch + a blob link: a plain
+// link could not carry the Authorization header).
+
+const FORMATS = [["csv", "CSV"], ["focus", "FOCUS"], ["html", "HTML"], ["pdf", "PDF"]];
+const FORMAT_LABEL = Object.fromEntries(FORMATS);
+const SCHEDULE_PERIODS = [
+  ["previous_month", "previous month"],
+  ["month_to_date", "month to date"],
+  ["previous_week", "previous week"],
+  ["previous_day", "previous day"],
+];
+
+function cents(text) {
+  const s = String(text || "0").trim();
+  const negative = s.startsWith("-");
+  const [whole, frac = ""] = s.replace(/^-/, "").split(".");
+  const c = Number(whole || 0) * 100 + Number((frac + "00").slice(0, 2));
+  return negative ? -c : c;
+}
+
+function fromCents(c) {
+  const a = Math.abs(c);
+  return `${c < 0 ? "-" : ""}${Math.floor(a / 100)}.${String(a % 100).padStart(2, "0")}`;
+}
+
+function bytes(n) {
+  if (n < 1024) return `${n} B`;
+  return n < 1048576 ? `${(n / 1024).toFixed(1)} kB` : `${(n / 1048576).toFixed(1)} MB`;
+}
+
+async function downloadRun(run) {
+  const response = await fetch(run.download_url, { headers: { Authorization: `Bearer ${state.key}` } });
+  if (!response.ok) {
+    let message = `HTTP ${response.status}`;
+    try {
+      message = (await response.json()).message || message;
+    } catch {
+      // not JSON: keep the status
+    }
+    throw new ApiError(response.status, message);
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const link = h("a", { href: url, download: run.filename, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
 
 async function renderCosts() {
   const params = new URLSearchParams(location.hash.split("?")[1] || "");
@@ -638,12 +693,14 @@ async function renderCosts() {
       h("a", { href: `#/costs?range=${range}&by=${value}`, class: value === by ? "active" : "" }, label),
     ),
   );
-  let byTeam, byDay, budgets;
+  const optional = (promise) => promise.catch((exc) => (exc.status === 404 ? null : Promise.reject(exc)));
+  let byTeam, byDay, budgets, month;
   try {
-    [byTeam, byDay, budgets] = await Promise.all([
+    [byTeam, byDay, budgets, month] = await Promise.all([
       api(`/v1/costs?group_by=team,provider&${span}`),
       api(`/v1/costs?group_by=day,${by}&${span}`),
-      api("/v1/budgets").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
+      optional(api("/v1/budgets")),
+      range === "month" ? null : api("/v1/costs?group_by=month"), // this month's window, from the broker's clock
     ]);
   } catch (exc) {
     if (exc.status === 404) {
@@ -654,26 +711,28 @@ async function renderCosts() {
     throw exc;
   }
   const total = byTeam.total || {};
-  const savingsPct = ratio(total.savings_usd, total.on_demand_usd) * 100;
+  const shown = total.display || {};
+  const savingsPct = ratio(shown.savings_usd, shown.on_demand_usd) * 100;
+  const net = fromCents(cents(shown.on_demand_usd) - cents(shown.cost_usd));
+  const reports = h("div", { "data-testid": "reports" });
+  const thisMonth = ((month || byTeam).from || "").slice(0, 7);
   mount(
     h("div", { class: "title" }, h("h1", {}, "Costs"), picker),
+    h("p", { class: "muted", "data-testid": "cost-period" }, `${byTeam.title || ""} · `, byTeam.as_of ? `data as of ${when(byTeam.as_of)}` : "no ledger entries in this period"),
     h(
       "div",
       { class: "cards" },
-      h("section", { class: "card" }, h("h2", {}, "Spend"), h("p", { class: "big", "data-testid": "cost-total" }, usd(total.cost_usd))),
-      h("section", { class: "card" }, h("h2", {}, "On-demand equivalent"), h("p", { class: "big" }, usd(total.on_demand_usd))),
-      h("section", { class: "card" }, h("h2", {}, "Spot savings"), h("p", { class: "big good", "data-testid": "cost-savings" }, usd(total.savings_usd)), h("p", { class: "muted small" }, `${savingsPct.toFixed(1)}% below on-demand`)),
+      h("section", { class: "card" }, h("h2", {}, "Spend"), h("p", { class: "big", "data-testid": "cost-total" }, usd(shown.cost_usd))),
+      h("section", { class: "card" }, h("h2", {}, "On-demand equivalent"), h("p", { class: "big", "data-testid": "cost-on-demand" }, usd(shown.on_demand_usd)), h("p", { class: "muted small" }, "what the useful work would have cost on on-demand")),
+      h("section", { class: "card" }, h("h2", {}, "Saved by spot"), h("p", { class: "big good", "data-testid": "cost-savings" }, usd(shown.savings_usd)), h("p", { class: "muted small" }, `${savingsPct.toFixed(1)}% below on-demand, on useful work`)),
+      h("section", { class: "card" }, h("h2", {}, "Lost to preemptions"), h("p", { class: "big bad", "data-testid": "cost-wasted" }, usd(shown.wasted_usd)), h("p", { class: "muted small", "data-testid": "cost-net" }, `net saving ${usd(net)}`)),
     ),
     h("div", { class: "title" }, h("h2", {}, `Spend per day by ${by}`), byPicker),
-    dayChart(byDay.rows || [], by),
+    dayChart(byDay, by),
     h("h2", {}, "By team and provider"),
-    table(
-      ["Team", "Provider", "Spend", "On-demand equivalent", "Savings", "Entries"],
-      (byTeam.rows || []).map((r) =>
-        h("tr", {}, h("td", {}, r.team), h("td", {}, r.provider), h("td", { class: "num" }, usd(r.cost_usd)), h("td", { class: "num" }, usd(r.on_demand_usd)), h("td", { class: "num good" }, usd(r.savings_usd)), h("td", { class: "num" }, r.entries)),
-      ),
-      "costs-by-team",
-    ),
+    costsTable(byTeam),
+    h("h2", {}, "Reports"),
+    reports,
     h("h2", {}, "Budgets"),
     budgets === null
       ? notice("The budgets API is not available on this broker.", "warn", "budgets-unavailable")
@@ -696,51 +755,305 @@ async function renderCosts() {
           )
         : notice("No budgets defined.", "info"),
   );
+  await renderReports(reports, thisMonth);
   ready("costs");
 }
 
-function dayChart(rows, by) {
-  // Stacked bars per day (SVG), one colour per provider (or team).
-  const days = [...new Set(rows.map((r) => r.day))].sort();
-  const providers = [...new Set(rows.map((r) => r[by]))].sort();
-  if (!days.length) return notice("No spend in this period.", "info");
-  const totals = days.map((d) => rows.filter((r) => r.day === d).reduce((s, r) => s + Number(r.cost_usd), 0));
-  const max = Math.max(...totals) || 1;
-  const W = 720, H = 180, gap = 2, bw = Math.min(48, Math.max(2, W / days.length - gap));
+function costsTable(data) {
+  const rows = data.rows || [];
+  const cells = (d) => [
+    h("td", { class: "num" }, usd(d.cost_usd)),
+    h("td", { class: "num" }, usd(d.wasted_usd)),
+    h("td", { class: "num" }, usd(d.on_demand_usd)),
+    h("td", { class: "num good" }, usd(d.savings_usd)),
+  ];
+  const t = data.total || {};
+  return h(
+    "table",
+    { "data-testid": "costs-by-team" },
+    h("thead", {}, h("tr", {}, ["Team", "Provider", "Spend", "Lost to preemptions", "On-demand equivalent", "Saved by spot", "Entries"].map((x) => h("th", {}, x)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.team), h("td", {}, r.provider), ...cells(r.display || {}), h("td", { class: "num" }, r.entries)))),
+    h("tfoot", {}, h("tr", { "data-testid": "costs-total" }, h("td", {}, "Total"), h("td", {}), ...cells(t.display || {}), h("td", { class: "num" }, t.entries ?? ""))),
+  );
+}
+
+// The reports block: export now, the schedules and the runs made (finance and admin keys manage them all). After
+// an export or a schedule change only the lists are redrawn (the export panel keeps its status line).
+async function renderReports(container, thisMonth) {
+  const lists = h("div", { class: "cards" });
+  const runs = h("div", {});
+  const load = async () => {
+    const view = state.view;
+    const [madeRuns, schedules] = await Promise.all([
+      api("/v1/report-runs?limit=20").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
+      api("/v1/report-schedules").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
+    ]);
+    if (view !== state.view) return false;
+    if (madeRuns === null) {
+      container.replaceChildren(notice("The reports API is not available on this broker.", "warn", "reports-unavailable"));
+      return false;
+    }
+    lists.replaceChildren(schedulesPanel(schedules || [], load));
+    runs.replaceChildren(runsTable(madeRuns));
+    return true;
+  };
+  if (await load()) {
+    container.replaceChildren(h("div", { class: "cards" }, exportPanel(thisMonth, load), lists), h("h3", {}, "Report runs"), runs);
+  }
+}
+
+function exportPanel(thisMonth, refresh) {
+  const status = h("p", { class: "small", "data-testid": "export-status", role: "status" });
+  const month = h("input", { type: "month", value: thisMonth, max: thisMonth, required: true, "data-testid": "export-month" });
+  const buttons = FORMATS.map(([fmt, label]) =>
+    h("button", { type: "button", "data-testid": `export-${fmt}`, onclick: () => produce(fmt, label) }, label),
+  );
+  async function produce(fmt, label) {
+    buttons.forEach((b) => (b.disabled = true));
+    status.className = "small";
+    status.textContent = `Producing the ${label} report of ${month.value}…`;
+    try {
+      const run = await api("/v1/report-runs", { method: "POST", body: { period: month.value, format: fmt } });
+      await downloadRun(run);
+      status.textContent = `Downloaded ${run.filename} (${bytes(run.size_bytes)}): ${run.period_title}.`;
+      await refresh();
+    } catch (exc) {
+      status.className = "notice error small";
+      status.textContent = `Export failed: ${exc.message}`;
+    } finally {
+      buttons.forEach((b) => (b.disabled = false));
+    }
+  }
+  return h(
+    "section",
+    { class: "card", "data-testid": "export" },
+    h("h2", {}, "Export a month"),
+    h("div", { class: "row" }, h("label", {}, "Month ", month), ...buttons),
+    h("p", { class: "hint" }, "The current month is reported to date. CSV, HTML and PDF are in cents that add up to the totals; FOCUS 1.2 keeps the ledger's exact amounts."),
+    status,
+  );
+}
+
+function runsTable(runs) {
+  if (!runs.length) return notice("No report runs yet.", "info", "report-runs-empty");
+  return table(
+    ["Made", "Period", "Format", "State", "Sent to", "Size", ""],
+    runs.map((r) => {
+      const error = h("div", { class: "small bad" }, r.error || "");
+      const download = h(
+        "button",
+        {
+          type: "button",
+          class: "secondary",
+          "data-testid": "run-download",
+          onclick: async () => {
+            error.textContent = "";
+            try {
+              await downloadRun(r);
+            } catch (exc) {
+              error.textContent = `Download failed: ${exc.message}`;
+            }
+          },
+        },
+        "Download",
+      );
+      return h(
+        "tr",
+        { "data-run": r.id },
+        h("td", { class: "small" }, when(r.created_at), r.schedule_id ? h("div", { class: "muted" }, "scheduled") : null),
+        h("td", {}, r.period_title || `${when(r.period_start)} → ${when(r.period_end)}`),
+        h("td", {}, FORMAT_LABEL[r.format] || r.format),
+        h("td", {}, badge(r.state), error),
+        h("td", { class: "small" }, r.delivered_to || r.delivery_state || "—"),
+        h("td", { class: "num" }, r.size_bytes ? bytes(r.size_bytes) : "—"),
+        h("td", {}, r.size_bytes ? download : ""),
+      );
+    }),
+    "report-runs",
+  );
+}
+
+function destinationText(d) {
+  if (!d || !d.type) return "kept here (download)";
+  if (d.type === "email") return `email ${(d.to || []).join(", ")}`;
+  if (d.type === "webhook") return `webhook ${String(d.url || "").replace(/\?.*/, "")}`;
+  if (d.type === "s3") return `s3://${d.bucket}/${d.prefix || ""}`;
+  if (d.type === "directory") return `directory ${d.path}`;
+  return d.type;
+}
+
+function schedulesPanel(schedules, refresh) {
+  const error = h("p", { class: "notice error small", "data-testid": "schedule-error", hidden: true });
+  const field = (label, input) => h("label", {}, label, input);
+  const select = (name, options, value) =>
+    h("select", { name, "data-testid": `schedule-${name}` }, options.map(([v, l]) => h("option", { value: v, selected: v === value }, l)));
+  const form = h(
+    "form",
+    {
+      class: "grid",
+      "data-testid": "schedule-form",
+      onsubmit: async (event) => {
+        event.preventDefault();
+        const data = Object.fromEntries(new FormData(form).entries());
+        const where = String(data.destination_value || "").trim();
+        const destination =
+          data.destination_type === "email" ? { type: "email", to: where.split(",").map((x) => x.trim()).filter(Boolean) }
+          : data.destination_type === "webhook" ? { type: "webhook", url: where }
+          : data.destination_type === "directory" ? { type: "directory", path: where }
+          : data.destination_type === "s3" ? { type: "s3", bucket: where.split("/")[0], prefix: where.split("/").slice(1).join("/") }
+          : {};
+        try {
+          await api("/v1/report-schedules", {
+            method: "POST",
+            body: { name: data.name, cron: data.cron, timezone: data.timezone, period: data.period, format: data.format, destination },
+          });
+          await refresh();
+        } catch (exc) {
+          error.textContent = exc.message;
+          error.hidden = false;
+        }
+      },
+    },
+    field("Name", h("input", { name: "name", required: true, maxlength: 128, "data-testid": "schedule-name" })),
+    field("Cron", h("input", { name: "cron", required: true, value: "0 6 1 * *", "data-testid": "schedule-cron" })),
+    field("Time zone", h("input", { name: "timezone", required: true, value: "UTC", "data-testid": "schedule-timezone" })),
+    field("Period", select("period", SCHEDULE_PERIODS, "previous_month")),
+    field("Format", select("format", FORMATS, "pdf")),
+    field("Send to", select("destination_type", [["", "nowhere (download)"], ["email", "email"], ["webhook", "webhook"], ["directory", "directory"], ["s3", "S3 bucket/prefix"]], "")),
+    field("Address, URL, path or bucket/prefix", h("input", { name: "destination_value", "data-testid": "schedule-destination" })),
+    h("div", { class: "actions" }, h("button", { type: "submit", "data-testid": "schedule-create" }, "Create schedule")),
+    error,
+  );
+  const rows = schedules.map((s) => {
+    const remove = h(
+      "button",
+      {
+        type: "button",
+        class: "danger",
+        "data-testid": "schedule-delete",
+        onclick: async () => {
+          if (remove.dataset.armed !== "yes") {
+            remove.dataset.armed = "yes"; // a second click confirms (no blocking dialog)
+            remove.textContent = "Delete: sure?";
+            return;
+          }
+          try {
+            await api(`/v1/report-schedules/${encodeURIComponent(s.id)}`, { method: "DELETE" });
+            await refresh();
+          } catch (exc) {
+            error.textContent = exc.message;
+            error.hidden = false;
+          }
+        },
+      },
+      "Delete",
+    );
+    const period = Object.fromEntries(SCHEDULE_PERIODS)[s.period] || s.period;
+    return h(
+      "tr",
+      { "data-schedule": s.id },
+      h("td", {}, s.name, s.enabled ? "" : h("span", { class: "muted" }, " (paused)")),
+      h("td", { class: "small" }, `${s.cron} (${s.timezone})`, h("div", { class: "muted" }, `next ${when(s.next_run_at)}`)),
+      h("td", {}, `${FORMAT_LABEL[s.format] || s.format}, ${period}`),
+      h("td", { class: "small" }, destinationText(s.destination)),
+      h("td", {}, remove),
+    );
+  });
+  return h(
+    "section",
+    { class: "card", "data-testid": "schedules" },
+    h("h2", {}, "Schedules"),
+    schedules.length
+      ? table(["Name", "When", "Report", "Sent to", ""], rows, "report-schedules")
+      : notice("No report schedules.", "info", "report-schedules-empty"),
+    h("details", {}, h("summary", { "data-testid": "schedule-toggle" }, "New schedule"), form),
+  );
+}
+
+function niceTop(v) {
+  if (!(v > 0)) return 1;
+  const step = 10 ** Math.floor(Math.log10(v));
+  for (const m of [1, 2, 2.5, 5, 10]) if (v <= step * m + 1e-9) return step * m;
+  return v;
+}
+
+function axisLabel(dollars, top) {
+  const places = top < 10 ? 2 : 0;
+  return `$${dollars.toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: places })}`;
+}
+
+function daysBetween(from, to) {
+  // every UTC day of the window [from, to) (ISO 8601 times), as YYYY-MM-DD
+  const out = [];
+  const end = Date.parse(String(to).replace(/\.\d+/, ""));
+  const last = Number.isNaN(end) ? String(to).slice(0, 10) : new Date(end - 1).toISOString().slice(0, 10);
+  for (let d = new Date(`${String(from).slice(0, 10)}T00:00:00Z`); out.length < 400; d.setUTCDate(d.getUTCDate() + 1)) {
+    const day = d.toISOString().slice(0, 10);
+    if (day > last) break;
+    out.push(day);
+  }
+  return out;
+}
+
+function dayChart(data, by) {
+  // Stacked bars per day (SVG), one colour per provider (or team), a y axis in dollars with gridlines, every
+  // segment's amount as a tooltip and, where there is room, each day's total above its bar. Every day of the
+  // window has its slot, spend or not.
+  const rows = data.rows || [];
+  const names = [...new Set(rows.map((r) => r[by]))].sort();
+  if (!rows.length) return notice("No spend in this period.", "info");
+  const days = [...new Set([...daysBetween(data.from, data.to), ...rows.map((r) => r.day)])].sort();
+  const cell = new Map(rows.map((r) => [`${r.day}|${r[by]}`, r]));
+  const dayCents = days.map((d) => names.reduce((sum, n) => sum + cents((cell.get(`${d}|${n}`) || { display: {} }).display.cost_usd), 0));
+  const top = niceTop(Math.max(0, ...dayCents) / 100);
+  const W = 760, H = 250, L = 64, R = 12, T = 22, B = 26;
+  const plotW = W - L - R, plotH = H - T - B;
+  const slot = plotW / days.length, bw = Math.min(48, Math.max(2, slot * 0.8));
   const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H + 20}`);
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("data-testid", "spend-chart");
+  const el = (tag, attrs, text) => {
+    const node = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "data-testid": "spend-chart" });
+  svg.append(el("title", {}, `Spend per day by ${by}`), el("text", { x: L - 6, y: 12, class: "ylabel" }, "USD per day"));
+  for (let k = 0; k <= 4; k += 1) {
+    const y = T + plotH - (plotH * k) / 4;
+    svg.append(el("line", { x1: L, x2: W - R, y1: y, y2: y, class: k ? "grid" : "baseline" }));
+    svg.append(el("text", { x: L - 6, y: y + 4, class: "yaxis", "data-testid": "y-tick" }, axisLabel((top * k) / 4, top)));
+  }
+  const labelEvery = Math.ceil(days.length / 12);
   days.forEach((d, i) => {
-    let y = H;
-    providers.forEach((p, j) => {
-      const row = rows.find((r) => r.day === d && r[by] === p);
-      if (!row) return;
-      const hgt = (Number(row.cost_usd) / max) * H;
+    const x = L + i * slot + (slot - bw) / 2;
+    let y = T + plotH;
+    names.forEach((n, j) => {
+      const row = cell.get(`${d}|${n}`);
+      const c = row ? cents(row.display.cost_usd) : 0;
+      if (c <= 0) return;
+      const hgt = (c / 100 / top) * plotH;
       y -= hgt;
-      const rect = document.createElementNS(ns, "rect");
-      rect.setAttribute("x", String(i * (bw + gap)));
-      rect.setAttribute("y", String(y));
-      rect.setAttribute("width", String(bw));
-      rect.setAttribute("height", String(Math.max(0, hgt)));
-      rect.setAttribute("class", `series s${j % 6}`);
-      const title = document.createElementNS(ns, "title");
-      title.textContent = `${d} ${p}: ${usd(row.cost_usd)}`;
-      rect.append(title);
+      const rect = el("rect", { x, y, width: bw, height: hgt, class: `series s${j % 6}` });
+      rect.append(el("title", {}, `${d} ${n}: ${usd(row.display.cost_usd)} (day total ${usd(fromCents(dayCents[i]))})`));
       svg.append(rect);
     });
-    if (days.length <= 31 && (days.length <= 16 || i % 2 === 0)) {
-      const label = document.createElementNS(ns, "text");
-      label.setAttribute("x", String(i * (bw + gap) + bw / 2));
-      label.setAttribute("y", String(H + 14));
-      label.setAttribute("class", "axis");
-      label.textContent = String(d).slice(5);
-      svg.append(label);
+    const value = usd(fromCents(dayCents[i]));
+    const roomy = usd(fromCents(Math.max(...dayCents))).length * 6 <= slot; // else only the highest day is labelled
+    if (dayCents[i] > 0 && (roomy || i === dayCents.indexOf(Math.max(...dayCents)))) {
+      svg.append(el("text", { x: x + bw / 2, y: y - 4, class: "value", "data-testid": "bar-value" }, value));
     }
+    if (i % labelEvery === 0) svg.append(el("text", { x: x + bw / 2, y: T + plotH + 14, class: "axis" }, String(d).slice(5)));
   });
-  const legend = h("p", { class: "legend small" }, providers.map((p, j) => h("span", { class: `key s${j % 6}` }, p)));
-  return h("div", { class: "card" }, svg, legend, h("p", { class: "muted small" }, `${days[0]} → ${days[days.length - 1]}`));
+  const peak = dayCents.indexOf(Math.max(...dayCents));
+  const totalCents = dayCents.reduce((a, b) => a + b, 0);
+  const legend = h("p", { class: "legend small" }, names.map((n, j) => h("span", { class: `key s${j % 6}` }, n)));
+  return h(
+    "div",
+    { class: "card" },
+    svg,
+    legend,
+    h("p", { class: "muted small", "data-testid": "chart-summary" }, `${days[0]} → ${days[days.length - 1]} · total ${usd(fromCents(totalCents))} · highest day ${days[peak]}: ${usd(fromCents(dayCents[peak]))}`),
+  );
 }
 
 // ---------- start ----------

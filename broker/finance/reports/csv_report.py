@@ -1,16 +1,24 @@
 """CSV report: one row per UTC day, team, project, job, where it ran (provider, region, zone, instance type,
-resource id, capacity type) and kind, with quantity, cost, on-demand counterfactual and savings.
+resource id, capacity type) and kind, with quantity, cost, on-demand equivalent and what spot saved.
 
-Rows are sorted by those keys; money is exact decimal text. No generation time inside: same period, same bytes.
+Rounded for people and spreadsheets (`broker.finance.money`): money in cents, `cost_usd` and `savings_usd` each
+allocated so that the rows add up exactly to the period's rounded total, and `on_demand_usd` = `cost_usd` +
+`savings_usd` on every row; quantities to 4 decimals. `on_demand_usd` is the
+on-demand equivalent of the row's useful work (0 on a `wasted` row: lost work is a loss, and on-demand capacity
+would not have lost it), `savings_usd` what spot saved on it (0 on a `wasted` row). `data_as_of` (every row: a
+CSV has no header block) is the ledger's latest accrued time in the period. The exact amounts are in the FOCUS
+export. Rows are sorted by their keys; no generation time inside: same period, same ledger, same bytes.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from datetime import UTC
 from decimal import Decimal
 
-from broker.finance.costs import Sums, day_of, money
+from broker.finance.costs import WASTED, ZERO, Sums, day_of, shown
+from broker.finance.money import plain, quantity
 from broker.finance.reports.data import ReportData
 
 HEADER = (
@@ -31,6 +39,7 @@ HEADER = (
     "on_demand_usd",
     "savings_usd",
     "entries",
+    "data_as_of",
 )
 
 
@@ -64,17 +73,21 @@ def render_csv(data: ReportData) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(HEADER)
-    for key, sums, quantity in detail_rows(data):
+    rows = detail_rows(data)
+    lines, _ = shown([sums for _, sums, _ in rows])
+    as_of = data.as_of.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if data.as_of else ""
+    for (key, sums, qty), line in zip(rows, lines, strict=True):
         *where, unit = key
         writer.writerow(
             [
                 *where,
-                money(quantity),
+                quantity(qty),
                 unit,
-                money(sums.cost_usd),
-                money(sums.on_demand_usd),
-                money(sums.savings_usd),
+                plain(line.cost_usd),
+                plain(line.on_demand_usd if key[10] != WASTED else ZERO),
+                plain(line.savings_usd),
                 sums.entries,
+                as_of,
             ]
         )
     return out.getvalue().encode()

@@ -1,18 +1,24 @@
 """FOCUS 1.2 export (FinOps Open Cost and Usage Specification, CostAndUsage dataset) of a period's ledger.
 
 One row per UTC day, job, resource and kind. Mapping:
-- BilledCost = EffectiveCost = ContractedCost = what the ledger accrued; ListCost = the on-demand counterfactual
-  (so ListCost - EffectiveCost is what spot saved).
+- BilledCost = EffectiveCost = ContractedCost = what the ledger accrued; ListCost = what the row's hours cost at
+  the on-demand (list) price, as accrued (for compute lost to preemptions too: those hours were consumed).
 - PricingCategory: spot is `Dynamic` (a price the provider changes without notice), on-demand and on-prem
   `Standard`; ChargeClass `Correction` for correction entries; wasted work stays Usage, marked in x_CostKind.
 - What an instance bills beside compute (kinds `disk` and `public_ip`, at list price) is its own row: Storage /
   Block Storage ("<provider> Boot Disks") and Networking / Network Infrastructure ("<provider> Public IPv4
   Addresses"), `Standard` pricing even on a spot instance.
-- ChargePeriodStart/End: the UTC day (end exclusive), clipped to the report period; BillingPeriod = the period.
+- ChargePeriodStart/End: the UTC day (end exclusive), clipped to the report period. BillingPeriodStart/End: the
+  UTC calendar month of the charge (the showback statement, InvoiceId `<tenant>-<YYYY-MM>`), also for a
+  month-to-date report: the billing period is the month, the charges are what has accrued so far.
 - Billing account = the tenant; sub account = the team. ResourceId = the instance id the broker launched.
 - Custom columns come after the FOCUS ones and are prefixed `x_`: x_Team, x_Project, x_JobId, x_PlacementId,
-  x_CapacityType, x_CostKind, x_OnDemandCost, x_Savings, x_Simulated.
-Decimals are written with 10 fractional digits so every value parses as a decimal, never an integer.
+  x_CapacityType, x_CostKind, x_OnDemandCost (the on-demand equivalent of the row's useful work: 0 on a `wasted`
+  row, on-demand capacity would not have lost it), x_Savings (what spot saved on it: x_OnDemandCost - BilledCost,
+  but 0 on a `wasted` row, whose cost is a loss), x_DataAsOf (the ledger's latest accrued time in the report).
+Exact values: every amount and quantity is written at the ledger's precision, 10 fractional digits (money is
+kept to 1e-10 USD, so it is exact), and always with its decimals so every value parses as a decimal, never an
+integer. Nothing here is rounded to cents: that is for people (`broker.finance.money`; the CSV, HTML and PDF).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from decimal import Decimal
 
 from broker.finance.costs import Entry, Sums, day_of
 from broker.finance.reports.data import ReportData
+from broker.finance.reports.period import parse_period
 
 FOCUS_COLUMNS = (
     "AvailabilityZone",
@@ -74,6 +81,7 @@ CUSTOM_COLUMNS = (
     "x_CostKind",
     "x_OnDemandCost",
     "x_Savings",
+    "x_DataAsOf",
 )
 COLUMNS = FOCUS_COLUMNS + CUSTOM_COLUMNS
 
@@ -125,7 +133,7 @@ def _service(provider_service: str, provider_name: str, kind: str, capacity_type
 
 
 def focus_rows(data: ReportData) -> list[dict[str, str]]:
-    groups: dict[tuple[str, ...], tuple[Entry, Sums, list[Decimal]]] = {}
+    groups: dict[tuple[str, ...], tuple[Entry, Sums, list[Decimal]]] = {}  # [quantity, list cost]
     for e in data.entries:
         key = (
             day_of(e),
@@ -141,10 +149,12 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
         )
         slot = groups.get(key)
         if slot is None:
-            slot = groups[key] = (e, Sums(), [Decimal("0")])
+            slot = groups[key] = (e, Sums(), [Decimal("0"), Decimal("0")])
         slot[1].add(e)
         slot[2][0] += e.quantity
-    invoice = f"{data.tenant}-{data.label}"  # the showback statement of the period
+        slot[2][1] += e.on_demand_usd
+    as_of = _ts(data.as_of) if data.as_of else ""
+    months: dict[str, tuple[datetime, datetime]] = {}
     rows = []
     for key, (first, sums, qty) in sorted(groups.items()):
         day = datetime.strptime(key[0], "%Y-%m-%d").replace(tzinfo=data.start.tzinfo)
@@ -154,7 +164,11 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
         spot = first.capacity_type == "spot" and first.kind not in _STANDARD_PRICED
         correction = first.kind == "correction"
         unit = first.unit or "Hours"
-        quantity = qty[0]
+        quantity, list_cost = qty
+        billing = months.get(key[0][:7])
+        if billing is None:
+            billing = months[key[0][:7]] = parse_period(key[0][:7])  # the calendar month: one statement per month
+        billing_start, billing_end = billing
         resource = first.resource_id or first.placement_id or first.job_id
         rows.append(
             {
@@ -163,8 +177,8 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
                 "BillingAccountId": data.tenant,
                 "BillingAccountName": data.tenant,
                 "BillingCurrency": "USD",
-                "BillingPeriodEnd": _ts(data.end),
-                "BillingPeriodStart": _ts(data.start),
+                "BillingPeriodEnd": _ts(billing_end),
+                "BillingPeriodStart": _ts(billing_start),
                 "ChargeCategory": "Usage",
                 "ChargeClass": "Correction" if correction else "",
                 "ChargeDescription": _description(first, provider_name),
@@ -175,9 +189,9 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
                 "ConsumedUnit": unit,
                 "ContractedCost": _dec(sums.cost_usd),
                 "EffectiveCost": _dec(sums.cost_usd),
-                "InvoiceId": invoice,
+                "InvoiceId": f"{data.tenant}-{key[0][:7]}",  # the showback statement of the month
                 "InvoiceIssuerName": provider_name,
-                "ListCost": _dec(sums.on_demand_usd),
+                "ListCost": _dec(list_cost),
                 "PricingCategory": "Dynamic" if spot else "Standard",
                 "PricingQuantity": _dec(quantity),
                 "PricingUnit": unit,
@@ -203,6 +217,7 @@ def focus_rows(data: ReportData) -> list[dict[str, str]]:
                 "x_CostKind": first.kind,
                 "x_OnDemandCost": _dec(sums.on_demand_usd),
                 "x_Savings": _dec(sums.savings_usd),
+                "x_DataAsOf": as_of,
             }
         )
     return rows

@@ -1,11 +1,16 @@
-"""PDF report (reportlab): summary, the same four charts as the HTML report drawn as vector graphics, and the
-breakdown tables. Built with reportlab's `invariant` mode and fixed metadata, so the same period gives the same
+"""PDF report (reportlab): summary, the same charts as the HTML report drawn as vector graphics (a y axis in
+dollars), and the same tables (`tables`), each ending in a bold totals row. Every page's footer says the period,
+the data's "as of" time and "Page N of M" (the canvas holds the pages until it knows how many there are). Built
+with reportlab's `invariant` mode and fixed metadata, so the same period over the same ledger gives the same
 bytes."""
 
 from __future__ import annotations
 
 import io
 from decimal import Decimal
+from functools import partial
+from typing import Any
+from xml.sax.saxutils import escape
 
 from reportlab.graphics.charts.barcharts import VerticalBarChart
 from reportlab.graphics.charts.legends import Legend
@@ -14,17 +19,14 @@ from reportlab.lib import colors
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import getSampleStyleSheet
 from reportlab.lib.units import mm
+from reportlab.pdfgen.canvas import Canvas
 from reportlab.platypus import PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
-from broker.finance.costs import Grouped
 from broker.finance.reports.data import ReportData
-from broker.finance.reports.svg import PALETTE
+from broker.finance.reports.svg import PALETTE, axis_label
+from broker.finance.reports.tables import NOTE, TableSpec, report_tables, summary
 
 CHART_W, CHART_H = 170 * mm, 70 * mm
-
-
-def _usd(d: Decimal) -> str:
-    return f"${d.quantize(Decimal('0.01')):,}"
 
 
 def _chart(title: str, labels: list[str], series: dict[str, list[Decimal]]) -> Drawing:
@@ -44,7 +46,11 @@ def _chart(title: str, labels: list[str], series: dict[str, list[Decimal]]) -> D
     chart.categoryAxis.labels.boxAnchor = "ne" if len(labels) > 10 else "n"
     chart.valueAxis.valueMin = 0
     chart.valueAxis.labels.fontSize = 7
-    chart.valueAxis.labelTextFormat = "$%0.0f"
+    top = max((sum((float(v[i]) for v in chart.data), 0.0) for i in range(len(labels))), default=0.0)
+    chart.valueAxis.labelTextFormat = lambda v: axis_label(v, top)
+    chart.valueAxis.visibleGrid = True
+    chart.valueAxis.gridStrokeColor = colors.HexColor("#dddddd")
+    chart.valueAxis.gridStrokeWidth = 0.25
     for i in range(len(names)):
         chart.bars[i].fillColor = colors.HexColor(PALETTE[i % len(PALETTE)])
         chart.bars[i].strokeColor = None
@@ -59,20 +65,50 @@ def _chart(title: str, labels: list[str], series: dict[str, list[Decimal]]) -> D
     return d
 
 
-def _table(grouped: Grouped) -> Table:
-    rows = [[", ".join(grouped.group_by), "cost", "on-demand", "savings", "entries"]]
-    rows += [
-        [" / ".join(k), _usd(s.cost_usd), _usd(s.on_demand_usd), _usd(s.savings_usd), str(s.entries)]
-        for k, s in grouped.sorted_rows()
-    ]
-    table = Table(rows, hAlign="LEFT")
+class _NumberedCanvas(Canvas):
+    """A canvas that holds its pages until the end, then stamps each with "Page N of M" and the footer text."""
+
+    def __init__(self, *args: Any, footer: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._footer = footer
+        self._pages: list[dict[str, Any]] = []
+
+    def showPage(self) -> None:  # reportlab's name
+        self._pages.append(dict(self.__dict__))
+        self._startPage()
+
+    def save(self) -> None:
+        count = len(self._pages)
+        for number, page in enumerate(self._pages, start=1):
+            self.__dict__.update(page)
+            width, _ = self._pagesize
+            self.setFont("Helvetica", 7)
+            self.setFillColor(colors.HexColor("#555555"))
+            self.drawString(15 * mm, 8 * mm, self._footer)
+            self.drawRightString(width - 15 * mm, 8 * mm, f"Page {number} of {count}")
+            super().showPage()
+        super().save()
+
+
+def _table(spec: TableSpec, styles: Any) -> Table:
+    cell = styles["BodyText"].clone("cell", fontSize=7, leading=8)
+    body = [[Paragraph(escape(v), cell) if i < spec.numeric_from else v for i, v in enumerate(r)] for r in spec.rows]
+    rows = [spec.header, *body, spec.total]
+    widths = None
+    if len(spec.header) == 7:  # the costliest jobs: room for where each ran
+        widths = [30 * mm, 24 * mm, 16 * mm, 16 * mm, 52 * mm, 21 * mm, 21 * mm]
+    table = Table(rows, hAlign="LEFT", colWidths=widths, repeatRows=1)
     table.setStyle(
         TableStyle(
             [
-                ("FONTSIZE", (0, 0), (-1, -1), 8),
+                ("FONTSIZE", (0, 0), (-1, -1), 7),
                 ("GRID", (0, 0), (-1, -1), 0.25, colors.grey),
                 ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#eeeeee")),
-                ("ALIGN", (1, 0), (-1, -1), "RIGHT"),
+                ("ALIGN", (spec.numeric_from, 0), (-1, -1), "RIGHT"),
+                ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                ("FONTNAME", (0, -1), (-1, -1), "Helvetica-Bold"),
+                ("BACKGROUND", (0, -1), (-1, -1), colors.HexColor("#f3f3f3")),
+                ("LINEABOVE", (0, -1), (-1, -1), 1, colors.black),
             ]
         )
     )
@@ -82,7 +118,7 @@ def _table(grouped: Grouped) -> Table:
 def render_pdf(data: ReportData) -> bytes:
     styles = getSampleStyleSheet()
     buf = io.BytesIO()
-    title = f"GPU training costs: {data.tenant}, {data.label}"
+    title = f"GPU training costs: {data.tenant}, {data.title}"
     doc = SimpleDocTemplate(
         buf,
         pagesize=A4,
@@ -96,16 +132,24 @@ def render_pdf(data: ReportData) -> bytes:
         topMargin=15 * mm,
         bottomMargin=15 * mm,
     )
-    t = data.total
+    k = summary(data)
     wasted = data.wasted_by_team()
-    providers = [(k[0], s) for k, s in data.by_provider.sorted_rows()]
-    story = [
-        Paragraph(title, styles["Title"]),
+    providers = [(key[0], s) for key, s in data.by_provider.sorted_rows()]
+    still = " The period is still running: the figures stop at the ledger's latest accrued entry." if data.open else ""
+    story: list[Any] = [
+        Paragraph(escape(title), styles["Title"]),
         Paragraph(
-            f"Period {data.start:%Y-%m-%d %H:%M} to {data.end:%Y-%m-%d %H:%M} UTC (end exclusive); "
-            f"{len(data.entries)} ledger entries. Total cost {_usd(t.cost_usd)}, on-demand equivalent "
-            f"{_usd(t.on_demand_usd)}, saved by spot {_usd(t.savings_usd)}, lost to preemptions "
-            f"{_usd(sum((w for _, _, w in wasted), Decimal('0')))}.",
+            escape(
+                f"Period {data.start:%Y-%m-%d %H:%M} to {data.end:%Y-%m-%d %H:%M} UTC (end exclusive); "
+                f"{data.as_of_text}. {len(data.entries)} ledger entries, {data.job_count} jobs.{still}"
+            ),
+            styles["Normal"],
+        ),
+        Paragraph(
+            escape(
+                f"Total cost {k['cost']}, on-demand equivalent {k['on_demand']}, saved by spot {k['saved']}, "
+                f"lost to preemptions {k['lost']}, net saving {k['net']}."
+            ),
             styles["Normal"],
         ),
         Spacer(1, 4 * mm),
@@ -113,17 +157,17 @@ def render_pdf(data: ReportData) -> bytes:
         _chart("Spend per day by provider", data.days, data.series(data.by_day_provider)),
         PageBreak(),
         _chart(
-            "Spot savings against on-demand, by provider",
+            "Spot savings against on-demand (useful work), by provider",
             [p for p, _ in providers],
             {
                 "cost": [s.cost_usd for _, s in providers],
-                "saved vs on-demand": [max(Decimal("0"), s.savings_usd) for _, s in providers],
+                "saved by spot": [max(Decimal("0"), s.savings_usd) for _, s in providers],
             },
         ),
         _chart(
             "Preemption overhead, by team",
             [w[0] for w in wasted],
-            {"useful compute": [w[1] for w in wasted], "wasted by preemptions": [w[2] for w in wasted]},
+            {"useful compute": [w[1] for w in wasted], "lost to preemptions": [w[2] for w in wasted]},
         ),
         _chart(
             "On-prem vs cloud",
@@ -131,14 +175,10 @@ def render_pdf(data: ReportData) -> bytes:
             {"cost": [data.by_location["on-prem"].cost_usd, data.by_location["cloud"].cost_usd]},
         ),
         PageBreak(),
-        Paragraph("By team", styles["Heading2"]),
-        _table(data.by_team),
-        Paragraph("By project", styles["Heading2"]),
-        _table(data.by_project),
-        Paragraph("By provider", styles["Heading2"]),
-        _table(data.by_provider),
-        Paragraph("By kind", styles["Heading2"]),
-        _table(data.by_kind),
     ]
-    doc.build(story)
+    for spec in report_tables(data):
+        story += [Paragraph(escape(spec.title), styles["Heading2"]), _table(spec, styles)]
+    story.append(Paragraph(escape(NOTE), styles["Italic"]))
+    footer = f"Overspill costs {data.tenant}, {data.title}: {data.as_of_text}"
+    doc.build(story, canvasmaker=partial(_NumberedCanvas, footer=footer))
     return buf.getvalue()

@@ -11,8 +11,8 @@ from broker.finance.reports.html_report import render_html
 
 FORMATS = ("csv", "focus", "html", "pdf")
 _TYPES = {
-    "csv": ("text/csv", "csv"),
-    "focus": ("text/csv", "focus.csv"),
+    "csv": ("text/csv; charset=utf-8", "csv"),
+    "focus": ("text/csv; charset=utf-8", "focus.csv"),
     "html": ("text/html; charset=utf-8", "html"),
     "pdf": ("application/pdf", "pdf"),
 }

@@ -95,7 +95,7 @@ def run_report(
             session.commit()
     try:
         step("reading the ledger", 0.1)
-        report = report_data.load(rt.engine, tenant, start, end)
+        report = report_data.load(rt.engine, tenant, start, end, now=now)
         step(f"rendering {fmt} from {len(report.entries)} entries", 0.4)
         content, content_type, ext = render(fmt, report)
     except Exception as exc:
@@ -116,6 +116,7 @@ def run_report(
         content_type=content_type,
         content=content,
         entries=len(report.entries),
+        data_as_of=report.as_of,
     )
 
 

@@ -1,9 +1,13 @@
-"""Hand-built SVG charts for the HTML report: no scripts, no external assets, deterministic output."""
+"""Hand-built SVG charts for the HTML report: no scripts, no external assets, deterministic output. Each chart
+has a y axis in dollars with gridlines, a tooltip (`<title>`) on every bar segment, and, when there are few
+bars, each bar's total written above it (amounts rounded by `broker.finance.money`)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 from html import escape
+
+from broker.finance.money import usd
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 W, H, LEFT, BOTTOM, TOP = 760, 300, 70, 60, 30
@@ -19,8 +23,16 @@ def _nice_max(v: float) -> float:
     return v
 
 
-def stacked_bars(title: str, labels: list[str], series: dict[str, list[Decimal]], *, chart_id: str) -> str:
-    """Stacked vertical bars: one bar per label, one colour per series, with a legend."""
+def axis_label(value: float, top: float) -> str:
+    """A y-axis tick: whole dollars, or cents when the axis tops out under $10."""
+    return f"${value:,.2f}" if top < 10 else f"${value:,.0f}"
+
+
+def stacked_bars(
+    title: str, labels: list[str], series: dict[str, list[Decimal]], *, chart_id: str, totals_above: bool = True
+) -> str:
+    """Stacked vertical bars: one bar per label, one colour per series, with a legend; `totals_above`: write each
+    bar's total above it (when there are at most 12 bars)."""
     totals = [sum((s[i] for s in series.values()), Decimal("0")) for i in range(len(labels))]
     top = _nice_max(float(max(totals, default=Decimal("0"))))
     plot_w, plot_h = W - LEFT - 20, H - BOTTOM - TOP
@@ -36,7 +48,8 @@ def stacked_bars(title: str, labels: list[str], series: dict[str, list[Decimal]]
         y = TOP + plot_h - plot_h * k / 4
         parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{W - 20}" y2="{y:.1f}" stroke="#ddd"/>')
         parts.append(
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">${top * k / 4:,.0f}</text>'
+            f'<text class="axis" x="{LEFT - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">'
+            f"{axis_label(top * k / 4, top)}</text>"
         )
     for i, lab in enumerate(labels):
         x = LEFT + plot_w * i / n + (plot_w / n - bar_w) / 2
@@ -49,7 +62,12 @@ def stacked_bars(title: str, labels: list[str], series: dict[str, list[Decimal]]
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
                 f'fill="{PALETTE[j % len(PALETTE)]}"><title>{escape(name)} {escape(lab)}: '
-                f"${values[i]:.2f}</title></rect>"
+                f"{usd(values[i])}</title></rect>"
+            )
+        if totals_above and n <= 12 and totals[i] > 0:
+            parts.append(
+                f'<text class="value" x="{x + bar_w / 2:.1f}" y="{y - 4:.1f}" font-size="10" '
+                f'text-anchor="middle">{usd(totals[i])}</text>'
             )
         if n <= 12 or i % max(1, n // 10) == 0:
             parts.append(
