@@ -1,7 +1,7 @@
 """report runs keep their data's "as of" time
 
-Revision ID: 0016
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-11-27 09:00:00
 
 `report_run.data_as_of` is the ledger's latest accrued time in the run's period (the latest end of its entries;
@@ -16,8 +16,8 @@ from alembic import op
 
 import broker.db
 
-revision: str = "0016"
-down_revision: str | None = "0011"
+revision: str = "0013"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
