@@ -48,16 +48,16 @@ def test_submit_jobs_quote_pools_against_a_server(server: str, tmp_path: Path) -
     spec.write_text(yaml.safe_dump(job_body(name="cli-job")))
     out = runner.invoke(app, ["submit", str(spec), "--json", "--idempotency-key", "k1"], env=env)
     assert out.exit_code == 0, out.output
-    job = json.loads(out.output)
-    again = json.loads(runner.invoke(app, ["submit", str(spec), "--json", "--idempotency-key", "k1"], env=env).output)
+    job = json.loads(out.stdout)
+    again = json.loads(runner.invoke(app, ["submit", str(spec), "--json", "--idempotency-key", "k1"], env=env).stdout)
     assert again["id"] == job["id"]
-    listed = json.loads(runner.invoke(app, ["jobs", "--json"], env=env).output)
+    listed = json.loads(runner.invoke(app, ["jobs", "--json"], env=env).stdout)
     assert [j["id"] for j in listed["items"]] == [job["id"]]
     table = runner.invoke(app, ["jobs"], env=env)
     assert "cli-job" in table.output
-    q = json.loads(runner.invoke(app, ["quote", str(spec), "--json"], env=env).output)
+    q = json.loads(runner.invoke(app, ["quote", str(spec), "--json"], env=env).stdout)
     assert q["candidates"]
-    pools = json.loads(runner.invoke(app, ["pools", "--accelerator", "V100", "--json"], env=env).output)
+    pools = json.loads(runner.invoke(app, ["pools", "--accelerator", "V100", "--json"], env=env).stdout)
     assert pools and {p["accelerator"] for p in pools} == {"V100"}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(job_body(gpu_count=0)))
@@ -67,11 +67,11 @@ def test_submit_jobs_quote_pools_against_a_server(server: str, tmp_path: Path) -
         app, ["update", job["id"], "--max-total-usd", "75", "--max-hourly-usd", "none", "--json"], env=env
     )
     assert raised.exit_code == 0, raised.output
-    assert json.loads(raised.output)["max_total_usd"] == "75"
+    assert json.loads(raised.stdout)["max_total_usd"] == "75"
     refused = runner.invoke(app, ["update", job["id"], "--deadline", "2020-01-01T00:00:00Z"], env=env)
     assert refused.exit_code == 1 and "deadline" in refused.output
     cancelled = runner.invoke(app, ["cancel", job["id"], "--json"], env=env)
-    assert cancelled.exit_code == 0 and json.loads(cancelled.output)["state"] == "cancelled"
+    assert cancelled.exit_code == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
 
 
 def test_cli_reports_unreachable_broker(tmp_path: Path) -> None:
@@ -85,19 +85,19 @@ def test_keys_create_and_tick(tmp_path: Path) -> None:
     env = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}"}
     made = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--role", "finance", "--json"], env=env)
     assert made.exit_code == 0, made.output
-    assert json.loads(made.output)["key"].startswith("ovs_")
+    assert json.loads(made.stdout)["key"].startswith("ovs_")
     bad = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--role", "root"], env=env)
     assert bad.exit_code != 0
     ticked = runner.invoke(app, ["tick", "--json"], env=env)
     assert ticked.exit_code == 0, ticked.output
-    steps = {s["step"]: s for s in json.loads(ticked.output)}
+    steps = {s["step"]: s for s in json.loads(ticked.stdout)}
     assert steps["refresh_prices"]["count"] > 0 and not any(s["error"] for s in steps.values())
 
 
 def test_demo_runs_and_reports_savings() -> None:
     out = runner.invoke(app, ["demo", "--jobs", "6", "--hours", "24", "--json"])
     assert out.exit_code == 0, out.output
-    result = json.loads(out.output)
+    result = json.loads(out.stdout)
     assert len(result["jobs"]) == 6
     assert all(j["state"] == "succeeded" for j in result["jobs"])
     for j in result["jobs"]:
@@ -116,9 +116,9 @@ def test_prices_import_catalog(tmp_path: Path) -> None:
     env = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'cat.db'}", "OVERSPILL_SIMULATED": "false"}
     out = runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env)
     assert out.exit_code == 0, out.output
-    [summary] = json.loads(out.output)
+    [summary] = json.loads(out.stdout)
     assert summary["offerings"] == 3 and summary["price_changes"] == 3 and summary["feed"] == "catalog:aws_vms.csv"
-    again = json.loads(runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env).output)
+    again = json.loads(runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env).stdout)
     assert again[0]["price_changes"] == 0
     broken = tmp_path / "aws_broken.csv"
     broken.write_text("InstanceType,Price\np4d.24xlarge,abc\n")
@@ -133,7 +133,7 @@ def test_simulate_replays_real_traces(tmp_path: Path) -> None:
     data = shared_file("spot-probes-skynomad").parent
     out = runner.invoke(app, ["simulate", "--data", str(data), "--suite", "deadline", "--quick", "--json"])
     assert out.exit_code == 0, out.output
-    report = json.loads(out.output)
+    report = json.loads(out.stdout)
     text = json.dumps(report)
     for policy in ("on_demand", "eager_next_region", "uniform_progress", "overspill", "optimum"):
         assert policy in text

@@ -154,5 +154,5 @@ def test_bill_api_and_cli(brt: Runtime, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("OVERSPILL_DATA_DIR", str(tmp_path))
     result = CliRunner().invoke(cli_app, ["costs", "import-bill", str(SAMPLE), "--json"])
     assert result.exit_code == 0, result.output
-    assert _by_resource(json.loads(result.output)) == EXPECTED
+    assert _by_resource(json.loads(result.stdout)) == EXPECTED
     assert api.get("/v1/costs", headers=finance).status_code == 200

@@ -21,7 +21,7 @@ def test_costs_summary_over_the_api(server: str, rt: Runtime) -> None:  # noqa: 
     total = seed_ledger(rt.engine, "demo", datetime(2026, 11, 1, tzinfo=UTC), days=1, entries=120)
     out = CliRunner().invoke(app, ["costs", "--group-by", "team,provider", "--url", server, "--json"])
     assert out.exit_code == 0, out.output
-    data = json.loads(out.output)
+    data = json.loads(out.stdout)
     assert data["group_by"] == ["team", "provider"] and Decimal(data["total"]["cost_usd"]) == total
     assert sum(Decimal(r["cost_usd"]) for r in data["rows"]) == total
     # people read cents: the display figures add up to the exact total rounded half-even, column by column

@@ -266,7 +266,7 @@ def test_cli_report_run_writes_the_file(
     assert ": October 2026, data as of 2026-1" in result.output, result.output  # the period for people
     again = CliRunner().invoke(cli_app, [*command, "--json"])
     assert again.exit_code == 0 and hashlib.sha256(pdf.read_bytes()).hexdigest() in again.output
-    made = json.loads(again.output)
+    made = json.loads(again.stdout)
     assert made["period_title"] == "October 2026" and made["data_as_of"].startswith("2026-1")
     bad = CliRunner().invoke(cli_app, ["report", "run", "--period", "October", "--format", "pdf"])
     assert bad.exit_code != 0 and "--period" in bad.output

@@ -65,7 +65,7 @@ def test_keys_create_with_path_traversal_tenant_is_refused_naming_the_option(tmp
     refused = runner.invoke(app, ["keys", "create", "--tenant", "../../etc", "--role", "admin"], env=env)
     assert refused.exit_code != 0 and "--tenant" in refused.output, refused.output
     made = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--role", "admin", "--json"], env=env)
-    assert made.exit_code == 0 and json.loads(made.output)["tenant"] == "acme", made.output
+    assert made.exit_code == 0 and json.loads(made.stdout)["tenant"] == "acme", made.output
 
 
 def test_key_creation_in_code_refuses_a_hostile_tenant(tmp_path: Path) -> None:
