@@ -69,10 +69,15 @@ def base_image() -> str:
         if _exists(image):
             return image
         tarball = CACHE / f"rootfs-{key}.tar"
+        if tarball.is_dir():  # left by an older version of this helper, which let mmdebstrap pick a directory
+            shutil.rmtree(tarball)
         if not tarball.exists():
-            partial = tarball.with_suffix(".partial")
+            partial = CACHE / f"rootfs-{key}.partial.tar"
+            # --format=tar: mmdebstrap otherwise guesses the format from the name, and makes a directory of any
+            # name it does not know
             subprocess.run(
-                ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(partial)],
+                ["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(PACKAGES)}", SUITE,
+                 str(partial)],
                 check=True, capture_output=True, timeout=1800,
             )  # fmt: skip
             partial.rename(tarball)
