@@ -291,6 +291,7 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 f"AccountingStoragePort={dbd_port}",
                 f"AccountingStoragePass={root}/run/munge.socket",  # the munge socket for slurmdbd connections
                 "AccountingStorageEnforce=associations",
+                "AccountingStoreFlags=job_env,job_script",  # sacct --env-vars: a held job's environment
                 "JobCompType=jobcomp/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core_Memory",

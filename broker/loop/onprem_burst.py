@@ -47,6 +47,7 @@ from broker.loop.place import extra_hourly, launchable_providers, storeless_prov
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
+from broker.slurm_job import script_job
 from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
 from broker.tables import CostEntryRow, Job
 from federation.placement import PlacementContext, place
@@ -142,6 +143,14 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
     if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
+    built = script_job(  # the user's own batch script, environment and directory
+        provider.run, q.target, q.job.array_job_id, q.gpus, decision, rt.settings, _request(q).partition
+    )
+    if isinstance(built, Refusal):
+        _refuse(rt, provider, q, built, decision.policy.tenant, now)
+        return 0
+    job = _new_job(built.request, origin, now, q)
+    job.spec["slurm"].update(built.record)
     try:
         held = provider.hold(q.target, f"bursting to the cloud as overspill job {job.id}")
     except ProviderError as exc:
@@ -153,6 +162,8 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         log.info("not bursting Slurm job %s: %s", q.target, held.detail)
         return 0
     job.spec["slurm"]["priority"] = held.priority
+    if held.job is not None and held.job.job_id != q.job.job_id:  # an array task got its own job id when held
+        job.spec["env"] = {**job.spec["env"], "SLURM_JOB_ID": str(held.job.job_id), "SLURM_JOBID": str(held.job.job_id)}
     if not _commit(rt, job, q, wait, now):
         return 0
     rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
@@ -254,7 +265,9 @@ def _refuse(rt: Runtime, provider: Any, q: Any, refusal: Refusal, tenant: str, n
         return
     rt.marks[key] = now
     log.warning("Slurm job %s asks to burst, refused (%s): %s", q.target, refusal.reason, refusal.message)
-    _audit(rt, provider, q, "REFUSE", refusal.reason, 403, tenant, now)
+    detailed = refusal.reason == BurstReason.JOB_NOT_RUNNABLE  # the audit says what to change
+    _audit(rt, provider, q, "REFUSE", f"{refusal.reason}: {refusal.message}" if detailed else refusal.reason, 403,
+           tenant, now)  # fmt: skip
 
 
 def _forget_old_refusals(rt: Runtime, now: datetime) -> None:
