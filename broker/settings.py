@@ -174,6 +174,11 @@ class Settings(BaseSettings):
         description="where the site's shared directories are mounted in the cloud image, on-prem prefix -> cloud path; "
         'a burst job whose working directory is under none is refused, e.g. {"/home": "/home", "/scratch": "/mnt/s"}',
     )
+    slurm_require_environment: bool = Field(
+        default=True,
+        description="refuse a burst whose submission environment accounting does not hold (sacct --env-vars needs "
+        "AccountingStoreFlags=job_env); false: run it with only the SLURM_* variables",
+    )
     slurm_output_writer: list[str] = Field(
         default_factory=lambda: ["sudo", "-n", "-u", "{user}", "--", "/usr/bin/tee", "--"],
         description="what writes a burst job's log to its --output/--error path as the job's Slurm user (the path "

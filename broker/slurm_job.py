@@ -217,7 +217,7 @@ def script_job(
 ) -> ScriptJob | Refusal:  # fmt: skip
     """Read the held job and build its burst request (`read_job`, `cloud_job`, `with_script`), or the refusal."""
     try:
-        details = read_job(run, target, array_job_id=array_job_id)
+        details = read_job(run, target, array_job_id=array_job_id, require_env=settings.slurm_require_environment)
         cloud = cloud_job(details, gpus=gpus, paths=settings.slurm_cloud_paths)
     except ScriptRefused as exc:
         return Refusal(BurstReason.JOB_NOT_RUNNABLE, str(exc)[:500])
@@ -230,5 +230,6 @@ def script_job(
         "workdir": cloud.workdir,
         "cloud_workdir": cloud.cloud_workdir,
         "dropped_env": list(cloud.dropped),
+        "env_known": details.env_known,
     }
     return ScriptJob(built, record)

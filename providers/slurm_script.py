@@ -11,7 +11,8 @@ Contract:
   NULs); anything else is refused, never truncated.
 - The environment needs slurmdbd with `AccountingStoreFlags=job_env`: without it (or before slurmctld has sent the
   job's record, a few seconds after it became eligible) the environment is unknown and the job is refused, since a
-  script reading `$MYVAR` would silently run differently.
+  script reading `$MYVAR` would silently run differently. A site without it may choose to run such jobs with only
+  the `SLURM_*` variables (`require_env=False`, setting `OVERSPILL_SLURM_REQUIRE_ENVIRONMENT=false`).
 - `sbatch_options(script)` lists the options of its `#SBATCH` lines as sbatch reads them: from the top, up to the
   first line that is neither blank nor a comment, each line split like a shell word list (an unquoted, unescaped
   `#` starts a comment: pyxis' `registry#image` is written `registry\\#image` there). A line that does not split
@@ -51,20 +52,24 @@ class SlurmJobDetails:
     record: Mapping[str, str]
     env: Mapping[str, str]
     options: Sequence[tuple[str, str]] = field(default_factory=tuple)
+    env_known: bool = True
 
     def get(self, key: str) -> str:
         value = self.record.get(key, "")
         return "" if value in ("(null)", "N/A") else value
 
 
-def read_job(run: Runner, target: str, *, array_job_id: int | None = None) -> SlurmJobDetails:
+def read_job(run: Runner, target: str, *, array_job_id: int | None = None, require_env: bool = True) -> SlurmJobDetails:
     """Read the job (see the module docstring). `target` is `123` or `123_4`; an array task's environment is
-    its array's (`array_job_id`)."""
+    its array's (`array_job_id`). Without `require_env` (a site whose accounting keeps no environments) a job whose
+    environment is unknown is read with an empty one and `env_known` False."""
     script = _check_script(_stdout(run, ["scontrol", "write", "batch_script", target, "-"], "its batch script"))
     record = parse_show_job(_stdout(run, ["scontrol", "show", "job", target], "its job record"))
     env_id = str(array_job_id) if array_job_id else target.split("_", 1)[0]
     env_text = _stdout(run, ["sacct", "-j", env_id, "--env-vars"], "its environment")
     env = parse_env_vars(env_text)
+    if env is None and not require_env:
+        return SlurmJobDetails(target, script, record, {}, tuple(sbatch_options(script)), env_known=False)
     if env is None:
         raise ScriptRefused(
             f"Slurm job {target}: its submission environment is not in accounting (slurmdbd needs "

@@ -48,6 +48,12 @@ ACCOUNTS: dict[str, Any] = {  # alice's account acme bursts into the bootstrap t
 }  # fmt: skip
 
 
+def site_paths(cluster: Any) -> dict[str, str]:
+    """The cluster's shared dir (the jobs' working directory) and the tests' own (where sbatch runs: the jobs'
+    SLURM_SUBMIT_DIR), as a site maps its shared filesystems into the cloud image."""
+    return {str(cluster.root): "/mnt/site", str(Path.cwd()): "/mnt/submit"}
+
+
 def _runtime(
     cluster: Any, tmp_path: Path, cloud: ScriptedCloud, accounts: dict[str, Any] | None = None, **extra: Any
 ) -> Runtime:
@@ -64,7 +70,7 @@ def _runtime(
         burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
-        **extra,
+        **{"slurm_cloud_paths": site_paths(cluster), "slurm_require_environment": False, **extra},
     )
     rt = build_runtime(settings)
     rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]

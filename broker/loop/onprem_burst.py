@@ -21,7 +21,8 @@ and (3) leaves a job held by us with no broker job: once its mark is `ORPHAN_GRA
 cancelled job under that origin (so a late commit elsewhere fails on the unique origin) and releases it.
 
 Settling, per tick:
-- the cloud job succeeded: every pending dependent's dependency is rewritten as if the Slurm job had completed
+- the cloud job succeeded: its log is written to the Slurm job's `--output` path as its user
+  (`broker.loop.slurm_output`), then every pending dependent's dependency is rewritten as if the Slurm job had completed
   (`afterok` dependents run, `afternotok` ones never do), then the held job (only that task) is cancelled
   (`SlurmProvider.complete_held`); dependents submitted later are rewritten too while the success is recent;
 - the cloud job failed, was paused or cancelled, or found no pool within `burst_give_up_minutes`: the broker job is
@@ -44,6 +45,7 @@ from broker.audit import record_system
 from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
 from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
+from broker.loop.slurm_output import write_back
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
@@ -175,6 +177,7 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
 
 def _commit(rt: Runtime, job: Job, q: Any, wait: float, now: datetime) -> bool:
     """Record the burst; False when its origin is already taken (another replica's commit, or an orphan repair)."""
+    slurm = job.spec.get("slurm") or {}
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(job)
         add_event(
@@ -183,8 +186,12 @@ def _commit(rt: Runtime, job: Job, q: Any, wait: float, now: datetime) -> bool:
             now,
             "burst_from_onprem",
             f"Slurm job {q.target} of {q.job.user}/{q.job.account} waited for {q.reason}; "
-            f"expected on-prem wait {wait:.1f} h: bursting",
+            f"expected on-prem wait {wait:.1f} h: bursting; its batch script runs in {slurm.get('cloud_workdir')}"
+            + ("" if slurm.get("env_known", True) else " with only the SLURM_* variables (environment unknown)"),
             slurm_job_id=q.target,
+            slurm_workdir=slurm.get("workdir"),
+            slurm_output=slurm.get("output"),
+            image=job.spec.get("image"),
             slurm_user=q.job.user,
             slurm_account=q.job.account,
             expected_onprem_wait_hours=round(wait, 2),
@@ -364,6 +371,7 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         dependents: list[str] = []
         try:
             if action == "complete":
+                write_back(rt, job, now)  # its --output first: an afterok dependent may read it
                 dependents = provider.complete_held(target, owned=True)
                 message = f"ran in the cloud as {job.id}; the held Slurm job {target} ended as done"
                 if dependents:
