@@ -8,9 +8,9 @@ path the user may not write (a symlink into root's files, `..`) leaves the log i
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
+import shlex
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -67,7 +67,7 @@ def _submit(slurm: Any, workdir: Path, script: str, greeting: str, *extra: str) 
     path = workdir / "job.sh"
     path.write_text(script)
     os.chmod(path, 0o644)
-    cmd = f"cd {workdir} && GREETING={json.dumps(greeting)} sbatch --parsable -A acme {' '.join(extra)} job.sh"
+    cmd = f"cd {workdir} && GREETING={shlex.quote(greeting)} sbatch --parsable -A acme {' '.join(extra)} job.sh"
     done = slurm.run_as("alice", ["bash", "-c", cmd], check=True)
     return int(done.stdout.strip().split(";")[0])
 
@@ -143,6 +143,7 @@ def test_the_burst_runs_the_users_script_and_its_output_lands_for_the_afterok_de
     assert spec["slurm"]["output"] == str(out).replace("%j", str(slurm_id))
     # the cloud stand-in runs what the broker job says, with the site's shared dir where the mapping says
     cloud_root = tmp_path / "cloud"
+    cloud_root.mkdir()
     (cloud_root / "shared").symlink_to(slurm.root / "shared")
     command = [spec["command"][0], spec["command"][1], spec["command"][2], "x", str(cloud_root / "shared" / work.name)]
     ran = subprocess.run(command, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=False)
@@ -167,7 +168,7 @@ def test_the_burst_runs_the_users_script_and_its_output_lands_for_the_afterok_de
 def test_a_job_in_an_unmapped_directory_is_refused_with_the_reason_and_never_held(slurm: Any, tmp_path: Path) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
-    cloud.prices = {"z1": Decimal("3")}
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
     paths = {k: v for k, v in site_paths(slurm).items() if k != str(slurm.root)}  # the shared dir is not mapped
     rt = _runtime(slurm, tmp_path, cloud, slurm_cloud_paths=paths)
     fill_gpus(slurm, minutes=60)
@@ -238,7 +239,7 @@ def test_output_to_a_path_the_user_cannot_write_stays_in_the_store(
         zone="z1", instance_type="t", capacity_type="spot", accelerator="A100", accelerator_count=1,
         launch_token=f"tok-{make}", state="succeeded", created_at=now,
     )  # fmt: skip
-    with Session(rt.engine) as s:
+    with Session(rt.engine, expire_on_commit=False) as s:
         s.add(burst)
         s.add(placement)
         s.commit()
