@@ -21,13 +21,16 @@ from typing import Any
 import pytest
 from sqlmodel import Session, select
 
-from agent.protocol import LOGS_DIR, log_chunk_name
-from broker.checkpoint_layout import attempt_prefix
+from agent.protocol import LOGS_DIR, SPEC_NAME, Outcome, Report, ReportKind, log_chunk_name
+from broker.attempt_spec import build_spec
+from broker.checkpoint_layout import attempt_prefix, job_checkpoint_prefix, mailbox_prefix
 from broker.loop.slurm_output import write_back
 from broker.loop.tick import tick
 from broker.runtime import Runtime
+from broker.services.jobs import spec_of
 from broker.tables import AuditEntry, Job, JobEvent, Placement
 from providers.storage.small import put_object
+from tests.agent_harness import agent_env, start_agent
 from tests.builders import agent_store
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud
@@ -35,6 +38,7 @@ from tests.test_e2e_slurm_burst import _runtime, site_paths
 from tests.test_provider_slurm import fill_gpus, job, wait_until
 
 pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.agent_fixtures"]
 
 WRITER = ["runuser", "-u", "ovsbroker", "--", "sudo", "-n", "-u", "{user}", "--", "/usr/bin/tee", "--"]
 SCRIPT = """#!/bin/bash
@@ -249,3 +253,99 @@ def test_output_to_a_path_the_user_cannot_write_stays_in_the_store(
     event = _events(rt, burst.id)["onprem_output_in_store"]
     assert why in event.message and event.data["uri"].endswith(f"/attempts/{placement.id}/logs/")
     assert not (make == "foreign" and target.exists())
+
+
+E2E_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=e2e-train
+#SBATCH --gres=gpu:a100:1
+#SBATCH --time=60
+#SBATCH --output={out}
+#SBATCH --comment='overspill-burst {{"max_total_usd": "40", "image": "ghcr.io/example/train:1", "work_gpu_hours": "2"}}'
+echo "job $SLURM_JOB_ID ($SLURM_JOB_NAME) in $(pwd) on GPUs $CUDA_VISIBLE_DEVICES says: $GREETING"
+echo "a line on stderr" >&2
+echo done > ran-in-the-cloud
+"""
+
+
+def test_e2e_a_users_sbatch_script_bursts_runs_under_the_real_agent_and_its_output_lands(
+    slurm: Any, tmp_path: Path, agent_wheel: Path
+) -> None:
+    """The whole way, with the real agent (process runtime) as the cloud instance's workload runner: the attempt
+    spec the broker builds for the burst job (`broker.attempt_spec.build_spec`, as the launch step does) is what the
+    agent runs. The cloud stand-in mounts the site's shared filesystem at the same path (an identity mapping)."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    stores = agent_store(tmp_path, ("scripted/r1",))
+    rt = _runtime(
+        slurm, tmp_path, cloud, slurm_require_environment=True, slurm_output_writer=WRITER, checkpoint_stores=stores,
+        slurm_cloud_paths={str(slurm.root): str(slurm.root), str(Path.cwd()): str(Path.cwd())},
+        agent_runtime={"scripted": "process"},
+    )  # fmt: skip
+    fillers = fill_gpus(slurm, minutes=60)
+    work = _home(slurm, "alice-e2e")
+    greeting = "hello from alice's login shell"
+    slurm_id = _submit(slurm, work, E2E_SCRIPT.format(out=work / "slurm-%j.out"), greeting)
+    dependent = slurm.run_as(
+        "alice",
+        ["sbatch", "--parsable", "-A", "acme", f"--dependency=afterok:{slurm_id}", f"--output={work}/dep.txt",
+         f"--wrap=grep -c says {work}/slurm-{slurm_id}.out"],
+        check=True,
+    ).stdout.strip()  # fmt: skip
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    _env_in_accounting(slurm, slurm_id)
+
+    tick(rt, clock())  # held on-prem, burst
+    tick(rt, clock())  # placed in the cloud stand-in
+    burst = _broker_job(rt, slurm_id)
+    assert burst is not None and burst.state == "running"
+    with Session(rt.engine) as s:
+        placement = s.exec(select(Placement).where(Placement.job_id == burst.id)).one()
+    store_prefix = stores["scripted/r1"]
+    attempt = attempt_prefix(store_prefix, burst.tenant, burst.id, placement.id)
+    spec = build_spec(
+        rt.settings, spec_of(burst), job_id=burst.id, placement_id=placement.id, provider_name="scripted",
+        provider=cloud, checkpoint_uri=job_checkpoint_prefix(store_prefix, burst.tenant, burst.id), resume=False,
+        attempt_prefix=attempt, mailbox_uri=mailbox_prefix(store_prefix, burst.tenant),
+    )  # fmt: skip
+    put_object(rt.checkpoint_stores.store(attempt), SPEC_NAME, spec.to_json())
+    with Session(rt.engine) as s:
+        row = s.get(Placement, placement.id)
+        assert row is not None
+        row.attempt_uri = attempt
+        s.add(row)
+        s.commit()
+    tools = tmp_path / "instance-bin"  # the instance's GPU driver, as tests/instance_boot.py gives it
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA A100 (UUID: GPU-00000000-test)'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    env = agent_env(agent_wheel)
+    env["PATH"] = f"{tools}:{env['PATH']}"
+    run = start_agent(attempt + SPEC_NAME, spec, tmp_path / "instance", env)
+    assert run.wait() == 0, run.stderr()
+    final = next(r for r in _mailbox_reports(rt, spec) if r.kind is ReportKind.FINAL)
+    assert final.outcome is Outcome.SUCCEEDED and final.exit_code == 0, run.stderr()
+    assert (work / "ran-in-the-cloud").read_text() == "done\n"  # in its own working directory
+
+    clock.advance(hours=3)  # the cloud run ends (the stand-in's verdict): the burst settles
+    tick(rt, clock())
+    tick(rt, clock())
+    done = _broker_job(rt, slurm_id)
+    assert done is not None and done.state == "succeeded" and done.origin_settled
+    out = (work / f"slurm-{slurm_id}.out").read_text()
+    assert f"job {slurm_id} (e2e-train) in {work} on GPUs 0 says: {greeting}\n" in out, out
+    assert "a line on stderr" in out  # one merged stream, as Slurm's default --output
+    slurm.run(["scancel", *map(str, fillers)])
+    wait_until(lambda: job(provider, int(dependent)).state == "COMPLETED", "the afterok dependent to run", timeout=30)
+    assert (work / "dep.txt").read_text().strip() == "1"
+
+
+def _mailbox_reports(rt: Runtime, spec: Any) -> list[Report]:
+    store = rt.checkpoint_stores.store(spec.mailbox_uri)
+    out = []
+    for info in store.list(""):
+        if info.key.startswith(spec.placement_id + "-"):
+            data = b"".join(store.open_read(info.key))
+            out.append(Report.from_json(data))
+    return out
