@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import posixpath
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,7 +42,14 @@ from broker.schemas import ENV_NAME, MAX_ENV_BYTES, MAX_ENV_ENTRIES, RESERVED_EN
 from broker.settings import Settings
 from broker.slurm_accounts import image_allowed
 from broker.slurm_policy import BurstRequest, Refusal
-from providers.slurm_script import Runner, ScriptRefused, SlurmJobDetails, container_image, read_job
+from providers.slurm_script import (
+    Runner,
+    ScriptRefused,
+    SlurmJobDetails,
+    container_image,
+    parse_show_job,
+    read_job,
+)
 
 SCRIPT_ENV = "SLURM_SCRIPT_B64_"
 CHUNK = 30_000
@@ -233,3 +241,17 @@ def script_job(
         "env_known": details.env_known,
     }
     return ScriptJob(built, record)
+
+
+def task_paths(run: Runner, target: str) -> dict[str, str]:
+    """An array task's `--output`/`--error` as Slurm expands them once the task has its own job id (after the
+    hold split it out of its array record: `%j` was the record's id before); {} when unreadable (the record's
+    stay)."""
+    try:
+        done = run(["scontrol", "show", "job", target])
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return {}
+    if done.returncode != 0:
+        return {}
+    record = parse_show_job(done.stdout or "")
+    return {k: record[f] for k, f in (("output", "StdOut"), ("error", "StdErr")) if record.get(f)}

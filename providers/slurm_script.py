@@ -65,9 +65,10 @@ def read_job(run: Runner, target: str, *, array_job_id: int | None = None, requi
     environment is unknown is read with an empty one and `env_known` False."""
     script = _check_script(_stdout(run, ["scontrol", "write", "batch_script", target, "-"], "its batch script"))
     record = parse_show_job(_stdout(run, ["scontrol", "show", "job", target], "its job record"))
-    env_id = str(array_job_id) if array_job_id else target.split("_", 1)[0]
-    env_text = _stdout(run, ["sacct", "-j", env_id, "--env-vars"], "its environment")
-    env = parse_env_vars(env_text)
+    array, sep, _ = target.partition("_")
+    array_id = array_job_id or (int(array) if sep and array.isdigit() else None)
+    env_text = _stdout(run, ["sacct", "-j", str(array_id or target), "--env-vars"], "its environment")
+    env = parse_env_vars(env_text, array_id)
     if env is None and not require_env:
         return SlurmJobDetails(target, script, record, {}, tuple(sbatch_options(script)), env_known=False)
     if env is None:
@@ -126,17 +127,25 @@ def parse_show_job(text: str) -> dict[str, str]:
     return out
 
 
-def parse_env_vars(text: str) -> dict[str, str] | None:
-    """The environment `sacct --env-vars` printed for one job: after the `Environment used for ...` header and its
+def parse_env_vars(text: str, array_job_id: int | None = None) -> dict[str, str] | None:
+    """The environment `sacct --env-vars` printed for one job: after the `Environment used for <id>` header and its
     dashes, `NAME=value` lines (a line without `=` continues the previous value: a value holding a newline). None
-    when sacct printed no environment (no record, `NONE`, or several jobs' blocks: ambiguous)."""
+    when sacct printed no environment (no record, `NONE`) or several jobs' blocks (a reused id: ambiguous). For an
+    array (`array_job_id`) only its tasks' blocks count (`<array>_...`, one per task split out so far, all with the
+    same submission environment): the first is taken."""
     if len(text.encode("utf-8", "replace")) > MAX_ENV_TEXT_BYTES:
         raise ScriptRefused(f"the job's environment is over {MAX_ENV_TEXT_BYTES} bytes")
     lines = text.splitlines()
-    headers = [i for i, line in enumerate(lines) if line.startswith("Environment used for ")]
-    if len(headers) != 1:
+    marker = "Environment used for "
+    headers = [i for i, line in enumerate(lines) if line.startswith(marker)]
+    if array_job_id is not None:
+        headers = [i for i in headers if lines[i][len(marker) :].startswith(f"{array_job_id}_")]
+    elif len(headers) != 1:
         return None
-    body = lines[headers[0] + 1 :]
+    if not headers:
+        return None
+    end = next((i for i, line in enumerate(lines) if i > headers[0] and line.startswith(marker)), len(lines))
+    body = lines[headers[0] + 1 : end]
     if body and set(body[0]) == {"-"}:
         body = body[1:]
     env: dict[str, str] = {}

@@ -349,3 +349,29 @@ def _mailbox_reports(rt: Runtime, spec: Any) -> list[Report]:
             data = b"".join(store.open_read(info.key))
             out.append(Report.from_json(data))
     return out
+
+
+def test_an_array_task_bursts_with_its_own_job_id_task_id_and_output_path(slurm: Any, tmp_path: Path) -> None:
+    """A pending task has no job id of its own until the hold splits it out of its array record: the burst's
+    SLURM_JOB_ID and its `%j` output path are the task's, read after the hold."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud, slurm_require_environment=True)
+    fill_gpus(slurm, minutes=60)
+    work = _home(slurm, "alice-array")
+    script = SCRIPT.format(out=work / "o-%A_%a-%j.txt")
+    array_id = _submit(slurm, work, script, "hi", "--array=0-1")
+    provider = rt.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, array_id).state_reason in ("Resources", "Priority"), "the array to pend")
+    _env_in_accounting(slurm, array_id)
+    tick(rt, clock())
+    for task in (0, 1):
+        burst = _broker_job(rt, f"{array_id}_{task}")  # type: ignore[arg-type]
+        assert burst is not None, f"task {task} not burst"
+        own = next(j.job_id for j in provider.squeue() if j.array_job_id == array_id and j.array_task_id == task)
+        env = burst.spec["env"]
+        assert (env["SLURM_JOB_ID"], env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == (
+            str(own), str(array_id), str(task))  # fmt: skip
+        assert burst.spec["slurm"]["output"] == f"{work}/o-{array_id}_{task}-{own}.txt"
+        assert env["GREETING"] == "hi"

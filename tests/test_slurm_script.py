@@ -203,3 +203,6 @@ def test_sacct_environment_parsing() -> None:
     assert parse_env_vars(text) == {"A": "1", "B": "two\nlines", "C": "=x"}
     assert parse_env_vars("") is None
     assert parse_env_vars(text + text) is None  # two jobs' blocks (a reused id): ambiguous, never guessed
+    tasks = text.replace("3_[0-1]", "3_0") + text.replace("3_[0-1]", "3_[1]").replace("A=1", "A=2")
+    assert parse_env_vars(tasks, 3) == {"A": "1", "B": "two\nlines", "C": "=x"}  # an array's split tasks
+    assert parse_env_vars(text.replace("3_[0-1]", "33_[0-1]"), 3) is None  # another array

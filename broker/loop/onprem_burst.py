@@ -49,7 +49,7 @@ from broker.loop.slurm_output import write_back
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.slurm_job import script_job
+from broker.slurm_job import script_job, task_paths
 from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
 from broker.tables import CostEntryRow, Job
 from federation.placement import PlacementContext, place
@@ -165,7 +165,9 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         return 0
     job.spec["slurm"]["priority"] = held.priority
     if held.job is not None and held.job.job_id != q.job.job_id:  # an array task got its own job id when held
-        job.spec["env"] = {**job.spec["env"], "SLURM_JOB_ID": str(held.job.job_id), "SLURM_JOBID": str(held.job.job_id)}
+        own = str(held.job.job_id)
+        job.spec["env"] = {**job.spec["env"], "SLURM_JOB_ID": own, "SLURM_JOBID": own}
+        job.spec["slurm"].update(task_paths(provider.run, q.target))
     if not _commit(rt, job, q, wait, now):
         return 0
     rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
