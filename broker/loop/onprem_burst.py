@@ -9,7 +9,11 @@ project, the largest ceiling, the images and the monthly budget; the comment may
 A job (or each pending task of an array, one at a time, keyed `<array>_<task>`) bursts when it is pending for
 capacity (Resources/Priority), its policy allows it, the on-prem wait for its shape exceeds
 `burst_after_wait_hours`, no hard budget of its team or project and not its account's monthly budget is spent,
-and a cloud pool fits its ceiling. Every decision to burst, refuse or drop is counted
+and a cloud pool fits its ceiling. What the burst runs is the job itself (`broker.slurm_job.script_job`: its batch
+script, submission environment, working directory mapped by `slurm_cloud_paths`, its own container), read just
+before the hold; a job that cannot run in the cloud as it would on-prem is refused (`job_not_runnable_in_cloud`,
+the reason in the audit entry). An array task's own job id and output path are read again after the hold, which
+splits it out of its array record. Every decision to burst, refuse or drop is counted
 (`overspill_burst_decisions_total`), logged and written to the audit log with the Slurm user and account (a
 refusal once per job and reason in a day per process, not every tick).
 
