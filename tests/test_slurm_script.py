@@ -5,14 +5,18 @@ environment loses only what describes the submit host; `#SBATCH` and pyxis conta
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from broker.schemas import JobCreate
-from broker.slurm_job import CHUNK, LAUNCHER, SCRIPT_ENV, cloud_job, map_path
+from broker.settings import Settings
+from broker.slurm_job import CHUNK, LAUNCHER, SCRIPT_ENV, cloud_job, map_path, with_script
+from broker.slurm_policy import BurstRequest, Refusal
 from providers.slurm_script import (
     MAX_SCRIPT_BYTES,
     ScriptRefused,
@@ -206,3 +210,37 @@ def test_sacct_environment_parsing() -> None:
     tasks = text.replace("3_[0-1]", "3_0") + text.replace("3_[0-1]", "3_[1]").replace("A=1", "A=2")
     assert parse_env_vars(tasks, 3) == {"A": "1", "B": "two\nlines", "C": "=x"}  # an array's split tasks
     assert parse_env_vars(text.replace("3_[0-1]", "33_[0-1]"), 3) is None  # another array
+
+
+def _judged(tmp: Path, script: str) -> Any:
+    from tests.test_slurm_policy import judge
+
+    allowed = judge({"max_total_usd": "40"})
+    assert not isinstance(allowed, Refusal)
+    cloud = cloud_job(_details(tmp, script), gpus=2, paths={"/": "/"})
+    return with_script(allowed, cloud, "registry.site/runner:1")
+
+
+def test_the_jobs_own_container_runs_only_when_the_account_allows_it(tmp_path: Path) -> None:
+    own = _judged(tmp_path, "#!/bin/bash\n#SBATCH --container-image=registry.site\\#acme/bert:3\necho\n")
+    assert isinstance(own, BurstRequest) and own.create.image == "registry.site/acme/bert:3"
+    assert own.create.command[:2] == ["bash", "-c"] and own.create.env["SLURM_JOB_ID"] == "41"
+    default = _judged(tmp_path, "#!/bin/bash\necho\n")
+    assert isinstance(default, BurstRequest) and default.create.image == "registry.site/runner:1"  # the partition's
+    other = _judged(tmp_path, "#!/bin/bash\n#SBATCH --container-image=docker.io/evil/miner:latest\necho\n")
+    assert isinstance(other, Refusal) and other.reason == "image_not_allowed" and "evil/miner" in other.message
+
+
+def test_a_comment_cannot_name_a_command_and_cloud_paths_must_be_absolute() -> None:
+    from tests.test_slurm_policy import judge
+
+    refused = judge({"command": ["rm", "-rf", "/"]})
+    assert (
+        isinstance(refused, Refusal) and refused.reason == "comment_field_not_allowed" and "command" in refused.message
+    )
+    with pytest.raises(ValidationError, match="slurm_cloud_paths key 'home'"):
+        Settings(slurm_cloud_paths={"home": "/home"})
+    with pytest.raises(ValidationError, match=re.escape("slurm_cloud_paths value '/mnt/../etc'")):
+        Settings(slurm_cloud_paths={"/home": "/mnt/../etc"})
+    with pytest.raises(ValidationError, match=re.escape("must contain '{user}'")):
+        Settings(slurm_output_writer=["tee", "--"])
