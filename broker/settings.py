@@ -169,6 +169,26 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='the image a burst runs when its comment names none, per partition, e.g. {"gpu": "reg/run:1"}',
     )
+    slurm_container_runtime: Literal["none", "podman", "apptainer", "pyxis"] = Field(
+        default="none",
+        description="how jobs the broker places on Slurm run their image: podman, apptainer, pyxis (srun "
+        "--container-image), or none (the command on the node itself, image ignored)",
+    )
+    slurm_container_launcher: list[str] = Field(
+        default_factory=list,
+        description='the runtime\'s command with any global options, e.g. ["podman", "--root", "/scratch/podman"] '
+        "(default: podman, apptainer or srun)",
+    )
+    slurm_container_args: list[str] = Field(
+        default_factory=list,
+        description='extra run options, e.g. the GPU hook ["--device", "nvidia.com/gpu=all"] for podman with CDI',
+    )
+    slurm_job_output: str = Field(
+        default="/dev/null",
+        description="--output of jobs the broker places on Slurm (Slurm patterns allowed), e.g. "
+        "/shared/overspill/%u/%j.out: a path their submit identity can write",
+    )
+    slurm_job_workdir: str = Field(default="", description="--chdir of jobs the broker places on Slurm")
     slurm_cloud_paths: dict[str, str] = Field(
         default_factory=dict,
         description="where the site's shared directories are mounted in the cloud image, on-prem prefix -> cloud path; "
