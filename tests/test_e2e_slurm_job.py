@@ -187,6 +187,14 @@ def test_a_job_in_an_unmapped_directory_is_refused_with_the_reason_and_never_hel
         (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "REFUSE")).all()
     assert audit.route.startswith("job_not_runnable_in_cloud: the job's working directory")
     assert str(work) in audit.route and audit.client == "slurm user=alice account=acme"
+    calls: list[list[str]] = []
+    inner = provider.run
+    provider.run = lambda argv: calls.append(argv) or inner(argv)  # type: ignore[attr-defined]
+    tick(rt, clock.advance(seconds=20))  # refused a moment ago: the job is not read again every tick
+    assert not any(argv[:3] == ["scontrol", "write", "batch_script"] for argv in calls)
+    tick(rt, clock.advance(minutes=1))
+    assert any(argv[:3] == ["scontrol", "write", "batch_script"] for argv in calls)
+    assert _broker_job(rt, slurm_id) is None
 
 
 def test_a_job_environment_not_yet_in_accounting_is_refused_when_the_site_requires_it(

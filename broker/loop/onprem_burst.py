@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 
 ORPHAN_GRACE = timedelta(minutes=10)  # a hold older than this with no broker job was left by a crash
 REFUSAL_AUDIT_EVERY = timedelta(hours=24)
+REREAD_UNRUNNABLE = timedelta(minutes=1)  # a job refused as not runnable in the cloud is read again after this
 DEPENDENT_SWEEP_DAYS = 7
 _UNFINISHED = (JobState.PENDING.value, JobState.RUNNING.value, JobState.PAUSED.value)
 
@@ -149,10 +150,15 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
     if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
+    unrunnable = f"burst-unrunnable:{provider.name}:{q.target}"
+    if unrunnable in rt.marks and now - rt.marks[unrunnable] < REREAD_UNRUNNABLE:
+        rt.metrics.burst_decision("refuse", BurstReason.JOB_NOT_RUNNABLE)
+        return 0  # read and refused a moment ago: not three Slurm calls a tick for it
     built = script_job(  # the user's own batch script, environment and directory
         provider.run, q.target, q.job.array_job_id, q.gpus, decision, rt.settings, _request(q).partition
     )
     if isinstance(built, Refusal):
+        rt.marks[unrunnable] = now
         _refuse(rt, provider, q, built, decision.policy.tenant, now)
         return 0
     job = _new_job(built.request, origin, now, q)
@@ -285,6 +291,8 @@ def _refuse(rt: Runtime, provider: Any, q: Any, refusal: Refusal, tenant: str, n
 
 def _forget_old_refusals(rt: Runtime, now: datetime) -> None:
     for key in [k for k, at in rt.marks.items() if k.startswith("burst-refusal:") and now - at >= REFUSAL_AUDIT_EVERY]:
+        del rt.marks[key]
+    for key in [k for k, at in rt.marks.items() if k.startswith("burst-unrunnable:") and now - at >= REREAD_UNRUNNABLE]:
         del rt.marks[key]
 
 
