@@ -17,7 +17,7 @@ from broker.loop.tick import tick
 from broker.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
-from broker.tables import AuditEntry, Job
+from broker.tables import AuditEntry, Job, JobEvent
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
@@ -134,6 +134,9 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
     done = _broker_job(rt, slurm_id)
     assert done.state == "succeeded" and done.origin_settled
     wait_until(lambda: job(provider, slurm_id).state == "CANCELLED", "the held Slurm job to be cancelled")
+    with Session(rt.engine) as s:  # the scripted cloud runs no agent: no log, so its --output is not touched
+        kinds = set(s.exec(select(JobEvent.kind).where(JobEvent.job_id == done.id)).all())
+    assert "onprem_output_none" in kinds and not (slurm.root / "shared" / f"{slurm_id}.out").exists()
 
 
 @pytest.mark.integration

@@ -13,8 +13,9 @@ plausible unix name. `/dev/null` is honoured: nothing is written. With a distinc
 goes to `--output` and the error file says where stderr went (the agent ships one merged stream).
 
 Whatever goes wrong (path refused, writer failed, store unreadable), the log stays in the object store and the job
-gets an event `onprem_output_in_store` with the store URI and the reason; success is `onprem_output_written`.
-Never raises: settling goes on either way.
+gets an event `onprem_output_in_store` with the store URI and the reason; success is `onprem_output_written`; a run
+that shipped no log (a provider without the agent) writes nothing (`onprem_output_none`). Never raises: settling
+goes on either way.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def write_back(rt: Runtime, job: Job, now: datetime) -> bool:
             ).all()
             if a
         ]
-    where = ", ".join(a + LOGS_DIR for a in attempts) or "no attempt log"
+    if not attempts:  # a provider whose instances run no agent ships no log: nothing to write, nothing to truncate
+        _event(rt, job, now, "onprem_output_none", f"the cloud run shipped no log; {output} is left as it is")
+        return False
+    where = ", ".join(a + LOGS_DIR for a in attempts)
     user = str(slurm.get("user") or "")
     try:
         if not _USER_RE.match(user) or user == "root":
