@@ -4,6 +4,8 @@ Contract: `cloud_job(details, *, gpus, paths)` turns what `providers.slurm_scrip
 into the `command`, `env` and optional `image` of the broker job (a `CloudJob`), or raises `ScriptRefused` saying
 why the job cannot run in the cloud as it would on-prem:
 
+- One node. A job asking for more than one node, or a heterogeneous job, is refused: its script would `srun`
+  across nodes the cloud instance does not have.
 - Working directory. `paths` (`OVERSPILL_SLURM_CLOUD_PATHS`, a site setting) maps on-prem directories to where the
   same shared filesystem is mounted in the cloud image, e.g. `{"/home": "/home", "/scratch/proj": "/mnt/proj"}`;
   the longest matching prefix (whole path components) wins. The job's `WorkDir` and its `SLURM_SUBMIT_DIR` must
@@ -112,6 +114,13 @@ def is_clean_path(path: str) -> bool:
 def cloud_job(details: SlurmJobDetails, *, gpus: int, paths: Mapping[str, str], job_id: str = "") -> CloudJob:
     """Build the cloud job (see the module docstring); `job_id` overrides the record's JobId (an array task that
     got its own id when held)."""
+    nodes = details.get("NumNodes").split("-", 1)[0]
+    if (nodes.isdigit() and int(nodes) > 1) or details.get("HetJobId"):
+        het = " (a heterogeneous job)" if details.get("HetJobId") else ""
+        raise ScriptRefused(
+            f"the job asks for {details.get('NumNodes')} nodes{het}: a burst runs a batch script on one cloud "
+            "instance, so multi-node and heterogeneous jobs stay on-prem"
+        )
     workdir = details.get("WorkDir")
     cloud_dir = map_path(workdir, paths)
     if cloud_dir is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,12 @@ def test_a_comment_cannot_name_a_command_and_cloud_paths_must_be_absolute() -> N
         Settings(slurm_cloud_paths={"/home": "/mnt/../etc"})
     with pytest.raises(ValidationError, match=re.escape("must contain '{user}'")):
         Settings(slurm_output_writer=["tee", "--"])
+
+
+@pytest.mark.parametrize("shape", ["NumNodes=2-2", "NumNodes=4", "NumNodes=1 HetJobId=40"])
+def test_multi_node_and_heterogeneous_jobs_stay_on_prem(tmp_path: Path, shape: str) -> None:
+    details = _details(tmp_path, "#!/bin/bash\n")
+    record = {**details.record, **dict(p.split("=", 1) for p in shape.split())}
+    with pytest.raises(ScriptRefused, match="stay on-prem"):
+        cloud_job(replace(details, record=record), gpus=1, paths={"/": "/"})
+    assert cloud_job(details, gpus=1, paths={"/": "/"}).env["SLURM_NNODES"] == "1"  # NumNodes=1: it runs
