@@ -67,6 +67,7 @@ class BurstReason:
     PROVIDER_NOT_ALLOWED = "provider_not_allowed"
     ACCOUNT_BUDGET = "account_monthly_budget_spent"
     HARD_BUDGET = "hard_budget_spent"
+    JOB_NOT_RUNNABLE = "job_not_runnable_in_cloud"  # its script, environment, directory or container cannot go
 
 
 class LoopMetrics:

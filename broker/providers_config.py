@@ -68,6 +68,7 @@ def _slurm(settings: Settings) -> ComputeProvider:
     from decimal import Decimal
 
     from providers.slurm import PartitionInfo, SlurmProvider, subprocess_runner
+    from providers.slurm_container import container_command
 
     partitions = {}
     for name, spec in settings.slurm_partitions.items():
@@ -90,6 +91,11 @@ def _slurm(settings: Settings) -> ComputeProvider:
             submit_as=settings.slurm_submit_as,
             submit_wrapper=settings.slurm_submit_wrapper,
             hold_key=slurm_hold_key(settings),
+            command=container_command(
+                settings.slurm_container_runtime, settings.slurm_container_launcher, settings.slurm_container_args
+            ),
+            output=settings.slurm_job_output,
+            workdir=settings.slurm_job_workdir or None,
         )
     except ValueError as exc:
         raise ValueError(f"OVERSPILL_SLURM_SUBMIT_AS / OVERSPILL_SLURM_SUBMIT_WRAPPER: {exc}") from exc

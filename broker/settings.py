@@ -169,6 +169,41 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='the image a burst runs when its comment names none, per partition, e.g. {"gpu": "reg/run:1"}',
     )
+    slurm_container_runtime: Literal["none", "podman", "apptainer", "pyxis"] = Field(
+        default="none",
+        description="how jobs the broker places on Slurm run their image: podman, apptainer, pyxis (srun "
+        "--container-image), or none (the command on the node itself, image ignored)",
+    )
+    slurm_container_launcher: list[str] = Field(
+        default_factory=list,
+        description='the runtime\'s command with any global options, e.g. ["podman", "--root", "/scratch/podman"] '
+        "(default: podman, apptainer or srun)",
+    )
+    slurm_container_args: list[str] = Field(
+        default_factory=list,
+        description='extra run options, e.g. the GPU hook ["--device", "nvidia.com/gpu=all"] for podman with CDI',
+    )
+    slurm_job_output: str = Field(
+        default="/dev/null",
+        description="--output of jobs the broker places on Slurm (Slurm patterns allowed), e.g. "
+        "/shared/overspill/%u/%j.out: a path their submit identity can write",
+    )
+    slurm_job_workdir: str = Field(default="", description="--chdir of jobs the broker places on Slurm")
+    slurm_cloud_paths: dict[str, str] = Field(
+        default_factory=dict,
+        description="where the site's shared directories are mounted in the cloud image, on-prem prefix -> cloud path; "
+        'a burst job whose working directory is under none is refused, e.g. {"/home": "/home", "/scratch": "/mnt/s"}',
+    )
+    slurm_require_environment: bool = Field(
+        default=True,
+        description="refuse a burst whose submission environment accounting does not hold (sacct --env-vars needs "
+        "AccountingStoreFlags=job_env); false: run it with only the SLURM_* variables",
+    )
+    slurm_output_writer: list[str] = Field(
+        default_factory=lambda: ["sudo", "-n", "-u", "{user}", "--", "/usr/bin/tee", "--"],
+        description="what writes a burst job's log to its --output/--error path as the job's Slurm user (the path "
+        "follows; the log arrives on stdin): a sudoers rule limited to tee",
+    )
     slurm_submit_as: dict[str, str] = Field(
         default_factory=dict,
         description="the unprivileged unix user each tenant's on-prem Slurm jobs are submitted as; a tenant "
@@ -382,6 +417,24 @@ class Settings(BaseSettings):
         from broker.tenants import validate_tenant
 
         return validate_tenant(value)
+
+    @field_validator("slurm_cloud_paths")
+    @classmethod
+    def _cloud_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        import posixpath
+
+        for onprem, cloud in value.items():
+            for what, path in (("key", onprem), ("value", cloud)):
+                if not path.startswith("/") or posixpath.normpath(path) != path or any(ord(c) < 32 for c in path):
+                    raise ValueError(f"slurm_cloud_paths {what} {path!r}: must be an absolute, normal path")
+        return value
+
+    @field_validator("slurm_output_writer")
+    @classmethod
+    def _output_writer(cls, value: list[str]) -> list[str]:
+        if "{user}" not in value:
+            raise ValueError("slurm_output_writer must contain '{user}' (e.g. sudo -n -u {user} -- /usr/bin/tee --)")
+        return value
 
     @model_validator(mode="after")
     def _finance_targets(self) -> Settings:

@@ -10,9 +10,10 @@ Nobody who can only `sbatch` holds an API key, so nothing in a comment may choos
   Validated when the settings load: an error names the entry and field.
 - The comment may lower the ceiling (`max_total_usd` <= `max_job_usd`; default: `max_job_usd`), pick an allowed
   image (default: the site's image for the job's partition, `OVERSPILL_SLURM_DEFAULT_IMAGES`), narrow the clouds
-  and regions, and give `command`, `work_gpu_hours`/`runtime_hours`, `deadline`, `max_hourly_usd`, `preemptible`
-  and `name`. Anything else (`checkpoint_uri`, which the broker derives; `team`, `project`, `tenant`; GPU type and
-  count, which come from the Slurm request; `priority`) refuses the burst with the field named.
+  and regions, and give `work_gpu_hours`/`runtime_hours`, `deadline`, `max_hourly_usd`, `preemptible` and `name`.
+  Anything else (`checkpoint_uri`, which the broker derives; `team`, `project`, `tenant`; GPU type and count, which
+  come from the Slurm request; `command`, which is the job's own batch script (`broker.slurm_job`); `priority`)
+  refuses the burst with the field named.
 
 `burst_request(...)` returns a `BurstRequest` or a `Refusal` whose `reason` is a bounded code
 (`broker.metrics.BurstReason`) and whose `message` says what to change.
@@ -39,7 +40,6 @@ COMMENT_FIELDS = frozenset(
         "max_total_usd",
         "max_hourly_usd",
         "image",
-        "command",
         "work_gpu_hours",
         "runtime_hours",
         "deadline",

@@ -27,8 +27,11 @@ submits tenants `acme`'s and `demo`'s on-prem jobs as). Accounts `acme` (alice, 
 `gamma` (carol) and `demo` (tenant-demo); `AccountingStorageEnforce=associations` so an account must be real.
 `SlurmCluster.run` runs a command as root (the site admin), `run_as(user, argv)` as a user, `broker_runner()` is a
 runner (argv -> CompletedProcess) running every command as `ovsbroker`. A sudoers drop-in lets `ovsbroker` run
-only `sbatch`, only as `alice`, `bob` or the tenant identities, with `SLURM_CONF` kept: the site set-up behind the
-provider's default `sudo -n -u <user> --` submit wrapper. With slurmdbd, `sacct` works too.
+only `sbatch` and `tee`, only as `alice`, `bob` or the tenant identities, with `SLURM_CONF` kept: the site set-up
+behind the provider's default `sudo -n -u <user> --` submit wrapper and the burst output writer
+(`sudo -n -u <user> -- /usr/bin/tee -- <path>`, which writes a burst's log to the user's `--output` as that user).
+`AccountingStoreFlags=job_env,job_script`: `sacct --env-vars` gives a pending job's submission environment.
+With slurmdbd, `sacct` works too.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ JOB_USERS = {"alice": "acme", "bob": "beta", "carol": "gamma", "tenant-acme": "a
 SUDOERS_FILE = Path("/etc/sudoers.d/overspill-test-slurm")
 SUDOERS = (
     f'Defaults:{BROKER_USER} env_keep += "SLURM_CONF"\n'
-    f"{BROKER_USER} ALL=(alice,bob,tenant-acme,tenant-demo) NOPASSWD: /usr/bin/sbatch\n"
+    f"{BROKER_USER} ALL=(alice,bob,tenant-acme,tenant-demo) NOPASSWD: /usr/bin/sbatch, /usr/bin/tee\n"
 )
 GPUS_PER_NODE = 4
 GPU_TYPE = "a100"
@@ -291,6 +294,7 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 f"AccountingStoragePort={dbd_port}",
                 f"AccountingStoragePass={root}/run/munge.socket",  # the munge socket for slurmdbd connections
                 "AccountingStorageEnforce=associations",
+                "AccountingStoreFlags=job_env,job_script",  # sacct --env-vars: a held job's environment
                 "JobCompType=jobcomp/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core_Memory",

@@ -17,7 +17,7 @@ from broker.loop.tick import tick
 from broker.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
-from broker.tables import AuditEntry, Job
+from broker.tables import AuditEntry, Job, JobEvent
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until
@@ -48,6 +48,12 @@ ACCOUNTS: dict[str, Any] = {  # alice's account acme bursts into the bootstrap t
 }  # fmt: skip
 
 
+def site_paths(cluster: Any) -> dict[str, str]:
+    """The cluster's shared dir (the jobs' working directory) and the tests' own (where sbatch runs: the jobs'
+    SLURM_SUBMIT_DIR), as a site maps its shared filesystems into the cloud image."""
+    return {str(cluster.root): "/mnt/site", str(Path.cwd()): "/mnt/submit"}
+
+
 def _runtime(
     cluster: Any, tmp_path: Path, cloud: ScriptedCloud, accounts: dict[str, Any] | None = None, **extra: Any
 ) -> Runtime:
@@ -64,7 +70,7 @@ def _runtime(
         burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
-        **extra,
+        **{"slurm_cloud_paths": site_paths(cluster), "slurm_require_environment": False, **extra},
     )
     rt = build_runtime(settings)
     rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]
@@ -128,6 +134,9 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
     done = _broker_job(rt, slurm_id)
     assert done.state == "succeeded" and done.origin_settled
     wait_until(lambda: job(provider, slurm_id).state == "CANCELLED", "the held Slurm job to be cancelled")
+    with Session(rt.engine) as s:  # the scripted cloud runs no agent: no log, so its --output is not touched
+        kinds = set(s.exec(select(JobEvent.kind).where(JobEvent.job_id == done.id)).all())
+    assert "onprem_output_none" in kinds and not (slurm.root / "shared" / f"{slurm_id}.out").exists()
 
 
 @pytest.mark.integration

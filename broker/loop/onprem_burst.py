@@ -9,7 +9,11 @@ project, the largest ceiling, the images and the monthly budget; the comment may
 A job (or each pending task of an array, one at a time, keyed `<array>_<task>`) bursts when it is pending for
 capacity (Resources/Priority), its policy allows it, the on-prem wait for its shape exceeds
 `burst_after_wait_hours`, no hard budget of its team or project and not its account's monthly budget is spent,
-and a cloud pool fits its ceiling. Every decision to burst, refuse or drop is counted
+and a cloud pool fits its ceiling. What the burst runs is the job itself (`broker.slurm_job.script_job`: its batch
+script, submission environment, working directory mapped by `slurm_cloud_paths`, its own container), read just
+before the hold; a job that cannot run in the cloud as it would on-prem is refused (`job_not_runnable_in_cloud`,
+the reason in the audit entry). An array task's own job id and output path are read again after the hold, which
+splits it out of its array record. Every decision to burst, refuse or drop is counted
 (`overspill_burst_decisions_total`), logged and written to the audit log with the Slurm user and account (a
 refusal once per job and reason in a day per process, not every tick).
 
@@ -21,7 +25,8 @@ and (3) leaves a job held by us with no broker job: once its mark is `ORPHAN_GRA
 cancelled job under that origin (so a late commit elsewhere fails on the unique origin) and releases it.
 
 Settling, per tick:
-- the cloud job succeeded: every pending dependent's dependency is rewritten as if the Slurm job had completed
+- the cloud job succeeded: its log is written to the Slurm job's `--output` path as its user
+  (`broker.loop.slurm_output`), then every pending dependent's dependency is rewritten as if the Slurm job had completed
   (`afterok` dependents run, `afternotok` ones never do), then the held job (only that task) is cancelled
   (`SlurmProvider.complete_held`); dependents submitted later are rewritten too while the success is recent;
 - the cloud job failed, was paused or cancelled, or found no pool within `burst_give_up_minutes`: the broker job is
@@ -44,9 +49,11 @@ from broker.audit import record_system
 from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
 from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
+from broker.loop.slurm_output import write_back
 from broker.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
+from broker.slurm_job import script_job, task_paths
 from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
 from broker.tables import CostEntryRow, Job
 from federation.placement import PlacementContext, place
@@ -58,6 +65,7 @@ log = logging.getLogger(__name__)
 
 ORPHAN_GRACE = timedelta(minutes=10)  # a hold older than this with no broker job was left by a crash
 REFUSAL_AUDIT_EVERY = timedelta(hours=24)
+REREAD_UNRUNNABLE = timedelta(minutes=1)  # a job refused as not runnable in the cloud is read again after this
 DEPENDENT_SWEEP_DAYS = 7
 _UNFINISHED = (JobState.PENDING.value, JobState.RUNNING.value, JobState.PAUSED.value)
 
@@ -142,6 +150,19 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
     if place(spec, rt.catalog.book(now), ctx) is None:
         rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
         return 0  # no cloud pool within its ceiling now: it stays queued on-prem
+    unrunnable = f"burst-unrunnable:{provider.name}:{q.target}"
+    if unrunnable in rt.marks and now - rt.marks[unrunnable] < REREAD_UNRUNNABLE:
+        rt.metrics.burst_decision("refuse", BurstReason.JOB_NOT_RUNNABLE)
+        return 0  # read and refused a moment ago: not three Slurm calls a tick for it
+    built = script_job(  # the user's own batch script, environment and directory
+        provider.run, q.target, q.job.array_job_id, q.gpus, decision, rt.settings, _request(q).partition
+    )
+    if isinstance(built, Refusal):
+        rt.marks[unrunnable] = now
+        _refuse(rt, provider, q, built, decision.policy.tenant, now)
+        return 0
+    job = _new_job(built.request, origin, now, q)
+    job.spec["slurm"].update(built.record)
     try:
         held = provider.hold(q.target, f"bursting to the cloud as overspill job {job.id}")
     except ProviderError as exc:
@@ -153,6 +174,10 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         log.info("not bursting Slurm job %s: %s", q.target, held.detail)
         return 0
     job.spec["slurm"]["priority"] = held.priority
+    if held.job is not None and held.job.job_id != q.job.job_id:  # an array task got its own job id when held
+        own = str(held.job.job_id)
+        job.spec["env"] = {**job.spec["env"], "SLURM_JOB_ID": own, "SLURM_JOBID": own}
+        job.spec["slurm"].update(task_paths(provider.run, q.target))
     if not _commit(rt, job, q, wait, now):
         return 0
     rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
@@ -164,6 +189,7 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
 
 def _commit(rt: Runtime, job: Job, q: Any, wait: float, now: datetime) -> bool:
     """Record the burst; False when its origin is already taken (another replica's commit, or an orphan repair)."""
+    slurm = job.spec.get("slurm") or {}
     with Session(rt.engine, expire_on_commit=False) as session:
         session.add(job)
         add_event(
@@ -172,8 +198,12 @@ def _commit(rt: Runtime, job: Job, q: Any, wait: float, now: datetime) -> bool:
             now,
             "burst_from_onprem",
             f"Slurm job {q.target} of {q.job.user}/{q.job.account} waited for {q.reason}; "
-            f"expected on-prem wait {wait:.1f} h: bursting",
+            f"expected on-prem wait {wait:.1f} h: bursting; its batch script runs in {slurm.get('cloud_workdir')}"
+            + ("" if slurm.get("env_known", True) else " with only the SLURM_* variables (environment unknown)"),
             slurm_job_id=q.target,
+            slurm_workdir=slurm.get("workdir"),
+            slurm_output=slurm.get("output"),
+            image=job.spec.get("image"),
             slurm_user=q.job.user,
             slurm_account=q.job.account,
             expected_onprem_wait_hours=round(wait, 2),
@@ -254,11 +284,15 @@ def _refuse(rt: Runtime, provider: Any, q: Any, refusal: Refusal, tenant: str, n
         return
     rt.marks[key] = now
     log.warning("Slurm job %s asks to burst, refused (%s): %s", q.target, refusal.reason, refusal.message)
-    _audit(rt, provider, q, "REFUSE", refusal.reason, 403, tenant, now)
+    detailed = refusal.reason == BurstReason.JOB_NOT_RUNNABLE  # the audit says what to change
+    _audit(rt, provider, q, "REFUSE", f"{refusal.reason}: {refusal.message}" if detailed else refusal.reason, 403,
+           tenant, now)  # fmt: skip
 
 
 def _forget_old_refusals(rt: Runtime, now: datetime) -> None:
     for key in [k for k, at in rt.marks.items() if k.startswith("burst-refusal:") and now - at >= REFUSAL_AUDIT_EVERY]:
+        del rt.marks[key]
+    for key in [k for k, at in rt.marks.items() if k.startswith("burst-unrunnable:") and now - at >= REREAD_UNRUNNABLE]:
         del rt.marks[key]
 
 
@@ -351,6 +385,7 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         dependents: list[str] = []
         try:
             if action == "complete":
+                write_back(rt, job, now)  # its --output first: an afterok dependent may read it
                 dependents = provider.complete_held(target, owned=True)
                 message = f"ran in the cloud as {job.id}; the held Slurm job {target} ended as done"
                 if dependents:
