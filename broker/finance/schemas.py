@@ -204,3 +204,86 @@ class CorrectionCreate(BaseModel):
     entry_id: int = Field(ge=1)
     usd: Annotated[Decimal, Field(max_digits=18, decimal_places=10)]
     note: str = Field(default="", max_length=500)
+
+
+# answers of /v1/costs (the services build dicts; these type them for the OpenAPI document and generated clients)
+
+
+class MoneyColumns(BaseModel):
+    """Exact amounts (decimal strings, no exponent): cost, cost of compute that was wasted (preempted work
+    redone), the on-demand equivalent and the savings against it."""
+
+    cost_usd: str
+    wasted_usd: str
+    on_demand_usd: str
+    savings_usd: str
+
+
+class CostLine(MoneyColumns):
+    """One group (only the `group_by` keys are present) or the total (no key)."""
+
+    team: str | None = None
+    project: str | None = None
+    job: str | None = None
+    provider: str | None = None
+    region: str | None = None
+    capacity_type: str | None = None
+    kind: str | None = None
+    day: str | None = None
+    month: str | None = None
+    entries: int
+    display: MoneyColumns = Field(description="the same amounts rounded to cents so that the rows add up to the total")
+
+
+class CostSummary(BaseModel):
+    from_: datetime = Field(alias="from")
+    to: datetime
+    title: str = Field(description='the window for people ("1-25 November 2026 (month to date)")')
+    as_of: datetime | None = Field(description="the latest accrued time among the entries")
+    group_by: list[str]
+    currency: Literal["USD"]
+    rows: list[CostLine]
+    total: CostLine
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class CorrectionPublic(BaseModel):
+    id: int
+    corrects_id: int
+    usd: str
+    job_id: str
+    note: str
+
+
+class BillImportPublic(BaseModel):
+    id: str
+    provider: str
+    rows: int
+    resources: int
+    skipped_without_resource: int
+    billed_usd: str
+    reconciliation_url: str
+
+
+class ReconciliationRow(BaseModel):
+    resource_id: str
+    ledger_usd: str
+    billed_usd: str
+    difference_usd: str = Field(description="billed - ledger")
+    status: Literal["match", "differs", "only_in_bill", "only_in_ledger"]
+
+
+class Reconciliation(BaseModel):
+    import_id: str
+    provider: str
+    filename: str
+    from_: datetime = Field(alias="from")
+    to: datetime
+    billed_usd: str
+    ledger_usd: str
+    difference_usd: str
+    bill_total_usd: str = Field(description="the bill's whole total, rows without a resource (tax, support) included")
+    rows: list[ReconciliationRow]
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)

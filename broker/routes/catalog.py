@@ -17,7 +17,7 @@ from providers.model import CapacityType
 router = APIRouter(prefix="/v1", tags=["catalog"])
 
 
-@router.post("/quotes", response_model=QuoteResponse)
+@router.post("/quotes", operation_id="quotes.create", response_model=QuoteResponse)
 def quote(
     body: JobCreate,
     rt: RuntimeDep,
@@ -28,7 +28,7 @@ def quote(
     return svc.quote_job(rt, principal.tenant, body, limit)
 
 
-@router.get("/pools", response_model=list[OfferingPublic])
+@router.get("/pools", operation_id="pools.list", response_model=list[OfferingPublic])
 def pools(
     rt: RuntimeDep,
     principal: Reader,
@@ -47,7 +47,7 @@ def pools(
     )
 
 
-@router.get("/prices/history", response_model=list[PricePoint])
+@router.get("/prices/history", operation_id="prices.history", response_model=list[PricePoint])
 def prices_history(
     rt: RuntimeDep,
     principal: Reader,
@@ -70,7 +70,7 @@ def prices_history(
     return svc.price_history(rt, offering, start, end, limit)
 
 
-@router.get("/pressure", response_model=list[PressurePublic])
+@router.get("/pressure", operation_id="pressure.list", response_model=list[PressurePublic])
 def pressure(rt: RuntimeDep, principal: Reader) -> list[PressurePublic]:
     """On-prem queue pressure per GPU type, as last sampled."""
     return svc.list_pressure(rt)

@@ -15,7 +15,7 @@ from providers.model import JobState
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+@router.post("", operation_id="jobs.submit", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
 def submit_job(
     body: JobCreate,
     rt: RuntimeDep,
@@ -41,7 +41,7 @@ def submit_job(
     return svc.job_public(job, None)
 
 
-@router.get("", response_model=JobPage)
+@router.get("", operation_id="jobs.list", response_model=JobPage)
 def list_jobs(
     rt: RuntimeDep,
     principal: Submitter,
@@ -62,13 +62,13 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", operation_id="jobs.get", response_model=JobPublic)
 def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
     return svc.job_public(job, placement)
 
 
-@router.patch("/{job_id}", response_model=JobPublic)
+@router.patch("/{job_id}", operation_id="jobs.update", response_model=JobPublic)
 def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     """Raise (or lower) a job's ceilings, move its deadline or change its priority. A job paused to honour its
     ceiling goes back to pending and is placed under the new limits."""
@@ -77,14 +77,14 @@ def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitte
     return svc.job_public(job, placement)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", operation_id="jobs.cancel", response_model=JobPublic)
 def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     """Cancel a job; any instance it holds is stopped by the next tick."""
     job = svc.cancel_job(rt.engine, principal.tenant, job_id, rt.clock())
     return svc.job_public(job, None)
 
 
-@router.get("/{job_id}/events", response_model=list[EventPublic])
+@router.get("/{job_id}/events", operation_id="jobs.events", response_model=list[EventPublic])
 def job_events(job_id: str, rt: RuntimeDep, principal: Submitter) -> list[EventPublic]:
     """Every placement, start, preemption, cost accrual and end, in order."""
     return svc.list_events(rt.engine, principal.tenant, job_id)

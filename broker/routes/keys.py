@@ -40,19 +40,19 @@ def _public(row: ApiKey) -> KeyPublic:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+@router.post("", operation_id="keys.create", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
 def make_key(body: KeyCreate, rt: RuntimeDep, principal: Admin) -> KeyCreated:
     key = create_key(rt.engine, tenant=principal.tenant, role=Role(body.role), name=body.name, now=rt.clock())
     return KeyCreated(id=parse_key(key)[0], tenant=principal.tenant, role=body.role, name=body.name, key=key)
 
 
-@router.get("", response_model=list[KeyPublic])
+@router.get("", operation_id="keys.list", response_model=list[KeyPublic])
 def read_keys(rt: RuntimeDep, principal: Admin) -> list[KeyPublic]:
     """The tenant's keys, oldest first, revoked ones included."""
     return [_public(row) for row in list_keys(rt.engine, principal.tenant)]
 
 
-@router.delete("/{key_id}", response_model=KeyPublic)
+@router.delete("/{key_id}", operation_id="keys.revoke", response_model=KeyPublic)
 def delete_key(
     rt: RuntimeDep, principal: Admin, key_id: str = Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9.:~-]+$")
 ) -> KeyPublic:
