@@ -5,7 +5,8 @@
   route that needs a key; `CallbackToken` on the instances' callbacks; `MetricsToken` (optional) on `/metrics`;
   every other operation says `security: []` (no credential), or lists `{}` first when a credential is optional;
 - every error response is `application/problem+json` with the `Problem` schema (broker/problems.py);
-- money fields (`*_usd*`, `usd`) are decimal strings with a pattern.
+- money fields (`*_usd*`, `usd`) are decimal strings with a pattern (a positive amount sent to the broker: at most 12
+  digits before the point and 6 after).
 
 `/docs` is Swagger UI served from the `swagger-ui-bundle` package (no CDN: it works offline), with the Authorize
 button for the two key schemes.
@@ -23,6 +24,8 @@ from fastapi.openapi.utils import get_openapi
 from broker.problems import PROBLEM_MEDIA_TYPE
 
 DECIMAL_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
+# a positive amount the broker takes (`broker.schemas.Usd`: 18 digits, 6 of them decimals)
+USD_INPUT_PATTERN = r"^\d{1,12}(\.\d{1,6})?$"
 DOCS_ASSETS = {
     "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
     "swagger-ui.css": "text/css; charset=utf-8",
@@ -73,9 +76,12 @@ def _money(name: str, prop: dict[str, Any]) -> None:
     if "usd" not in name.lower().split("_"):
         return
     branches = prop.get("anyOf", [prop])
+    positive = any(b.get("type") == "number" and b.get("exclusiveMinimum") == 0 for b in branches)
     for branch in branches:
+        if branch.get("type") == "number" and positive:
+            branch.setdefault("maximum", 10**12 - 1)
         if branch.get("type") == "string" and "pattern" not in branch and "format" not in branch:
-            branch["pattern"] = DECIMAL_PATTERN
+            branch["pattern"] = USD_INPUT_PATTERN if positive else DECIMAL_PATTERN
             branch.setdefault("examples", ["12.50"])
 
 

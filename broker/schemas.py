@@ -225,7 +225,7 @@ class JobUpdate(BaseModel):
     placement keeps its pool: the new `max_total_usd` binds it at once (the ceiling guard), the other limits apply
     from the job's next placement."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
     max_total_usd: Usd | None = None
     max_hourly_usd: Usd | None = None

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
-from broker.docs import DECIMAL_PATTERN
+from broker.docs import DECIMAL_PATTERN, USD_INPUT_PATTERN
 from broker.loop.tick import tick
 from broker.settings import DEV_API_KEY
 from tests.builders import job_body
@@ -82,9 +82,11 @@ def test_money_fields_are_decimal_strings_with_a_pattern(spec: dict[str, Any]) -
     schemas = spec["components"]["schemas"]
     assert schemas["JobPublic"]["properties"]["spent_usd"]["pattern"] == DECIMAL_PATTERN
     branches = schemas["JobCreate"]["properties"]["max_total_usd"]["anyOf"]
-    assert {"type": "string", "pattern": DECIMAL_PATTERN}.items() <= next(
-        b for b in branches if b["type"] == "string"
-    ).items()
+    string = next(b for b in branches if b["type"] == "string")
+    assert string["pattern"] == USD_INPUT_PATTERN
+    assert re.fullmatch(USD_INPUT_PATTERN, "12.50") and not re.fullmatch(USD_INPUT_PATTERN, "-1")
+    assert not re.fullmatch(USD_INPUT_PATTERN, "1234567890123") and not re.fullmatch(USD_INPUT_PATTERN, "1.1234567")
+    assert schemas["CorrectionCreate"]["properties"]["usd"]["anyOf"][1]["pattern"] == DECIMAL_PATTERN  # signed
     assert schemas["CostLine"]["properties"]["cost_usd"]["pattern"] == DECIMAL_PATTERN
     for good in ("12.50", "0", "-0.4", "1E+2"):
         assert re.fullmatch(DECIMAL_PATTERN, good)
@@ -161,7 +163,7 @@ def test_problem_details_name_each_field_and_its_real_location(api: TestClient) 
 
 def test_report_downloads_declare_their_real_media_types(spec: dict[str, Any]) -> None:
     ok = spec["paths"]["/v1/report-runs/{run_id}/download"]["get"]["responses"]["200"]["content"]
-    assert set(ok) == {"text/csv", "text/html", "application/pdf"}
+    assert set(ok) == {"application/octet-stream", "text/csv", "text/html", "application/pdf"}
     assert "application/json" not in ok
 
 

@@ -12,15 +12,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from broker.finance.notify import check_emails
 from broker.finance.outbound import check_url_shape
 from broker.finance.reports.deliver import validate_destination
-from broker.schemas import Label
+from broker.schemas import Label, aware_utc
 
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 
 
 def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise ValueError("must include a time zone, e.g. 2026-12-01T00:00:00Z")
-    return value
+    # a zone, and years 1970-9998 once in UTC (a database cannot store year 10000: found by fuzzing)
+    return aware_utc(value)
 
 
 Aware = Annotated[datetime, AfterValidator(_aware)]
@@ -201,7 +200,7 @@ class RunPublic(BaseModel):
 class CorrectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    entry_id: int = Field(ge=1)
+    entry_id: int = Field(ge=1, le=2**63 - 1)  # a database integer (found by fuzzing)
     usd: Annotated[Decimal, Field(max_digits=18, decimal_places=10)]
     note: str = Field(default="", max_length=500)
 

@@ -15,7 +15,9 @@ from broker.finance.reports.runs import run_report
 from broker.finance.schemas import RunCreate, RunPublic, ScheduleCreate, SchedulePublic, ScheduleUpdate
 from broker.routes.costs import Finance
 
-REPORT_MEDIA_TYPES = ("text/csv", "text/html", "application/pdf")
+# the real type of each format, after `application/octet-stream`: the same bytes for a client that takes any format
+# as a file (generators such as openapi-python-client pick the first type they know, and read text/* as text)
+REPORT_MEDIA_TYPES = ("application/octet-stream", "text/csv", "text/html", "application/pdf")
 MAX_REPORT_PERIOD = timedelta(days=366)  # its charts are per day: bounded work per run (found by fuzzing)
 
 schedules = APIRouter(prefix="/v1/report-schedules", tags=["reports"])
@@ -96,8 +98,8 @@ def read_run(run_id: str, rt: RuntimeDep, principal: Finance) -> RunPublic:
     response_class=Response,
     responses={
         200: {
-            "description": "the report file, as an attachment: `csv` and `focus` (FOCUS 1.2) are text/csv, `html` "
-            "text/html, `pdf` application/pdf; `ETag` is its SHA-256",
+            "description": "the report file, as an attachment, with its real media type: `csv` and `focus` (FOCUS "
+            "1.2) are text/csv, `html` text/html, `pdf` application/pdf; `ETag` is its SHA-256",
             "content": {media: {"schema": {"type": "string", "format": "binary"}} for media in REPORT_MEDIA_TYPES},
         }
     },
