@@ -135,7 +135,8 @@ class BrokerClient:
 
     def pools(self, **params: Any) -> list[dict[str, Any]]:
         """Every pool with its current price (filters: accelerator, provider, capacity_type, limit)."""
-        return self._call("GET", "/v1/pools", params={k: v for k, v in params.items() if v})  # type: ignore[no-any-return]
+        page = self._call("GET", "/v1/pools", params={k: v for k, v in params.items() if v})
+        return page["items"]  # type: ignore[no-any-return]
 
     def costs(self, group_by: str = "team", start: str | None = None, end: str | None = None) -> dict[str, Any]:
         """Cost sums per group (finance and admin keys); default window: this month so far."""

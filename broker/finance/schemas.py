@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from broker.finance.notify import check_emails
 from broker.finance.outbound import check_url_shape
 from broker.finance.reports.deliver import validate_destination
-from broker.schemas import Label, aware_utc
+from broker.schemas import Label, Page, aware_utc
 
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 
@@ -286,3 +286,15 @@ class Reconciliation(BaseModel):
     rows: list[ReconciliationRow]
 
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class BudgetPage(Page[BudgetPublic]):
+    pass
+
+
+class SchedulePage(Page[SchedulePublic]):
+    pass
+
+
+class RunPage(Page[RunPublic]):
+    pass

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 
 from broker.deps import RuntimeDep
 from broker.finance import manage
-from broker.finance.schemas import BudgetCreate, BudgetPublic, BudgetUpdate
+from broker.finance.schemas import BudgetCreate, BudgetPage, BudgetPublic, BudgetUpdate
 from broker.routes.costs import Finance
 
 router = APIRouter(prefix="/v1/budgets", tags=["budgets"])
@@ -17,9 +17,9 @@ def create(body: BudgetCreate, rt: RuntimeDep, principal: Finance) -> BudgetPubl
     return manage.create_budget(rt, principal.tenant, body)
 
 
-@router.get("", operation_id="budgets.list", response_model=list[BudgetPublic])
-def list_all(rt: RuntimeDep, principal: Finance) -> list[BudgetPublic]:
-    return manage.list_budgets(rt, principal.tenant)
+@router.get("", operation_id="budgets.list", response_model=BudgetPage)
+def list_all(rt: RuntimeDep, principal: Finance) -> BudgetPage:
+    return BudgetPage(items=manage.list_budgets(rt, principal.tenant))
 
 
 @router.get("/{budget_id}", operation_id="budgets.get", response_model=BudgetPublic)

@@ -12,7 +12,15 @@ from broker.errors import Unprocessable
 from broker.finance import manage
 from broker.finance.reports.period import PeriodError, parse_period
 from broker.finance.reports.runs import run_report
-from broker.finance.schemas import RunCreate, RunPublic, ScheduleCreate, SchedulePublic, ScheduleUpdate
+from broker.finance.schemas import (
+    RunCreate,
+    RunPage,
+    RunPublic,
+    ScheduleCreate,
+    SchedulePage,
+    SchedulePublic,
+    ScheduleUpdate,
+)
 from broker.routes.costs import Finance
 
 # the real type of each format, after `application/octet-stream`: the same bytes for a client that takes any format
@@ -31,9 +39,9 @@ def create_schedule(body: ScheduleCreate, rt: RuntimeDep, principal: Finance) ->
     return manage.create_schedule(rt, principal.tenant, body)
 
 
-@schedules.get("", operation_id="report_schedules.list", response_model=list[SchedulePublic])
-def list_schedules(rt: RuntimeDep, principal: Finance) -> list[SchedulePublic]:
-    return manage.list_schedules(rt, principal.tenant)
+@schedules.get("", operation_id="report_schedules.list", response_model=SchedulePage)
+def list_schedules(rt: RuntimeDep, principal: Finance) -> SchedulePage:
+    return SchedulePage(items=manage.list_schedules(rt, principal.tenant))
 
 
 @schedules.get("/{schedule_id}", operation_id="report_schedules.get", response_model=SchedulePublic)
@@ -52,9 +60,10 @@ def delete_schedule(schedule_id: str, rt: RuntimeDep, principal: Finance) -> Res
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@runs.get("", operation_id="report_runs.list", response_model=list[RunPublic])
-def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[RunPublic]:
-    return manage.list_runs(rt, principal.tenant, limit)
+@runs.get("", operation_id="report_runs.list", response_model=RunPage)
+def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> RunPage:
+    """The latest `limit` runs, newest first."""
+    return RunPage(items=manage.list_runs(rt, principal.tenant, limit))
 
 
 @runs.post(
