@@ -75,16 +75,15 @@ def field_error(error: Any) -> FieldError:
     return FieldError(field=".".join(rest) or location, location=location, message=error["msg"], type=error["type"])
 
 
-_GATES: dict[int, str | None] = {}
-
-
 def _gate_of(route: Any) -> str | None:
-    """ "key" when the route authenticates an API key, "callback" when it takes a callback token, else None."""
+    """ "key" when the route authenticates an API key, "callback" when it takes a callback token, else None (found
+    once per route object, and kept on it)."""
     from broker.deps import get_principal
     from broker.routes.placements import callback_token_of
 
-    key = id(route)
-    if key not in _GATES:
+    if route is None:
+        return None
+    if not hasattr(route, "_overspill_gate"):
         found: str | None = None
         stack = [getattr(route, "dependant", None)]
         while stack and found is None:
@@ -96,8 +95,8 @@ def _gate_of(route: Any) -> str | None:
             elif dep.call is callback_token_of:
                 found = "callback"
             stack.extend(dep.dependencies)
-        _GATES[key] = found
-    return _GATES[key]
+        route._overspill_gate = found
+    return route._overspill_gate  # type: ignore[no-any-return]
 
 
 async def authentication_first(request: Request) -> Response | None:
