@@ -1,13 +1,13 @@
 """The FastAPI application: `create_app(settings | runtime)` builds it; nothing is built at import time.
 
-Errors come back as `{"message": "...", "detail": [{"loc": [...], "msg": "..."}]}` with the field named, in the
-same shape FastAPI uses for validation errors. Bodies over `max_request_bytes` get 413; a key over its rate
-limit gets 429 with `Retry-After` (broker/ratelimit.py); every state-changing request is audited (broker/audit.py).
+Errors come back as RFC 9457 problem details (broker/problems.py) naming each field at fault and where it
+was sent; a request without a valid credential gets its 401 before its body is looked at. Bodies over
+`max_request_bytes` get 413; a key over its rate limit gets 429 with `Retry-After` (broker/ratelimit.py); every
+state-changing request is audited (broker/audit.py). The OpenAPI document and `/docs`: broker/docs.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -16,16 +16,18 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.audit import AuditLog
 from broker.console import router as console_router
 from broker.deps import HashGate
+from broker.docs import mount_docs, openapi_document
 from broker.errors import BrokerError
+from broker.http_errors import authentication_first, field_error, http_problem, locate, problem_response
 from broker.logging_setup import configure_logging
+from broker.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem, problem_bytes
 from broker.ratelimit import RateLimit, SharedBuckets
 from broker.request_id import RequestIdMiddleware
 from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
@@ -33,11 +35,6 @@ from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-def _field_of(loc: tuple[object, ...] | list[object]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
-    return ".".join(parts) or "body"
 
 
 class BodySizeLimit:
@@ -82,12 +79,15 @@ class BodySizeLimit:
                 await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps({"message": f"body: request body over {self.max_bytes} bytes", "detail": []}).encode()
+        body = problem_bytes(413, f"body: request body over {self.max_bytes} bytes")
         await send(
             {
                 "type": "http.response.start",
                 "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -100,13 +100,6 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"body: request body over {max_bytes} bytes")
 
 
-class ErrorBody(BaseModel):
-    """Every error answer: a message naming the field or resource at fault, and the details."""
-
-    message: str
-    detail: Any = None
-
-
 _ERRORS = {
     400: "bad request",
     401: "missing or invalid API key",
@@ -114,10 +107,11 @@ _ERRORS = {
     404: "no such resource in your tenant",
     409: "conflicts with the resource's state",
     413: "request body too large",
+    422: "a field is invalid (each one named in `errors`)",
     429: "rate limit exceeded (see Retry-After)",
 }
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text} for code, text in _ERRORS.items()
+    code: {"model": Problem, "description": text} for code, text in _ERRORS.items()
 }
 
 
@@ -165,6 +159,8 @@ def create_app(
 
     app = FastAPI(
         title="Overspill",
+        docs_url=None,  # served from the package, offline (broker/docs.py)
+        redoc_url=None,
         version="0.1.0",
         summary="Burst GPU training jobs from on-prem queues to the cheapest suitable cloud pool, "
         "within the cost ceiling each job was given.",
@@ -200,28 +196,30 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 or 429 included, carries X-Request-ID
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        message = "; ".join(f"{_field_of(e['loc'])}: {e['msg']}" for e in errors)
-        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
-        return JSONResponse({"message": message, "detail": detail}, status_code=422)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        refused = await authentication_first(request)  # no or a bad credential: 401/403, whatever the body
+        if refused is not None:
+            return refused
+        errors = [field_error(e) for e in exc.errors()]
+        detail = "; ".join(f"{e.field}: {e.message}" for e in errors) or "invalid request"
+        return problem_response(problem(422, detail, errors))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"message": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
-        )
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return http_problem(request, exc)
 
     @app.exception_handler(BrokerError)
-    async def broker_error(_: Request, exc: BrokerError) -> JSONResponse:
-        return JSONResponse(
-            {
-                "message": f"{exc.field}: {exc.message}",
-                "detail": [{"loc": ["body", exc.field], "msg": exc.message, "type": type(exc).__name__}],
-            },
-            status_code=exc.status_code,
+    async def broker_error(request: Request, exc: BrokerError) -> Response:
+        error = FieldError(
+            field=exc.field,
+            location=locate(request, exc.field, exc.status_code),
+            message=exc.message,
+            type=type(exc).__name__,
         )
+        return problem_response(problem(exc.status_code, f"{exc.field}: {exc.message}", [error]))
 
+    mount_docs(app)
+    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     for router in (
         jobs.router,
         catalog.router,

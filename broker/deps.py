@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, Security, status
+from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from broker.auth import INVALID, AmbiguousCredentials, InvalidKey, Principal, Role, presented_key
@@ -131,20 +132,33 @@ async def authenticate(request: Request, rt: Runtime, key: str) -> Principal:
     return principal
 
 
+# The OpenAPI security schemes (Swagger's Authorize button, generated clients' auth): a bearer token or the
+# X-API-Key header, either one. They only document; `get_principal` reads the key from the raw headers, where a
+# header sent twice is visible (FastAPI would give the first), by the same function as the rate limiter's.
+BEARER = HTTPBearer(scheme_name="BearerAuth", description="`Authorization: Bearer <API key>`", auto_error=False)
+API_KEY_HEADER = APIKeyHeader(
+    name="X-API-Key", scheme_name="ApiKeyAuth", description="the API key, instead of `Authorization`", auto_error=False
+)
+
+
 async def get_principal(
     request: Request,
     rt: RuntimeDep,
-    authorization: Annotated[str | None, Header(description="Bearer <API key>")] = None,
-    x_api_key: Annotated[str | None, Header(description="the API key (instead of Authorization)")] = None,
+    _bearer: Annotated[Any, Security(BEARER)] = None,
+    _api_key: Annotated[Any, Security(API_KEY_HEADER)] = None,
 ) -> Principal:
-    # the two headers are declared for the OpenAPI document; the key is read from the raw headers, where a
-    # header sent twice is visible (FastAPI would give the first), by the same function as the rate limiter's
-    key = request_key(request)
-    if not key:
-        raise _unauthorised("missing API key: send 'Authorization: Bearer <key>'")
-    principal = await authenticate(request, rt, key)
+    principal = await principal_of(request, rt)
     request.state.principal = principal  # for the audit log (broker.audit)
     return principal
+
+
+async def principal_of(request: Request, rt: Runtime) -> Principal:
+    """The request's authenticated principal: 401 without a key or with an invalid one, 400 for an ambiguous one,
+    429 when too many unverified keys are being hashed."""
+    key = request_key(request)
+    if not key:
+        raise _unauthorised("Authorization: missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
+    return await authenticate(request, rt, key)
 
 
 def require(*roles: Role) -> Callable[[Principal], Awaitable[Principal]]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import math
 import random
@@ -54,6 +53,7 @@ from sqlalchemy import create_engine, event
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.auth import AmbiguousCredentials, presented_key
+from broker.problems import PROBLEM_MEDIA_TYPE, problem_bytes
 
 log = logging.getLogger(__name__)
 
@@ -461,13 +461,13 @@ async def _reject(send: Send, wait: float, which: str, rate: float, burst: int) 
 
 
 async def _answer(send: Send, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"message": message, "detail": []}).encode()
+    body = problem_bytes(status, message)
     await send(
         {
             "type": "http.response.start",
             "status": status,
             "headers": [
-                (b"content-type", b"application/json"),
+                (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
                 (b"content-length", str(len(body)).encode()),
                 *headers,
             ],

@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from providers.accelerators import canonical
 from providers.images import validate_image
 
+T = TypeVar("T")
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 Hours = Annotated[Decimal, Field(gt=0, le=100_000, max_digits=14, decimal_places=6)]
 Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -225,7 +226,7 @@ class JobUpdate(BaseModel):
     placement keeps its pool: the new `max_total_usd` binds it at once (the ceiling guard), the other limits apply
     from the job's next placement."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
     max_total_usd: Usd | None = None
     max_hourly_usd: Usd | None = None
@@ -283,9 +284,16 @@ class JobPublic(BaseModel):
     spec: dict[str, Any]
 
 
-class JobPage(BaseModel):
-    items: list[JobPublic]
-    next_cursor: str | None
+class Page(BaseModel, Generic[T]):
+    """Every list answer: `items`, and `next_cursor` to send back as `cursor` for the next page (null: no more).
+    Lists that are not paged (bounded by `limit` or small by nature) always answer `next_cursor: null`."""
+
+    items: list[T]
+    next_cursor: str | None = None
+
+
+class JobPage(Page[JobPublic]):
+    pass
 
 
 class EventPublic(BaseModel):
@@ -324,6 +332,10 @@ class OfferingPublic(BaseModel):
     simulated: bool
 
 
+class PoolPage(Page[OfferingPublic]):
+    pass
+
+
 class PricePoint(BaseModel):
     offering_key: str
     hourly_usd: Decimal
@@ -331,6 +343,10 @@ class PricePoint(BaseModel):
     estimated: bool
     feed: str
     observed_at: datetime
+
+
+class PricePage(Page[PricePoint]):
+    pass
 
 
 class QuoteCandidate(BaseModel):
@@ -372,6 +388,10 @@ class PressurePublic(BaseModel):
     pending_gpus: int
     expected_wait_hours: float
     observed_at: datetime
+
+
+class PressurePage(Page[PressurePublic]):
+    pass
 
 
 class KeyCreate(BaseModel):

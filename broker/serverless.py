@@ -230,10 +230,15 @@ _container: _Container | None = None
 
 def _asgi(rt: Runtime) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     from mangum import Mangum
+    from mangum.adapter import DEFAULT_TEXT_MIME_TYPES
 
     from broker.app import create_app
+    from broker.problems import PROBLEM_MEDIA_TYPE
 
-    return Mangum(create_app(runtime=rt), lifespan="off")
+    # problem details are JSON text: not base64-encoded in the gateway's answer (Mangum knows only application/json)
+    return Mangum(
+        create_app(runtime=rt), lifespan="off", text_mime_types=[*DEFAULT_TEXT_MIME_TYPES, PROBLEM_MEDIA_TYPE]
+    )
 
 
 def container() -> _Container:

@@ -39,20 +39,20 @@ def test_quote_of_impossible_job_is_not_feasible(client: TestClient) -> None:
 
 
 def test_pools_show_prices_freshness_and_simulated(client: TestClient) -> None:
-    pools = client.get("/v1/pools", params={"accelerator": "a100"}).json()
+    pools = client.get("/v1/pools", params={"accelerator": "a100"}).json()["items"]
     assert pools and all(p["accelerator"] == "A100" for p in pools)
     assert all(p["simulated"] for p in pools)
     kinds = {p["capacity_type"] for p in pools}
     assert {"spot", "on_demand", "on_prem"} <= kinds
     for p in pools:
         assert p["age_seconds"] >= 0 and p["stale"] is False and p["price_source"]
-    spot = client.get("/v1/pools", params={"capacity_type": "spot", "provider": "sim-aws"}).json()
+    spot = client.get("/v1/pools", params={"capacity_type": "spot", "provider": "sim-aws"}).json()["items"]
     assert spot and {p["provider"] for p in spot} == {"sim-aws"}
     assert client.get("/v1/pools", params={"capacity_type": "cheap"}).status_code == 422
 
 
 def test_pressure_reports_onprem_queue(client: TestClient) -> None:
-    rows = client.get("/v1/pressure").json()
+    rows = client.get("/v1/pressure").json()["items"]
     assert {r["accelerator"] for r in rows} == {"A100", "V100"}
     for r in rows:
         assert 0 <= r["free_gpus"] <= r["total_gpus"]

@@ -170,7 +170,7 @@ def test_finance_exports_reports_and_downloads_past_runs(browser: Any, broker: B
     assert name == f"overspill-costs-demo-{month}.csv" and rows
     assert all(re.fullmatch(r"-?\d+\.\d{2}", r["cost_usd"]) for r in rows)
     with broker.api(broker.keys["finance"]) as api:
-        runs = api.get("/v1/report-runs").json()
+        runs = api.get("/v1/report-runs").json()["items"]
     assert [r["format"] for r in runs[:2]] == ["csv", "pdf"]
 
     # the runs list: state, period, and a download of an earlier run (the same bytes)
@@ -216,7 +216,7 @@ def test_finance_creates_and_deletes_a_report_schedule(browser: Any, broker: Bro
     assert "month to date for the CFO" in text and "0 7 * * 1 (Europe/Paris)" in text
     assert "CSV, month to date" in text and "email cfo@example.com" in text
     with broker.api(broker.keys["finance"]) as api:
-        [made] = api.get("/v1/report-schedules").json()
+        [made] = api.get("/v1/report-schedules").json()["items"]
     assert made["destination"] == {"type": "email", "to": ["cfo@example.com"]} and made["period"] == "month_to_date"
     tab.page.locator("[data-testid=schedules]").screenshot(path=str(artifacts_dir() / "costs-schedules.png"))
     tab.page.click("[data-testid=schedule-delete]")
@@ -225,7 +225,7 @@ def test_finance_creates_and_deletes_a_report_schedule(browser: Any, broker: Bro
     tab.page.click("[data-testid=schedule-delete]")
     tab.page.wait_for_selector("[data-testid=report-schedules-empty]")
     with broker.api(broker.keys["finance"]) as api:
-        assert api.get("/v1/report-schedules").json() == []
+        assert api.get("/v1/report-schedules").json()["items"] == []
     tab.close()
 
 

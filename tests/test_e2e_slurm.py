@@ -36,11 +36,11 @@ def test_job_runs_on_slurm_and_accrues_onprem_cost(cluster: Any, tmp_path: Path)
     rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]  # non-root operator
     tick(rt, datetime.now(UTC))
     api = TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
-    pools = api.get("/v1/pools").json()
+    pools = api.get("/v1/pools").json()["items"]
     assert pools and {p["provider"] for p in pools} == {"onprem-slurm"}
     one = next(p for p in pools if p["accelerator_count"] == 1)
     assert one["capacity_type"] == "on_prem" and one["hourly_usd"] == "1.8"
-    pressure = api.get("/v1/pressure").json()
+    pressure = api.get("/v1/pressure").json()["items"]
     assert {(r["source"], r["accelerator"]) for r in pressure} == {("onprem-slurm", "A100")}
     assert pressure[0]["total_gpus"] == cluster.gpus_per_node * len(cluster.nodes)
 

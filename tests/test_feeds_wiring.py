@@ -68,7 +68,7 @@ def test_configured_feeds_fill_the_pools(moto_endpoint: str, tmp_path: Path, mon
 
         rt = build_runtime(Settings())
         api = TestClient(create_app(runtime=rt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
-        pools = api.get("/v1/pools", params={"limit": 10_000}).json()
+        pools = api.get("/v1/pools", params={"limit": 10_000}).json()["items"]
         aws = [p for p in pools if p["provider"] == "aws" and p["feed"] == "prices:aws"]
         assert {p["instance_type"] for p in aws} == {"p4d.24xlarge", "g5.xlarge"}
         assert all(p["zone"].startswith("us-east-1") and p["feed"] == "prices:aws" for p in aws)
@@ -87,7 +87,7 @@ def test_configured_feeds_fill_the_pools(moto_endpoint: str, tmp_path: Path, mon
         assert again.exit_code == 1
         failed = {r["feed"]: r for r in _last_json(again.output)}
         assert not failed["prices:azure"]["ok"] and "500" in failed["prices:azure"]["error"]
-        kept = api.get("/v1/pools", params={"provider": "azure"}).json()
+        kept = api.get("/v1/pools", params={"provider": "azure"}).json()["items"]
         assert kept and all(p["stale"] for p in kept)
 
 

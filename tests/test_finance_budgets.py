@@ -91,14 +91,14 @@ def test_budget_crud_roles_and_validation(api: TestClient, key: Callable[..., di
     assert api.get(f"/v1/budgets/{b['id']}").json()["name"] == "vision"
     patched = api.patch(f"/v1/budgets/{b['id']}", json={"hard": True, "amount_usd": "500"}, headers=finance).json()
     assert (patched["hard"], patched["amount_usd"]) == (True, "500")
-    assert [x["id"] for x in api.get("/v1/budgets", headers=finance).json()] == [b["id"]]
+    assert [x["id"] for x in api.get("/v1/budgets", headers=finance).json()["items"]] == [b["id"]]
 
     assert api.get("/v1/budgets", headers=key("demo", Role.SUBMITTER)).status_code == 403
     assert api.post("/v1/budgets", json={}, headers=key("demo", Role.SUBMITTER)).status_code == 403
     other = key("other", Role.FINANCE)
     assert api.get(f"/v1/budgets/{b['id']}", headers=other).status_code == 404
     assert api.delete(f"/v1/budgets/{b['id']}", headers=other).status_code == 404
-    assert api.get("/v1/budgets", headers=other).json() == []
+    assert api.get("/v1/budgets", headers=other).json()["items"] == []
 
     for body, field in [
         ({"scope": "org", "name": "x", "amount_usd": "1"}, "scope"),

@@ -151,7 +151,7 @@ def test_month_with_price_change_and_preemption_is_exact(
         },
     ]
     assert by_month["total"]["cost_usd"] == "140.6333333333" and by_month["total"]["display"]["cost_usd"] == "140.63"
-    assert by_month["as_of"] == max(e.period_end_at for e in entries).isoformat()
+    assert by_month["as_of"] == max(e.period_end_at for e in entries).isoformat().replace("+00:00", "Z")  # UTC as `Z`
     by_kind = api.get(
         "/v1/costs", params={"group_by": "team,kind", "from": "2026-10-01T00:00:00Z", "to": "2026-12-01T00:00:00Z"}
     ).json()

@@ -149,7 +149,7 @@ def test_metrics_agree_with_the_api_and_the_ledger(
 def test_onprem_pressure_per_gpu_type(rt: Runtime, client: TestClient) -> None:
     """The built-in simulated cluster reports pressure per GPU type; the metrics carry the same numbers."""
     m = scrape(client)
-    pressure = client.get("/v1/pressure").json()
+    pressure = client.get("/v1/pressure").json()["items"]
     assert pressure
     pending = by(m, "overspill_onprem_pending_gpus", "source", "accelerator")
     total = by(m, "overspill_onprem_gpus", "source", "accelerator")

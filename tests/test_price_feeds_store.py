@@ -53,13 +53,13 @@ def test_history_records_changes_not_samples(frt: Runtime, feed: FlakyFeed, cloc
         feed.prices["z1"] = Decimal(price)
         tick(frt, clock())
         clock.advance(minutes=10)
-    history = api.get("/v1/prices/history", params={"offering": key}).json()
+    history = api.get("/v1/prices/history", params={"offering": key}).json()["items"]
     assert [h["hourly_usd"] for h in history] == ["10", "12", "9.5"]
     assert history[0]["observed_at"].startswith(t0.strftime("%Y-%m-%dT%H:%M"))
     window = api.get(
         "/v1/prices/history",
         params={"offering": key, "from": history[1]["observed_at"], "to": history[2]["observed_at"]},
-    ).json()
+    ).json()["items"]
     assert [h["hourly_usd"] for h in window] == ["12"]
     bad = api.get("/v1/prices/history", params={"offering": key, "from": "2026-11-02T10:00:00"})
     assert bad.status_code == 422 and "from" in bad.json()["message"]
@@ -69,14 +69,14 @@ def test_failing_feed_keeps_last_good_prices_marked_stale(frt: Runtime, feed: Fl
     api = TestClient(create_app(runtime=frt), headers={"Authorization": f"Bearer {DEV_API_KEY}"})
     feed.prices["z1"] = Decimal("10")
     tick(frt, clock())
-    fresh = {p["key"]: p for p in api.get("/v1/pools").json()}
+    fresh = {p["key"]: p for p in api.get("/v1/pools").json()["items"]}
     assert not fresh["flaky/r1/z1/gpu.1/spot"]["stale"] and fresh["flaky/r1/z1/gpu.1/spot"]["feed"] == "prices:flaky"
     feed.failing = True
     feed.prices["z1"] = Decimal("99")
     clock.advance(minutes=10)
     report = tick(frt, clock())
     assert report.ok  # a failing feed is recorded, not a failed tick
-    pools = {p["key"]: p for p in api.get("/v1/pools").json()}
+    pools = {p["key"]: p for p in api.get("/v1/pools").json()["items"]}
     assert pools["flaky/r1/z1/gpu.1/spot"]["hourly_usd"] == "10"
     assert pools["flaky/r1/z1/gpu.1/spot"]["stale"] is True
     ready = api.get("/readyz").json()
@@ -85,7 +85,7 @@ def test_failing_feed_keeps_last_good_prices_marked_stale(frt: Runtime, feed: Fl
     feed.failing = False
     clock.advance(minutes=10)
     tick(frt, clock())
-    pools = {p["key"]: p for p in api.get("/v1/pools").json()}
+    pools = {p["key"]: p for p in api.get("/v1/pools").json()["items"]}
     assert pools["flaky/r1/z1/gpu.1/spot"]["hourly_usd"] == "99" and not pools["flaky/r1/z1/gpu.1/spot"]["stale"]
 
 

@@ -339,7 +339,7 @@ def test_report_runs_are_tenant_scoped_and_validated(api: TestClient, seeded: tu
     assert api.get(f"/v1/report-runs/{body['id']}", headers=other).status_code == 404
     assert api.get(f"/v1/report-runs/{body['id']}/download", headers=other).status_code == 404
     assert api.get("/v1/report-runs", headers=submitter).status_code == 403
-    assert [r["id"] for r in api.get("/v1/report-runs").json()] == [body["id"]]
+    assert [r["id"] for r in api.get("/v1/report-runs").json()["items"]] == [body["id"]]
     theirs = api.post("/v1/report-runs", json={"period": "2026-10", "format": "csv"}, headers=other).json()
     assert theirs["entries"] == 200
     for bad, field in [

@@ -106,7 +106,7 @@ def test_schedule_crud_roles_and_validation(frt: Runtime, api: TestClient, clock
     assert s["next_run_at"] == "2026-11-01T05:00:00Z" and s["period"] == "previous_month"  # 06:00 CET
     changed = api.patch(f"/v1/report-schedules/{s['id']}", json={"cron": "0 7 * * *"}, headers=finance).json()
     assert changed["next_run_at"] == "2026-10-21T05:00:00Z"  # 07:00 CEST, the zone kept
-    assert [x["id"] for x in api.get("/v1/report-schedules").json()] == [s["id"]]
+    assert [x["id"] for x in api.get("/v1/report-schedules").json()["items"]] == [s["id"]]
     other = {"Authorization": f"Bearer {create_key(frt.engine, tenant='x', role=Role.FINANCE, name='f', now=clock())}"}
     assert api.get(f"/v1/report-schedules/{s['id']}", headers=other).status_code == 404
     submitter = {

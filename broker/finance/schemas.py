@@ -12,15 +12,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from broker.finance.notify import check_emails
 from broker.finance.outbound import check_url_shape
 from broker.finance.reports.deliver import validate_destination
-from broker.schemas import Label
+from broker.schemas import Label, Page, aware_utc
 
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 
 
 def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise ValueError("must include a time zone, e.g. 2026-12-01T00:00:00Z")
-    return value
+    # a zone, and years 1970-9998 once in UTC (a database cannot store year 10000: found by fuzzing)
+    return aware_utc(value)
 
 
 Aware = Annotated[datetime, AfterValidator(_aware)]
@@ -201,6 +200,101 @@ class RunPublic(BaseModel):
 class CorrectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    entry_id: int = Field(ge=1)
+    entry_id: int = Field(ge=1, le=2**63 - 1)  # a database integer (found by fuzzing)
     usd: Annotated[Decimal, Field(max_digits=18, decimal_places=10)]
     note: str = Field(default="", max_length=500)
+
+
+# answers of /v1/costs (the services build dicts; these type them for the OpenAPI document and generated clients)
+
+
+class MoneyColumns(BaseModel):
+    """Exact amounts (decimal strings, no exponent): cost, cost of compute that was wasted (preempted work
+    redone), the on-demand equivalent and the savings against it."""
+
+    cost_usd: str
+    wasted_usd: str
+    on_demand_usd: str
+    savings_usd: str
+
+
+class CostLine(MoneyColumns):
+    """One group (only the `group_by` keys are present) or the total (no key)."""
+
+    team: str | None = None
+    project: str | None = None
+    job: str | None = None
+    provider: str | None = None
+    region: str | None = None
+    capacity_type: str | None = None
+    kind: str | None = None
+    day: str | None = None
+    month: str | None = None
+    entries: int
+    display: MoneyColumns = Field(description="the same amounts rounded to cents so that the rows add up to the total")
+
+
+class CostSummary(BaseModel):
+    from_: datetime = Field(alias="from")
+    to: datetime
+    title: str = Field(description='the window for people ("1-25 November 2026 (month to date)")')
+    as_of: datetime | None = Field(description="the latest accrued time among the entries")
+    group_by: list[str]
+    currency: Literal["USD"]
+    rows: list[CostLine]
+    total: CostLine
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class CorrectionPublic(BaseModel):
+    id: int
+    corrects_id: int
+    usd: str
+    job_id: str
+    note: str
+
+
+class BillImportPublic(BaseModel):
+    id: str
+    provider: str
+    rows: int
+    resources: int
+    skipped_without_resource: int
+    billed_usd: str
+    reconciliation_url: str
+
+
+class ReconciliationRow(BaseModel):
+    resource_id: str
+    ledger_usd: str
+    billed_usd: str
+    difference_usd: str = Field(description="billed - ledger")
+    status: Literal["match", "differs", "only_in_bill", "only_in_ledger"]
+
+
+class Reconciliation(BaseModel):
+    import_id: str
+    provider: str
+    filename: str
+    from_: datetime = Field(alias="from")
+    to: datetime
+    billed_usd: str
+    ledger_usd: str
+    difference_usd: str
+    bill_total_usd: str = Field(description="the bill's whole total, rows without a resource (tax, support) included")
+    rows: list[ReconciliationRow]
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class BudgetPage(Page[BudgetPublic]):
+    pass
+
+
+class SchedulePage(Page[SchedulePublic]):
+    pass
+
+
+class RunPage(Page[RunPublic]):
+    pass

@@ -33,7 +33,7 @@ class AuditPage(BaseModel):
     next_cursor: str | None
 
 
-@router.get("", response_model=AuditPage)
+@router.get("", operation_id="audit.list", response_model=AuditPage)
 def read_audit(
     rt: RuntimeDep,
     principal: Admin,

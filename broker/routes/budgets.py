@@ -6,33 +6,33 @@ from fastapi import APIRouter, Response, status
 
 from broker.deps import RuntimeDep
 from broker.finance import manage
-from broker.finance.schemas import BudgetCreate, BudgetPublic, BudgetUpdate
+from broker.finance.schemas import BudgetCreate, BudgetPage, BudgetPublic, BudgetUpdate
 from broker.routes.costs import Finance
 
 router = APIRouter(prefix="/v1/budgets", tags=["budgets"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=BudgetPublic)
+@router.post("", operation_id="budgets.create", status_code=status.HTTP_201_CREATED, response_model=BudgetPublic)
 def create(body: BudgetCreate, rt: RuntimeDep, principal: Finance) -> BudgetPublic:
     return manage.create_budget(rt, principal.tenant, body)
 
 
-@router.get("", response_model=list[BudgetPublic])
-def list_all(rt: RuntimeDep, principal: Finance) -> list[BudgetPublic]:
-    return manage.list_budgets(rt, principal.tenant)
+@router.get("", operation_id="budgets.list", response_model=BudgetPage)
+def list_all(rt: RuntimeDep, principal: Finance) -> BudgetPage:
+    return BudgetPage(items=manage.list_budgets(rt, principal.tenant))
 
 
-@router.get("/{budget_id}", response_model=BudgetPublic)
+@router.get("/{budget_id}", operation_id="budgets.get", response_model=BudgetPublic)
 def read(budget_id: str, rt: RuntimeDep, principal: Finance) -> BudgetPublic:
     return manage.get_budget(rt, principal.tenant, budget_id)
 
 
-@router.patch("/{budget_id}", response_model=BudgetPublic)
+@router.patch("/{budget_id}", operation_id="budgets.update", response_model=BudgetPublic)
 def update(budget_id: str, body: BudgetUpdate, rt: RuntimeDep, principal: Finance) -> BudgetPublic:
     return manage.update_budget(rt, principal.tenant, budget_id, body)
 
 
-@router.delete("/{budget_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{budget_id}", operation_id="budgets.delete", status_code=status.HTTP_204_NO_CONTENT)
 def delete(budget_id: str, rt: RuntimeDep, principal: Finance) -> Response:
     manage.delete_budget(rt, principal.tenant, budget_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

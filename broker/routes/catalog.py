@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from broker.deps import Reader, RuntimeDep, Submitter
 from broker.errors import Unprocessable
-from broker.schemas import JobCreate, OfferingPublic, PressurePublic, PricePoint, QuoteResponse, aware_utc
+from broker.schemas import JobCreate, PoolPage, PressurePage, PricePage, QuoteResponse, aware_utc
 from broker.services import catalog_view as svc
 from providers.accelerators import canonical
 from providers.model import CapacityType
@@ -17,7 +17,7 @@ from providers.model import CapacityType
 router = APIRouter(prefix="/v1", tags=["catalog"])
 
 
-@router.post("/quotes", response_model=QuoteResponse)
+@router.post("/quotes", operation_id="quotes.create", response_model=QuoteResponse)
 def quote(
     body: JobCreate,
     rt: RuntimeDep,
@@ -28,7 +28,7 @@ def quote(
     return svc.quote_job(rt, principal.tenant, body, limit)
 
 
-@router.get("/pools", response_model=list[OfferingPublic])
+@router.get("/pools", operation_id="pools.list", response_model=PoolPage)
 def pools(
     rt: RuntimeDep,
     principal: Reader,
@@ -36,18 +36,19 @@ def pools(
     provider: Annotated[str | None, Query(max_length=64)] = None,
     capacity_type: CapacityType | None = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-) -> list[OfferingPublic]:
-    """Every pool with its current price, where the price came from and how fresh it is."""
-    return svc.list_pools(
+) -> PoolPage:
+    """Every pool (up to `limit`) with its current price, where the price came from and how fresh it is."""
+    pools = svc.list_pools(
         rt,
         accelerator=canonical(accelerator) if accelerator else None,
         provider=provider,
         capacity_type=capacity_type.value if capacity_type else None,
         limit=limit,
     )
+    return PoolPage(items=pools)
 
 
-@router.get("/prices/history", response_model=list[PricePoint])
+@router.get("/prices/history", operation_id="prices.history", response_model=PricePage)
 def prices_history(
     rt: RuntimeDep,
     principal: Reader,
@@ -55,8 +56,8 @@ def prices_history(
     start: Annotated[datetime | None, Query(alias="from", description="inclusive, ISO 8601 with zone")] = None,
     end: Annotated[datetime | None, Query(alias="to", description="exclusive, ISO 8601 with zone")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
-) -> list[PricePoint]:
-    """Every change of one pool's price (not every sample), oldest first."""
+) -> PricePage:
+    """Every change of one pool's price (not every sample), oldest first, up to `limit`."""
     try:
         start = aware_utc(start)
     except ValueError as exc:
@@ -67,10 +68,10 @@ def prices_history(
         raise Unprocessable("to", str(exc)) from None
     if start is not None and end is not None and end <= start:
         raise Unprocessable("to", "must be after from")
-    return svc.price_history(rt, offering, start, end, limit)
+    return PricePage(items=svc.price_history(rt, offering, start, end, limit))
 
 
-@router.get("/pressure", response_model=list[PressurePublic])
-def pressure(rt: RuntimeDep, principal: Reader) -> list[PressurePublic]:
+@router.get("/pressure", operation_id="pressure.list", response_model=PressurePage)
+def pressure(rt: RuntimeDep, principal: Reader) -> PressurePage:
     """On-prem queue pressure per GPU type, as last sampled."""
-    return svc.list_pressure(rt)
+    return PressurePage(items=svc.list_pressure(rt))

@@ -19,7 +19,7 @@ from broker.finance.bill_files import BillTooLarge
 from broker.finance.billing import BillError, import_bill, reconcile
 from broker.finance.budgets import month_window
 from broker.finance.costs import GROUP_KEYS
-from broker.finance.schemas import CorrectionCreate
+from broker.finance.schemas import BillImportPublic, CorrectionCreate, CorrectionPublic, CostSummary, Reconciliation
 from broker.schemas import aware_utc
 
 router = APIRouter(prefix="/v1/costs", tags=["costs"])
@@ -41,7 +41,7 @@ def parse_time(value: str | None, field: str) -> datetime | None:
         raise Unprocessable(field, str(exc)) from None
 
 
-@router.get("")
+@router.get("", operation_id="costs.summary", response_model=CostSummary, response_model_exclude_unset=True)
 def costs(
     rt: RuntimeDep,
     principal: Finance,
@@ -63,7 +63,12 @@ def costs(
     return manage.cost_summary(rt, principal.tenant, keys, start, end)
 
 
-@router.post("/corrections", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/corrections",
+    operation_id="costs.corrections.create",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CorrectionPublic,
+)
 def correct(body: CorrectionCreate, request: Request, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
     """Append a correction (positive or negative USD) to a ledger entry; the entry itself never changes. With its
     earlier corrections the entry must stay between 0 and twice its amount (422 otherwise); a credit never gives
@@ -78,7 +83,19 @@ def correct(body: CorrectionCreate, request: Request, rt: RuntimeDep, principal:
     return made
 
 
-@router.post("/bills", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/bills",
+    operation_id="costs.bills.upload",
+    status_code=status.HTTP_201_CREATED,
+    response_model=BillImportPublic,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "the bill file's bytes, in the format `filename` names",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
 async def upload_bill(
     request: Request,
     rt: RuntimeDep,
@@ -111,7 +128,9 @@ async def upload_bill(
     }
 
 
-@router.get("/bills/{import_id}/reconciliation")
+@router.get(
+    "/bills/{import_id}/reconciliation", operation_id="costs.bills.reconciliation", response_model=Reconciliation
+)
 def reconciliation(import_id: str, rt: RuntimeDep, principal: Finance) -> dict[str, Any]:
     """Ledger vs bill per resource id: ledger_usd, billed_usd, difference_usd (billed - ledger), status."""
     result = reconcile(rt, principal.tenant, import_id)

@@ -12,9 +12,10 @@ credential is not an error here (probes send none): it gets the coarse answer.
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
@@ -28,12 +29,38 @@ from broker.tables import FeedStatus
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+class Liveness(BaseModel):
+    status: Literal["ok"]
+
+
+class FeedHealth(BaseModel):
+    age_seconds: float | None = Field(description="since the feed's last successful refresh")
+    fresh: bool
+    failing: bool = Field(description="its latest refresh failed")
+    last_error: str | None = Field(default=None, description="only for the metrics token or an admin key")
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    database: str = Field(description='"ok" or "unreachable"')
+    prices: str = Field(description='"fresh", "stale", or that no price data exists yet')
+    database_error: str | None = Field(default=None, description="only for the metrics token or an admin key")
+    feeds: dict[str, FeedHealth] | None = Field(default=None, description="for any valid credential")
+
+
+@router.get("/healthz", operation_id="health.live", response_model=Liveness)
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    operation_id="health.ready",
+    response_model=Readiness,
+    response_model_exclude_unset=True,
+    responses={503: {"model": Readiness, "description": "not ready (the same body)"}},
+    openapi_extra={"security": [{}, {"BearerAuth": []}, {"ApiKeyAuth": []}, {"MetricsToken": []}]},
+)
 async def readyz(request: Request, rt: RuntimeDep, response: Response) -> dict[str, Any]:
     """503 unless the database answers and every live feed succeeded within the staleness limit.
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 
@@ -14,8 +14,22 @@ from providers.model import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
+# OpenAPI links: what a client (or a stateful fuzzer) can do next with the job an answer names
+_NEXT = {"GetJob": "jobs.get", "UpdateJob": "jobs.update", "CancelJob": "jobs.cancel", "JobEvents": "jobs.events"}
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+
+def _links(status_code: int, description: str) -> dict[int | str, dict[str, Any]]:
+    links = {name: {"operationId": op, "parameters": {"job_id": "$response.body#/id"}} for name, op in _NEXT.items()}
+    return {status_code: {"description": description, "links": links}}
+
+
+@router.post(
+    "",
+    operation_id="jobs.submit",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses=_links(202, "the job, queued (the same job again for a repeated `Idempotency-Key`)"),
+)
 def submit_job(
     body: JobCreate,
     rt: RuntimeDep,
@@ -41,7 +55,7 @@ def submit_job(
     return svc.job_public(job, None)
 
 
-@router.get("", response_model=JobPage)
+@router.get("", operation_id="jobs.list", response_model=JobPage)
 def list_jobs(
     rt: RuntimeDep,
     principal: Submitter,
@@ -62,13 +76,15 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", operation_id="jobs.get", response_model=JobPublic, responses=_links(200, "the job"))
 def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
     return svc.job_public(job, placement)
 
 
-@router.patch("/{job_id}", response_model=JobPublic)
+@router.patch(
+    "/{job_id}", operation_id="jobs.update", response_model=JobPublic, responses=_links(200, "the job, changed")
+)
 def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     """Raise (or lower) a job's ceilings, move its deadline or change its priority. A job paused to honour its
     ceiling goes back to pending and is placed under the new limits."""
@@ -77,14 +93,14 @@ def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitte
     return svc.job_public(job, placement)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", operation_id="jobs.cancel", response_model=JobPublic)
 def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     """Cancel a job; any instance it holds is stopped by the next tick."""
     job = svc.cancel_job(rt.engine, principal.tenant, job_id, rt.clock())
     return svc.job_public(job, None)
 
 
-@router.get("/{job_id}/events", response_model=list[EventPublic])
+@router.get("/{job_id}/events", operation_id="jobs.events", response_model=list[EventPublic])
 def job_events(job_id: str, rt: RuntimeDep, principal: Submitter) -> list[EventPublic]:
     """Every placement, start, preemption, cost accrual and end, in order."""
     return svc.list_events(rt.engine, principal.tenant, job_id)

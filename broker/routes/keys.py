@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from broker.auth import Role, create_key, list_keys, parse_key, revoke_key
 from broker.deps import Admin, RuntimeDep
 from broker.errors import NotFoundError
-from broker.schemas import KeyCreate, KeyCreated
+from broker.schemas import KeyCreate, KeyCreated, Page
 from broker.tables import ApiKey
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -34,25 +34,29 @@ class KeyPublic(BaseModel):
     revoked_at: datetime | None
 
 
+class KeyPage(Page[KeyPublic]):
+    pass
+
+
 def _public(row: ApiKey) -> KeyPublic:
     return KeyPublic(
         id=row.id, tenant=row.tenant, name=row.name, role=row.role, created_at=row.created_at, revoked_at=row.revoked_at
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+@router.post("", operation_id="keys.create", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
 def make_key(body: KeyCreate, rt: RuntimeDep, principal: Admin) -> KeyCreated:
     key = create_key(rt.engine, tenant=principal.tenant, role=Role(body.role), name=body.name, now=rt.clock())
     return KeyCreated(id=parse_key(key)[0], tenant=principal.tenant, role=body.role, name=body.name, key=key)
 
 
-@router.get("", response_model=list[KeyPublic])
-def read_keys(rt: RuntimeDep, principal: Admin) -> list[KeyPublic]:
+@router.get("", operation_id="keys.list", response_model=KeyPage)
+def read_keys(rt: RuntimeDep, principal: Admin) -> KeyPage:
     """The tenant's keys, oldest first, revoked ones included."""
-    return [_public(row) for row in list_keys(rt.engine, principal.tenant)]
+    return KeyPage(items=[_public(row) for row in list_keys(rt.engine, principal.tenant)])
 
 
-@router.delete("/{key_id}", response_model=KeyPublic)
+@router.delete("/{key_id}", operation_id="keys.revoke", response_model=KeyPublic)
 def delete_key(
     rt: RuntimeDep, principal: Admin, key_id: str = Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9.:~-]+$")
 ) -> KeyPublic:

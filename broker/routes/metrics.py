@@ -8,9 +8,8 @@ accepted here: a tenant's admin must not read other tenants' spend.
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.deps import RuntimeDep
@@ -18,13 +17,19 @@ from broker.deps import RuntimeDep
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/metrics", response_class=Response)
-def metrics(rt: RuntimeDep, authorization: Annotated[str | None, Header()] = None) -> Response:
+@router.get(
+    "/metrics",
+    operation_id="metrics.get",
+    response_class=Response,
+    openapi_extra={"security": [{}, {"MetricsToken": []}]},
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}},
+)
+def metrics(rt: RuntimeDep, request: Request) -> Response:
     """Prometheus text exposition. Operator-level: spans tenants. Needs `Bearer <OVERSPILL_METRICS_TOKEN>` when
     that is set."""
     token = rt.settings.metrics_token
     if token:
-        presented = (authorization or "").partition(" ")[2].strip()
+        presented = request.headers.get("authorization", "").partition(" ")[2].strip()
         if not hmac.compare_digest(presented.encode(), token.encode()):
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED,

@@ -4,9 +4,11 @@ itself with the per-placement token its start-up script was given)."""
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Request, Security, status
+from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
@@ -19,18 +21,31 @@ from broker.tables import Job, Placement
 router = APIRouter(prefix="/v1/placements", tags=["placements"])
 
 
-# the token is an HMAC-SHA256 in hex (broker.auth.callback_token): anything else, non-ASCII included, is a 422
-# naming the header, never a comparison of text hmac.compare_digest cannot take
-CallbackToken = Annotated[
-    str,
-    Header(
-        alias="X-Overspill-Callback-Token",
-        min_length=1,
-        max_length=128,
-        pattern=r"^[0-9A-Za-z]+$",
-        description="the per-placement token the instance's start-up script was given",
-    ),
-]
+CALLBACK_SCHEME = APIKeyHeader(
+    name="X-Overspill-Callback-Token",
+    scheme_name="CallbackToken",
+    description="the per-placement token the instance's start-up script was given (no API key on these routes)",
+    auto_error=False,
+)
+_TOKEN = re.compile(r"[0-9A-Za-z]{1,128}")
+
+
+async def callback_token_of(request: Request, _: Annotated[Any, Security(CALLBACK_SCHEME)] = None) -> str:
+    """The presented callback token: 401 when there is none, 403 when it cannot be one (the token is an
+    HMAC-SHA256 in hex, broker.auth.callback_token), checked before the body is validated."""
+    raw = request.headers.getlist("x-overspill-callback-token")
+    if not raw or not raw[0]:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "X-Overspill-Callback-Token: missing: send the placement's callback token",
+            headers={"WWW-Authenticate": 'ApiKey header="X-Overspill-Callback-Token"'},
+        )
+    if len(raw) > 1 or not _TOKEN.fullmatch(raw[0]):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "X-Overspill-Callback-Token: bad token for this placement")
+    return raw[0]
+
+
+CallbackToken = Annotated[str, Depends(callback_token_of)]
 
 
 def _check_token(rt: Runtime, placement_id: str, token: str) -> None:
@@ -46,7 +61,7 @@ class ExitReport(BaseModel):
     exit_code: int = Field(ge=-1, le=255)
 
 
-@router.post("/{placement_id}/exit", status_code=status.HTTP_204_NO_CONTENT)
+@router.post("/{placement_id}/exit", operation_id="placements.report_exit", status_code=status.HTTP_204_NO_CONTENT)
 def report_exit(
     request: Request,
     placement_id: str,
@@ -72,7 +87,11 @@ def report_exit(
             session.commit()
 
 
-@router.post("/{placement_id}/scheduled-events", status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/{placement_id}/scheduled-events",
+    operation_id="placements.relay_scheduled_events",
+    status_code=status.HTTP_202_ACCEPTED,
+)
 def relay_scheduled_events(
     request: Request,
     placement_id: str,

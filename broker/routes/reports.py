@@ -12,48 +12,63 @@ from broker.errors import Unprocessable
 from broker.finance import manage
 from broker.finance.reports.period import PeriodError, parse_period
 from broker.finance.reports.runs import run_report
-from broker.finance.schemas import RunCreate, RunPublic, ScheduleCreate, SchedulePublic, ScheduleUpdate
+from broker.finance.schemas import (
+    RunCreate,
+    RunPage,
+    RunPublic,
+    ScheduleCreate,
+    SchedulePage,
+    SchedulePublic,
+    ScheduleUpdate,
+)
 from broker.routes.costs import Finance
 
+# the real type of each format, after `application/octet-stream`: the same bytes for a client that takes any format
+# as a file (generators such as openapi-python-client pick the first type they know, and read text/* as text)
+REPORT_MEDIA_TYPES = ("application/octet-stream", "text/csv", "text/html", "application/pdf")
 MAX_REPORT_PERIOD = timedelta(days=366)  # its charts are per day: bounded work per run (found by fuzzing)
 
 schedules = APIRouter(prefix="/v1/report-schedules", tags=["reports"])
 runs = APIRouter(prefix="/v1/report-runs", tags=["reports"])
 
 
-@schedules.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic)
+@schedules.post(
+    "", operation_id="report_schedules.create", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic
+)
 def create_schedule(body: ScheduleCreate, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
     return manage.create_schedule(rt, principal.tenant, body)
 
 
-@schedules.get("", response_model=list[SchedulePublic])
-def list_schedules(rt: RuntimeDep, principal: Finance) -> list[SchedulePublic]:
-    return manage.list_schedules(rt, principal.tenant)
+@schedules.get("", operation_id="report_schedules.list", response_model=SchedulePage)
+def list_schedules(rt: RuntimeDep, principal: Finance) -> SchedulePage:
+    return SchedulePage(items=manage.list_schedules(rt, principal.tenant))
 
 
-@schedules.get("/{schedule_id}", response_model=SchedulePublic)
+@schedules.get("/{schedule_id}", operation_id="report_schedules.get", response_model=SchedulePublic)
 def read_schedule(schedule_id: str, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
     return manage.get_schedule(rt, principal.tenant, schedule_id)
 
 
-@schedules.patch("/{schedule_id}", response_model=SchedulePublic)
+@schedules.patch("/{schedule_id}", operation_id="report_schedules.update", response_model=SchedulePublic)
 def update_schedule(schedule_id: str, body: ScheduleUpdate, rt: RuntimeDep, principal: Finance) -> SchedulePublic:
     return manage.update_schedule(rt, principal.tenant, schedule_id, body)
 
 
-@schedules.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
+@schedules.delete("/{schedule_id}", operation_id="report_schedules.delete", status_code=status.HTTP_204_NO_CONTENT)
 def delete_schedule(schedule_id: str, rt: RuntimeDep, principal: Finance) -> Response:
     manage.delete_schedule(rt, principal.tenant, schedule_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@runs.get("", response_model=list[RunPublic])
-def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[RunPublic]:
-    return manage.list_runs(rt, principal.tenant, limit)
+@runs.get("", operation_id="report_runs.list", response_model=RunPage)
+def list_runs(rt: RuntimeDep, principal: Finance, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> RunPage:
+    """The latest `limit` runs, newest first."""
+    return RunPage(items=manage.list_runs(rt, principal.tenant, limit))
 
 
 @runs.post(
     "",
+    operation_id="report_runs.create",
     status_code=status.HTTP_201_CREATED,
     response_model=RunPublic,
     responses={202: {"model": RunPublic, "description": "produced; its delivery is queued (`delivery_state` pending)"}},
@@ -81,12 +96,23 @@ def run_now(body: RunCreate, rt: RuntimeDep, principal: Finance, response: Respo
     return manage.run_public(run)
 
 
-@runs.get("/{run_id}", response_model=RunPublic)
+@runs.get("/{run_id}", operation_id="report_runs.get", response_model=RunPublic)
 def read_run(run_id: str, rt: RuntimeDep, principal: Finance) -> RunPublic:
     return manage.run_public(manage.get_run(rt, principal.tenant, run_id))
 
 
-@runs.get("/{run_id}/download")
+@runs.get(
+    "/{run_id}/download",
+    operation_id="report_runs.download",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the report file, as an attachment, with its real media type: `csv` and `focus` (FOCUS "
+            "1.2) are text/csv, `html` text/html, `pdf` application/pdf; `ETag` is its SHA-256",
+            "content": {media: {"schema": {"type": "string", "format": "binary"}} for media in REPORT_MEDIA_TYPES},
+        }
+    },
+)
 def download(run_id: str, rt: RuntimeDep, principal: Finance) -> Response:
     run = manage.get_run(rt, principal.tenant, run_id)
     if run.content is None:

@@ -20,6 +20,6 @@ class WhoAmI(BaseModel):
     role: str
 
 
-@router.get("/whoami", response_model=WhoAmI)
+@router.get("/whoami", operation_id="keys.whoami", response_model=WhoAmI)
 async def whoami(principal: Annotated[Principal, Depends(get_principal)]) -> WhoAmI:
     return WhoAmI(key_id=principal.key_id, tenant=principal.tenant, role=principal.role.value)

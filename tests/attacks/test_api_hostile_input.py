@@ -40,7 +40,7 @@ def test_deadline_past_the_end_of_the_calendar_is_a_422_naming_deadline(api: Tes
 
 
 def test_price_history_window_past_the_end_of_the_calendar_is_a_422_naming_it(api: TestClient) -> None:
-    key = api.get("/v1/pools", params={"limit": 1}).json()[0]["key"]
+    key = api.get("/v1/pools", params={"limit": 1}).json()["items"][0]["key"]
     for name in ("from", "to"):
         answer = api.get("/v1/prices/history", params={"offering": key, name: OVERFLOWING[0]})
         assert answer.status_code == 422, (name, answer.text)

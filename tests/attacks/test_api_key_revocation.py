@@ -52,7 +52,7 @@ def test_admins_list_and_revoke_their_own_tenants_keys_only(
     made = client.post("/v1/keys", json={"role": "submitter", "name": "ci"}, headers=admin).json()
     listed = client.get("/v1/keys", headers=admin)
     assert listed.status_code == 200
-    rows = {k["id"]: k for k in listed.json()}
+    rows = {k["id"]: k for k in listed.json()["items"]}
     assert made["id"] in rows and rows[made["id"]]["revoked_at"] is None
     assert set(rows[made["id"]]) == {"id", "tenant", "name", "role", "created_at", "revoked_at"}
     assert "secret_hash" not in listed.text and "salt" not in listed.text and made["key"] not in listed.text
@@ -60,7 +60,7 @@ def test_admins_list_and_revoke_their_own_tenants_keys_only(
 
     other = key_for("globex", Role.ADMIN)
     assert client.delete(f"/v1/keys/{made['id']}", headers=other).status_code == 404, "another tenant's key"
-    assert made["id"] not in {k["id"] for k in client.get("/v1/keys", headers=other).json()}
+    assert made["id"] not in {k["id"] for k in client.get("/v1/keys", headers=other).json()["items"]}
     submitter = {"Authorization": f"Bearer {made['key']}"}
     assert client.get("/v1/keys", headers=submitter).status_code == 403
     assert client.delete(f"/v1/keys/{_id(admin['Authorization'])}", headers=submitter).status_code == 403

@@ -447,7 +447,7 @@ def test_every_route_input_naming_a_checkpoint_location_refuses_escaping_values(
             resp = api.request(method.upper(), path, json={**BODIES[(method, path)], field: uri})
             assert resp.status_code == 422, (method, path, uri, resp.text)
             body = resp.json()
-            assert body["detail"][0]["loc"] == ["body", field], (path, uri, body)
+            assert (body["errors"][0]["field"], body["errors"][0]["location"]) == (field, "body"), (path, uri, body)
             assert body["message"].startswith(field), (path, uri, body)
     refusal = api.post("/v1/jobs", json=job_body(checkpoint_uri="s3://someone-elses-bucket/x")).json()["message"]
     assert f"file://{root}/tenants/{TENANT}/" in refusal and "s3://demo-ml/ckpt/" in refusal  # the allowed ones

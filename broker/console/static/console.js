@@ -111,6 +111,9 @@ class ApiError extends Error {
   }
 }
 
+// every list answer is a page {items, next_cursor}
+const items = (page) => page.items;
+
 async function api(path, options = {}) {
   const headers = { Accept: "application/json", ...(options.headers || {}) };
   if (state.key) headers.Authorization = `Bearer ${state.key}`;
@@ -129,7 +132,7 @@ async function api(path, options = {}) {
   }
   if (!response.ok) {
     if (response.status === 401 && !options.signingIn) signOut("Your key was not accepted; sign in again.");
-    throw new ApiError(response.status, (body && body.message) || `HTTP ${response.status}`);
+    throw new ApiError(response.status, (body && (body.detail || body.message)) || `HTTP ${response.status}`);
   }
   return body;
 }
@@ -530,8 +533,8 @@ async function renderJob(id) {
 
 async function renderPools() {
   const [pools, pressure, ready_] = await Promise.all([
-    api("/v1/pools?limit=5000"),
-    api("/v1/pressure"),
+    api("/v1/pools?limit=5000").then(items),
+    api("/v1/pressure").then(items),
     // feed states need a key (anonymous callers get only the verdict); a 503 (not ready) still has a body
     fetch("/readyz", { headers: state.key ? { Authorization: `Bearer ${state.key}` } : {} })
       .then((r) => r.json())
@@ -658,7 +661,7 @@ async function downloadRun(run) {
   if (!response.ok) {
     let message = `HTTP ${response.status}`;
     try {
-      message = (await response.json()).message || message;
+      { const problem = await response.json(); message = problem.detail || problem.message || message; }
     } catch {
       // not JSON: keep the status
     }
@@ -699,7 +702,7 @@ async function renderCosts() {
     [byTeam, byDay, budgets, month] = await Promise.all([
       api(`/v1/costs?group_by=team,provider&${span}`),
       api(`/v1/costs?group_by=day,${by}&${span}`),
-      optional(api("/v1/budgets")),
+      optional(api("/v1/budgets").then(items)),
       range === "month" ? null : api("/v1/costs?group_by=month"), // this month's window, from the broker's clock
     ]);
   } catch (exc) {
@@ -785,8 +788,8 @@ async function renderReports(container, thisMonth) {
   const load = async () => {
     const view = state.view;
     const [madeRuns, schedules] = await Promise.all([
-      api("/v1/report-runs?limit=20").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
-      api("/v1/report-schedules").catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
+      api("/v1/report-runs?limit=20").then(items).catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
+      api("/v1/report-schedules").then(items).catch((exc) => (exc.status === 404 ? null : Promise.reject(exc))),
     ]);
     if (view !== state.view) return false;
     if (madeRuns === null) {
