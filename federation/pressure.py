@@ -1,6 +1,7 @@
 """The on-prem queue-pressure model: how backed up a Slurm cluster's GPU queue is, per GPU type. Pure, no I/O.
 
-Input: parsed `SlurmJob`s and `SlurmNode`s (`providers.slurm_json`) and `now`. GPU types are canonical accelerator
+Input: the domain model's `BatchJob`s and `BatchNode`s (`providers.model`, which the Slurm parser yields) and
+`now`; nothing here knows a provider. GPU types are canonical accelerator
 names (`providers.accelerators.canonical`: Slurm's "a100" -> "A100"). A request without a GPU type is charged to
 the type its partition(s) hold the most GPUs of.
 
@@ -35,8 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from providers.accelerators import canonical
-from providers.model import PressureSample
-from providers.slurm_json import SlurmJob, SlurmNode
+from providers.model import BatchJob, BatchNode, PressureSample
 
 BURSTABLE_REASONS = frozenset({"Resources", "Priority"})
 UNEVALUATED_REASONS = frozenset({"", "None"})
@@ -53,7 +53,7 @@ class GpuDemand:
     stands for; `gpus_per_node` is what each of its nodes needs.
     """
 
-    job: SlurmJob
+    job: BatchJob
     accelerator: str
     gpus: int
     gpus_per_node: int
@@ -140,8 +140,8 @@ class QueueModel:
 
     def __init__(
         self,
-        jobs: Sequence[SlurmJob],
-        nodes: Sequence[SlurmNode],
+        jobs: Sequence[BatchJob],
+        nodes: Sequence[BatchNode],
         *,
         partitions: Iterable[str] | None = None,
         unlimited_job_hours: float = DEFAULT_UNLIMITED_JOB_HOURS,
@@ -167,7 +167,7 @@ class QueueModel:
     def _acc(self, gpu_type: str) -> str:
         return self.accelerator_of(gpu_type) if gpu_type else UNKNOWN_GPU_TYPE
 
-    def job_accelerators(self, job: SlurmJob) -> dict[str, int]:
+    def job_accelerators(self, job: BatchJob) -> dict[str, int]:
         """The job's GPUs per canonical type; an untyped request goes to its partitions' main GPU type."""
         out: dict[str, int] = {}
         for gpu_type, count in job.gpus.items():
@@ -175,7 +175,7 @@ class QueueModel:
             out[acc] = out.get(acc, 0) + count
         return out
 
-    def _default_type(self, job: SlurmJob) -> str:
+    def _default_type(self, job: BatchJob) -> str:
         totals: dict[str, int] = {}
         for part in job.partitions:
             for acc, count in self._partition_types.get(part, {}).items():
@@ -330,10 +330,10 @@ class QueueModel:
 
         return sorted(ahead, key=order)
 
-    def _limit(self, job: SlurmJob) -> timedelta:
+    def _limit(self, job: BatchJob) -> timedelta:
         return timedelta(minutes=job.time_limit) if job.time_limit is not None else self.unlimited
 
-    def _running_end(self, job: SlurmJob, now: datetime) -> datetime:
+    def _running_end(self, job: BatchJob, now: datetime) -> datetime:
         if job.end_time is not None and job.time_limit is not None:
             end = job.end_time
         elif job.start_time is not None:

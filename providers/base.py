@@ -24,14 +24,14 @@ SDK clients are injected by the caller, so tests hand real clients pointed at lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from providers.model import JobSpec, Offering, PressureSample, Tags
+from providers.model import BatchJob, BatchNode, JobSpec, Offering, PressureSample, Tags
 
 
 class InstanceState(StrEnum):
@@ -224,6 +224,53 @@ class QueuePressureSource(Protocol):
     name: str
 
     def pressure(self, now: datetime) -> list[PressureSample]: ...
+
+
+class QueueDemand(Protocol):
+    """One pending job's GPU request as a queue model classifies it (`federation.pressure.GpuDemand`)."""
+
+    @property
+    def job(self) -> BatchJob: ...
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def burstable(self) -> bool: ...
+
+
+class QueueView(Protocol):
+    """A queue-pressure model over one snapshot of an on-prem queue (`federation.pressure.QueueModel`)."""
+
+    def demands(self) -> Sequence[QueueDemand]: ...
+
+    def samples(self, now: datetime, source: str = ...) -> list[PressureSample]: ...
+
+    def expected_wait_hours(
+        self,
+        gpu_type: str,
+        gpus: int,
+        now: datetime,
+        *,
+        partition: str | None = None,
+        work_hours: float | None = None,
+    ) -> float: ...
+
+
+class QueueModelFactory(Protocol):
+    """Builds a `QueueView` (`federation.pressure.QueueModel` itself). An on-prem provider is given one by its
+    caller, since providers never import the federation layer that models queues."""
+
+    def __call__(
+        self,
+        jobs: Sequence[BatchJob],
+        nodes: Sequence[BatchNode],
+        *,
+        partitions: Iterable[str] | None = ...,
+        unlimited_job_hours: float = ...,
+    ) -> QueueView: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,9 @@ Contract: `SlurmProvider` implements `ComputeProvider`, `OfferingSource` and `Qu
 one zone per partition. It is the real counterpart of `providers.simulated.onprem`.
 
 - `offerings(now)`: per partition, ON_PREM offerings of 1, 2, 4 and 8 GPUs (up to the partition's GPUs per node)
-  priced at the internal rate x GPUs, `expected_wait_hours` from `federation.pressure.QueueModel` (capped at a
-  year; `available` is False when the shape can never start on the usable nodes).
+  priced at the internal rate x GPUs, `expected_wait_hours` from the injected `queue_model` (the broker passes
+  `federation.pressure.QueueModel`: providers never import federation), capped at a year; `available` is False
+  when the shape can never start on the usable nodes.
 - `pressure(now)`: one `PressureSample` per GPU type on the configured partitions (pending = Resources/Priority).
 - `launch(request)`: `<submit wrapper> sbatch --parsable --job-name=ovs-<token[:16]>
   --comment=overspill:<broker>:<token> ... --partition=P --nodes=1 --gres=gpu:<type>:<n>
@@ -61,7 +62,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from urllib.parse import quote, unquote
 
-from federation.pressure import GpuDemand, QueueModel
 from providers.accelerators import canonical, memory_gib
 from providers.base import (
     AuthError,
@@ -71,6 +71,9 @@ from providers.base import (
     LaunchRequest,
     NotFound,
     ProviderError,
+    QueueDemand,
+    QueueModelFactory,
+    QueueView,
     QuotaExceeded,
     Scope,
     Throttled,
@@ -219,6 +222,7 @@ class SlurmProvider:
         *,
         broker_id: str,
         partitions: Mapping[str, PartitionInfo],
+        queue_model: QueueModelFactory,
         run: Runner | None = None,
         name: str = "onprem-slurm",
         slurm_conf: str | None = None,
@@ -242,6 +246,7 @@ class SlurmProvider:
         self.region = "onprem"
         self.broker_id = broker_id
         self.partitions = dict(partitions)
+        self.queue_model = queue_model
         self.run = run or subprocess_runner(slurm_conf)
         self.command = command
         self.output = output
@@ -324,9 +329,9 @@ class SlurmProvider:
     def instance_type(self, accelerator: str, gpus: int) -> str:
         return f"slurm-{canonical(accelerator).lower()}-{gpus}gpu"
 
-    def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueModel:
+    def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueView:
         """The queue model over the configured partitions, from a fresh squeue/sinfo unless given."""
-        return QueueModel(
+        return self.queue_model(
             self.squeue() if jobs is None else jobs,
             self.sinfo() if nodes is None else nodes,
             partitions=self.partitions,
@@ -620,7 +625,7 @@ class SlurmProvider:
                 return replace(j, array_task_id=task, array_task_string="", array_tasks=1)
         return None
 
-    def _queued(self, d: GpuDemand) -> list[QueuedJob]:
+    def _queued(self, d: QueueDemand) -> list[QueuedJob]:
         note = hold_note(d.job.comment) if d.reason.startswith("JobHeld") else None
         held_by = note.get("broker") if note else None
         if held_by == self.broker_id and not self.holds(d.job):
