@@ -31,7 +31,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from providers.model import BatchJob, BatchNode, JobSpec, Offering, PressureSample, Tags
+from providers.model import BatchJob, BatchNode, JobSpec, Offering, Outcome, PressureSample, Tags
 
 
 class InstanceState(StrEnum):
@@ -133,7 +133,8 @@ class Instance:
     `terminate` is still due; False for a running instance and for one that is gone or being deleted.
     `launch_error`: set (with state FAILED) when the cloud accepted the launch and then refused it in the operation
     it started: the typed error a synchronous refusal would have raised. Not part of equality (errors compare by
-    identity)."""
+    identity). `outcome`: how an ended instance's work ended, when the provider knows it (an on-prem scheduler's
+    accounting): FAILED with `Outcome.USER_FAILED` is final for the job, FAILED with INFRA_FAILED is re-placed."""
 
     id: str
     provider: str
@@ -148,6 +149,7 @@ class Instance:
     detail: str = ""
     lingering: bool = False
     launch_error: ProviderError | None = field(default=None, compare=False)
+    outcome: Outcome | None = None
 
     @property
     def released(self) -> bool:

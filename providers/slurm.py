@@ -84,9 +84,17 @@ from providers.model import (
     PLACEMENT_TAG,
     CapacityType,
     Offering,
+    Outcome,
     PressureSample,
     Price,
     offering_key,
+)
+from providers.slurm_accounting import (
+    classify,
+    describe_ending,
+    parsable_argv,
+    parse_sacct,
+    parse_sacct_parsable,
 )
 from providers.slurm_dependency import DependencyParseError, mentions, rewrite_as_succeeded
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
@@ -99,6 +107,7 @@ GPU_SIZES = (1, 2, 4, 8)
 PRICE_QUANTUM = Decimal("0.0001")
 MAX_WAIT_HOURS = 8760.0
 COMMENT_PREFIX = "overspill"
+JOB_NAME_PREFIX = "ovs-"
 HOLD_MARK = "overspill-hold"
 HELD_BY_ADMIN = "JobHeldAdmin"  # what `scontrol hold` by an operator leaves (a user's own hold: JobHeldUser)
 DEFAULT_SUBMIT_WRAPPER = ("sudo", "-n", "-u", "{user}", "--")
@@ -136,6 +145,28 @@ _STATES: dict[str, InstanceState] = {
 }
 
 
+_OUTCOME_STATES: dict[Outcome, InstanceState] = {
+    Outcome.SUCCEEDED: InstanceState.SUCCEEDED,
+    Outcome.USER_FAILED: InstanceState.FAILED,
+    Outcome.INFRA_FAILED: InstanceState.FAILED,
+    Outcome.PREEMPTED: InstanceState.PREEMPTED,
+    Outcome.CANCELLED: InstanceState.TERMINATED,
+}
+_READ_COMMANDS = frozenset({"squeue", "sinfo", "sacct", "sdiag"})
+
+
+def _is_read(argv: Sequence[str]) -> bool:
+    """A command that changes nothing (a listing, `scontrol show ...`)."""
+    if any(a in _READ_COMMANDS for a in argv[:4]):
+        return True
+    return len(argv) >= 2 and argv[0] == "scontrol" and argv[1] == "show"
+
+
+def _accounting_off(text: str) -> bool:
+    low = text.lower()
+    return "accounting storage is disabled" in low or "slurm accounting storage is disabled" in low
+
+
 class SlurmUnavailable(ProviderError):
     """slurmctld cannot be reached (or the tools are missing): the whole provider is out for now."""
 
@@ -145,6 +176,10 @@ class SlurmUnavailable(ProviderError):
 
 class SlurmCommandError(ProviderError):
     """A Slurm command failed for a reason with no better-typed error."""
+
+
+class AccountingDisabled(SlurmCommandError):
+    """The cluster keeps no job accounting (no slurmdbd): a job that left squeue cannot be looked up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +297,54 @@ class SlurmProvider:
         self.hold_key = hold_key
         self.priority_type = priority_type
         self._prefix = f"{COMMENT_PREFIX}:{broker_id}:"
+        self._tick: datetime | None = None
+        self._snapshot: tuple[datetime, list[SlurmJob] | None, list[SlurmNode] | None] | None = None
+        self._model: tuple[Sequence[SlurmJob], Sequence[SlurmNode], QueueView] | None = None
+
+    # ---- one read per tick --------------------------------------------------------------------------------
+
+    def begin_tick(self, now: datetime) -> None:
+        """Start a tick at `now`: until `end_tick`, `jobs()` and `nodes()` answer from one squeue and one sinfo
+        read, cached under the tick's time and shared by pressure, offerings, the burst step and sync. A command
+        that may change a job (sbatch, scancel, scontrol hold/release/update/requeue) drops the cache, so a read
+        after it is fresh; the exactly-once checks (`hold`'s read after holding, `launch`'s token look-ups) always
+        read afresh."""
+        self._tick = now
+        self._snapshot = None
+
+    def end_tick(self) -> None:
+        self._tick = None
+        self._snapshot = None
+        self._model = None
+
+    def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld knows: this tick's snapshot inside a tick, else a fresh `squeue`."""
+        if self._tick is None:
+            return self.squeue()
+        snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+        if snap is not None and snap[1] is not None:
+            return snap[1]
+        jobs = self.squeue()
+        self._snapshot = (self._tick, jobs, snap[2] if snap is not None else None)
+        return jobs
+
+    def nodes(self) -> list[SlurmNode]:
+        """Every node: this tick's snapshot inside a tick, else a fresh `sinfo`. A change to a job keeps the node
+        snapshot (nodes change only by the scheduler's own hand within a tick)."""
+        if self._tick is None:
+            return self.sinfo()
+        snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+        if snap is not None and snap[2] is not None:
+            return snap[2]
+        nodes = self.sinfo()
+        self._snapshot = (self._tick, snap[1] if snap is not None else None, nodes)
+        return nodes
 
     # ---- commands -----------------------------------------------------------------------------------------
 
     def _call(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         try:
-            done = self.run(argv)
+            done = self._raw(argv)
         except FileNotFoundError as exc:
             raise SlurmUnavailable(f"{argv[0]} not found: {exc}", provider=self.name) from exc
         except subprocess.TimeoutExpired as exc:
@@ -275,6 +352,14 @@ class SlurmProvider:
         if done.returncode != 0:
             raise self._error(argv, done)
         return done
+
+    def _raw(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run one command; any command that may change a job drops this tick's snapshot (`begin_tick`)."""
+        try:
+            return self.run(argv)
+        finally:
+            if not _is_read(argv):
+                self._snapshot = None
 
     def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
         text = (done.stderr or done.stdout or "").strip()
@@ -330,17 +415,20 @@ class SlurmProvider:
         return f"slurm-{canonical(accelerator).lower()}-{gpus}gpu"
 
     def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueView:
-        """The queue model over the configured partitions, from a fresh squeue/sinfo unless given."""
-        return self.queue_model(
-            self.squeue() if jobs is None else jobs,
-            self.sinfo() if nodes is None else nodes,
-            partitions=self.partitions,
-            unlimited_job_hours=self.unlimited_job_hours,
-        )
+        """The queue model over the configured partitions, from this tick's squeue/sinfo (`jobs()`, `nodes()`)
+        unless given; built once per snapshot."""
+        jobs = self.jobs() if jobs is None else jobs
+        nodes = self.nodes() if nodes is None else nodes
+        cached = self._model
+        if cached is not None and cached[0] is jobs and cached[1] is nodes:
+            return cached[2]
+        view = self.queue_model(jobs, nodes, partitions=self.partitions, unlimited_job_hours=self.unlimited_job_hours)
+        self._model = (jobs, nodes, view)
+        return view
 
     def offerings(self, now: datetime) -> list[Offering]:
         now = _utc(now)
-        nodes = self.sinfo()
+        nodes = self.nodes()
         model = self.model(nodes=nodes)
         out: list[Offering] = []
         for part, info in sorted(self.partitions.items()):
@@ -373,6 +461,14 @@ class SlurmProvider:
                     )
                 )
         return out
+
+    def partition_gpus(self, partition: str) -> int:
+        """GPUs of the partition's configured type on its usable nodes (this tick's sinfo)."""
+        info = self.partitions.get(partition)
+        if info is None:
+            return 0
+        gpu_type = info.slurm_gpu_type
+        return sum(n.gres.get(gpu_type, 0) for n in self.nodes() if partition in n.partitions and n.usable)
 
     def pressure(self, now: datetime) -> list[PressureSample]:
         now = _utc(now)
@@ -426,7 +522,7 @@ class SlurmProvider:
             *(part.replace("{user}", user) for part in self.submit_wrapper),
             "sbatch",
             "--parsable",
-            f"--job-name=ovs-{token[:16]}",
+            f"--job-name={JOB_NAME_PREFIX}{token[:16]}",
             f"--comment={self._comment(request)}",
             f"--partition={part}",
             "--nodes=1",
@@ -445,29 +541,110 @@ class SlurmProvider:
         if not mine:
             raise SlurmCommandError(f"job {submitted} vanished right after sbatch", provider=self.name)
         for duplicate in mine[1:]:  # a concurrent launch of the same token also submitted: keep the first
-            self.run(["scancel", str(duplicate.job_id)])
+            self._raw(["scancel", str(duplicate.job_id)])
         return self._instance(mine[0])
 
     def get(self, instance_id: str) -> Instance:
-        job = self._ours(instance_id, self.squeue())
-        if job is None:
+        found = self.get_many([instance_id]).get(instance_id)
+        if isinstance(found, ProviderError):
+            raise found
+        if found is None:
             raise NotFound(
-                f"no job {instance_id} of broker {self.broker_id} on {self.name} "
-                "(finished jobs leave squeue after MinJobAge without slurmdbd)",
+                f"no job {instance_id} of broker {self.broker_id} on {self.name} (neither in squeue nor in sacct)",
                 provider=self.name,
             )
-        return self._instance(job)
+        return found
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance | ProviderError]:
+        """This broker's jobs among `instance_ids`: live ones from this tick's squeue snapshot, ended or vanished
+        ones from accounting (one `sacct` for all of them; see the module docstring). An id neither knows is left
+        out (gone). An id that left squeue while accounting cannot answer for it yet is answered with the error."""
+        mine = {str(j.job_id): j for j in self.jobs() if j.comment.startswith(self._prefix)}
+        out: dict[str, Instance | ProviderError] = {}
+        ask: list[str] = []
+        for iid in dict.fromkeys(instance_ids):
+            job = mine.get(iid)
+            if job is not None and not self._state(job).terminal:
+                out[iid] = self._instance(job)
+            elif iid.isdigit():
+                ask.append(iid)
+        if not ask:
+            return out
+        try:
+            accounted = self.accounting(ask)
+        except AccountingDisabled:
+            accounted = {}
+        except ProviderError as exc:
+            for iid in ask:
+                out[iid] = self._instance(mine[iid]) if iid in mine else exc
+            return out
+        for iid in ask:
+            record = accounted.get(iid)
+            if record is not None and self._state(record).terminal:
+                out[iid] = self._instance(record)
+            elif iid in mine:
+                out[iid] = self._instance(mine[iid])
+            elif record is not None:
+                out[iid] = SlurmCommandError(
+                    f"job {iid} left squeue but accounting still shows it {record.state}: asking again next tick",
+                    provider=self.name,
+                )
+        return out
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
+        """This broker's jobs among `job_ids` as slurmdbd recorded them (`sacct --json`, else `sacct -P`), by job
+        id; when an id was reused (a controller reset), the latest of this broker's records. Raises
+        `AccountingDisabled` when the cluster keeps no accounting, `SlurmUnavailable` when slurmdbd is down."""
+        ids = [i for i in dict.fromkeys(job_ids) if i.isdigit()]
+        if not ids:
+            return {}
+        records = self._sacct(ids)
+        out: dict[str, SlurmJob] = {}
+        for job in records:
+            key = str(job.job_id)
+            if key not in ids or not self._accounted_ours(job):
+                continue
+            seen = out.get(key)
+            never = datetime.min.replace(tzinfo=UTC)
+            if seen is None or (job.submit_time or never) >= (seen.submit_time or never):
+                out[key] = job
+        return out
+
+    def _sacct(self, ids: list[str]) -> list[SlurmJob]:
+        argv = ["sacct", "--json", "-a", "-j", ",".join(ids)]
+        try:
+            done = self._call(argv)
+            return parse_sacct(done.stdout)
+        except SlurmUnavailable:
+            raise
+        except ProviderError as exc:
+            if _accounting_off(str(exc.detail or exc)):
+                raise AccountingDisabled(f"no accounting on {self.name}: {exc}", provider=self.name) from exc
+        except SlurmParseError:
+            pass  # an unreadable JSON shape: the parsable format below says the same in plain text
+        done = self._call(parsable_argv(ids))
+        try:
+            return parse_sacct_parsable(done.stdout)
+        except SlurmParseError as exc:
+            raise SlurmCommandError(f"unreadable sacct output: {exc}", provider=self.name) from exc
+
+    def _accounted_ours(self, job: SlurmJob) -> bool:
+        """A record this broker made: its comment when the site stores comments (`AccountingStoreFlags=job_comment`),
+        else its `ovs-` job name and one of this broker's submit identities."""
+        if job.comment:
+            return job.comment.startswith(self._prefix)
+        return job.name.startswith(JOB_NAME_PREFIX) and job.user in set(self.submit_as.values())
 
     def terminate(self, instance_id: str) -> None:
         job = self._ours(instance_id, self.squeue())
         if job is None or self._state(job).terminal:
             return
-        done = self.run(["scancel", str(job.job_id)])
+        done = self._raw(["scancel", str(job.job_id)])
         if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
             raise self._error(["scancel", str(job.job_id)], done)
 
     def list_instances(self) -> list[Instance]:
-        return [self._instance(j) for j in self.squeue() if j.comment.startswith(self._prefix)]
+        return [self._instance(j) for j in self.jobs() if j.comment.startswith(self._prefix)]
 
     # ---- burst-policy helpers -----------------------------------------------------------------------------
 
@@ -495,7 +672,7 @@ class SlurmProvider:
         running job running) and the mark removed: the caller must then not burst it. Holding a job this broker
         already holds answers held; a job held by its user or another admin is refused (`InvalidRequest`).
         """
-        job = self._find(target)
+        job = self._find(target, self.jobs())  # this tick's read; the read after the hold is always fresh
         if job is None:
             raise NotFound(f"no job {target} on {self.name}", provider=self.name)
         name = job.target
@@ -575,7 +752,7 @@ class SlurmProvider:
                 provider=self.name,
             )
         rewritten = self._rewrite_dependents(jobs, [name])
-        done = self.run(["scancel", name])
+        done = self._raw(["scancel", name])
         if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
             raise self._error(["scancel", name], done)
         return rewritten
@@ -587,7 +764,7 @@ class SlurmProvider:
         wanted = list(targets)
         if not wanted:
             return []
-        return self._rewrite_dependents(self.squeue(), wanted, skip=frozenset(done), convert_notok=False)
+        return self._rewrite_dependents(self.jobs(), wanted, skip=frozenset(done), convert_notok=False)
 
     def priority_plugin(self) -> str:
         """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
@@ -667,9 +844,9 @@ class SlurmProvider:
         if job is None:
             return
         if job.state_reason == HELD_BY_ADMIN and self.holds(job):
-            self.run(["scontrol", "release", target])
+            self._raw(["scontrol", "release", target])
         if hold_note(job.comment) is not None and not self._state(job).terminal:
-            self.run(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
+            self._raw(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
 
     def _rewrite_dependents(
         self,
@@ -738,6 +915,9 @@ class SlurmProvider:
         return next((j for j in jobs if j.job_id == wanted and j.comment.startswith(self._prefix)), None)
 
     def _state(self, job: SlurmJob) -> InstanceState:
+        outcome = classify(job)
+        if outcome is not None:
+            return _OUTCOME_STATES[outcome]
         return _STATES.get(job.state, InstanceState.RUNNING if job.holds_resources else InstanceState.PENDING)
 
     def _instance(self, job: SlurmJob) -> Instance:
@@ -748,7 +928,8 @@ class SlurmProvider:
         acc = canonical(info.accelerator) if info else canonical(next(iter(job.gpus), "") or "gpu")
         key = offering_key(self.name, self.region, part, self.instance_type(acc, job.gpu_count), CapacityType.ON_PREM)
         started = job.start_time if state is not InstanceState.PENDING else None
-        detail = job.state.lower()
+        outcome = classify(job)
+        detail = describe_ending(job) if outcome is not None else job.state.lower()
         if job.state_reason:
             detail += f": {job.state_reason}"
         if state is InstanceState.PENDING and job.start_time is not None:
@@ -765,6 +946,7 @@ class SlurmProvider:
             ended_at=job.end_time if state.terminal else None,
             checkpointed_work_hours=None,
             detail=detail,
+            outcome=outcome,
         )
 
     def _parse_comment(self, comment: str) -> tuple[str, dict[str, str]]:

@@ -11,7 +11,9 @@ with the reason; CI turns that skip into a failure.
 The cluster: partition `gpu` (default, DefaultTime=60 min) over nodes `ovs1` and `ovs2`, each with 8 CPUs and 4
 fake A100s (`Gres=gpu:a100:4`, gres.conf `AutoDetect=off` with `File=` pointing at character devices made with
 `mknod c 195 N`: regular files would give jobs an empty CUDA_VISIBLE_DEVICES, and `Count=` alone drains the
-node). `MinJobAge` is a day so finished jobs stay visible to `squeue`, the backfill scheduler runs every second so
+node). `MinJobAge` is a day so finished jobs stay visible to `squeue` (`SlurmCluster.min_job_age(s)` shortens it
+for a test), slurmdbd stores job comments (`AccountingStoreFlags=job_comment`, what a site running the broker
+sets so `sacct` shows whose job it is), the backfill scheduler runs every second so
 pending jobs get estimated start times quickly, and `KillWait=1` makes cancellation quick. Every command must run
 with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
 
@@ -61,6 +63,7 @@ SUDOERS = (
 GPUS_PER_NODE = 4
 GPU_TYPE = "a100"
 PARTITION = "gpu"
+DEFAULT_MIN_JOB_AGE = 86400
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 _STARTUP_TIMEOUT_S = 20.0
 
@@ -164,6 +167,20 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"jobs still active after scancel: {active}")
             time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def min_job_age(self, seconds: int) -> Iterator[None]:
+        """Run with `MinJobAge=seconds` (slurmctld forgets a finished job that long after it ends; it purges on a
+        timer, so a job leaves squeue up to about a minute later), then put the default back. `scontrol
+        reconfigure` applies each change."""
+        text = self.conf.read_text()
+        self.conf.write_text(text.replace(f"MinJobAge={DEFAULT_MIN_JOB_AGE}", f"MinJobAge={seconds}"))
+        self.run(["scontrol", "reconfigure"], check=True)
+        try:
+            yield
+        finally:
+            self.conf.write_text(text)
+            self.run(["scontrol", "reconfigure"], check=True)
 
     def log(self, name: str) -> str:
         path = self.root / "log" / f"{name}.log"
@@ -298,7 +315,8 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 "GresTypes=gpu",
                 "SchedulerType=sched/backfill",
                 "SchedulerParameters=bf_interval=1,sched_min_interval=0",
-                "MinJobAge=86400",
+                f"MinJobAge={DEFAULT_MIN_JOB_AGE}",
+                "AccountingStoreFlags=job_comment",
                 "KillWait=1",
                 "InactiveLimit=0",
                 "ReturnToService=2",
