@@ -47,7 +47,9 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 class BurstReason:
     """The bounded reason codes of burst decisions (`overspill_burst_decisions_total{decision, reason}`)."""
 
-    LONG_WAIT = "long_onprem_wait"  # decision burst
+    LONG_WAIT = "long_onprem_wait"  # decision burst (the fixed wait threshold, or the wait costs more than the cloud)
+    DEADLINE = "deadline_at_risk"  # decision burst: on-prem would miss the job's deadline, the cloud makes it
+    PREMIUM = "cloud_premium_above_wait_cost"  # decision stay: waiting is cheaper than the cloud premium
     SHORT_WAIT = "short_onprem_wait"  # decision stay
     NO_CLOUD_POOL = "no_cloud_pool_within_ceiling"  # decision stay
     UNUSABLE_SPEC = "unusable_spec"  # decision stay

@@ -61,10 +61,10 @@ def _runtime(
         },
         slurm_conf=str(cluster.conf),
         slurm_accounts=ACCOUNTS if accounts is None else accounts,
-        burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
-        **extra,
+        # the economic rule, with waiting dear enough that a queued job bursts (unless a test says otherwise)
+        **{"burst_value_usd_per_gpu_hour": 50, **extra},
     )
     rt = build_runtime(settings)
     rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]
