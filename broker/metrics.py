@@ -57,6 +57,9 @@ class BurstReason:
     CLOUD_ENDED = "cloud_job_"  # + failed/paused/cancelled, decision release
     GAVE_UP = "no_cloud_placement_in_time"  # decision release
     STARTED_ON_PREM = "started_on_prem"  # decision drop: Slurm started it before the hold landed
+    # decision withdraw: the held job ended on-prem (its user cancelled it) or was started there (someone released
+    # the hold) while its burst was in the cloud: the cloud run is cancelled
+    ENDED_ON_PREM = "ended_on_prem"
     ORPHAN_HOLD = "orphaned_hold"  # decision release: held, never committed (a crash), given back
     # decision refuse: the account's governance says no (OVERSPILL_SLURM_ACCOUNTS)
     ACCOUNT_NOT_MAPPED = "account_not_mapped"

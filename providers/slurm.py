@@ -30,9 +30,10 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
 - `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
 Burst-policy helpers, for a broker running as a Slurm operator (`AdminLevel=Operator`, not root): `queued_jobs()`
 lists other users' pending GPU jobs with their reasons, one entry per pending array task (target `<array>_<task>`:
-22.05's scancel/scontrol ignore a task's own job id); `hold(target, reason)` marks and holds a job, then reads it
-again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm may have
-started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
+22.05's scancel/scontrol ignore a task's own job id; the components of a heterogeneous job are listed but never
+burstable: the cloud would run one component without the others); `hold(target, reason)` marks and holds a job,
+then reads it again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm
+may have started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
 priority/basic, where a release sends a job to the back; other plugins recompute and keep ageing it);
 `complete_held(target)` ends a job that ran in the cloud so its dependents see it as done (dependencies rewritten,
 then `scancel`), `sweep_dependents(...)` catches dependents submitted later; `requeue(id)`. The hold mark
@@ -152,6 +153,7 @@ _OUTCOME_STATES: dict[Outcome, InstanceState] = {
     Outcome.PREEMPTED: InstanceState.PREEMPTED,
     Outcome.CANCELLED: InstanceState.TERMINATED,
 }
+_EPOCH = datetime.fromtimestamp(0, UTC)
 _READ_COMMANDS = frozenset({"squeue", "sinfo", "sacct", "sdiag"})
 
 
@@ -766,6 +768,33 @@ class SlurmProvider:
             return []
         return self._rewrite_dependents(self.jobs(), wanted, skip=frozenset(done), convert_notok=False)
 
+    def lost_holds(self, targets: Sequence[str]) -> dict[str, SlurmJob]:
+        """Of these jobs this broker holds for bursts running in the cloud, those no longer pending on-prem: ended
+        (cancelled by their user, say) or started (someone released the hold). From this tick's squeue; a target
+        gone from it is looked up in accounting (one `sacct`), since it may have ended `MinJobAge` ago. A target
+        neither knows, or that accounting cannot answer for now, is left out (still held, as far as we know)."""
+        jobs = self.jobs()
+        out: dict[str, SlurmJob] = {}
+        missing: list[str] = []
+        for target in dict.fromkeys(targets):
+            job = self._find(target, jobs)
+            if job is None:
+                missing.append(target)
+            elif not job.pending:
+                out[target] = job
+        if not missing:
+            return out
+        try:
+            records = self._sacct(missing)
+        except ProviderError:
+            return out
+        for record in records:
+            if record.target in missing and self._state(record).terminal:
+                seen = out.get(record.target)
+                if seen is None or (record.submit_time or _EPOCH) >= (seen.submit_time or _EPOCH):
+                    out[record.target] = record
+        return out
+
     def priority_plugin(self) -> str:
         """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
         if self.priority_type is None:
@@ -816,7 +845,7 @@ class SlurmProvider:
                 accelerator=d.accelerator,
                 gpus=per_task,
                 reason=d.reason,
-                burstable=d.burstable,
+                burstable=d.burstable and d.job.het_job_id is None,  # one component alone is not the job
                 held_by=held_by,
                 hold_reason=note.get("reason", "") if note else "",
                 target=view.target,

@@ -38,10 +38,10 @@ from providers.slurm_json import (
     JOB_BASE_STATES,
     SlurmParseError,
     _int,
-    _number,
     _state,
     _string,
     _time,
+    exit_status,
     expand_hostlist,
     load_document,
 )
@@ -127,7 +127,7 @@ def parse_accounted_job(obj: object, *, where: str = "job") -> BatchJob:
     array = _mapping(obj, "array", where)
     het = _mapping(obj, "het", where)
     comment = _mapping(obj, "comment", where)
-    code, signal = _exit(obj, where, state)
+    code, signal = exit_status(obj, where, state)
     array_job = _int(array, "job_id", f"{where}.array")
     het_job = _int(het, "job_id", f"{where}.het")
     return BatchJob(
@@ -166,32 +166,6 @@ def _mapping(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise SlurmParseError(f"{where}.{key}: expected an object, got {value!r}", field=f"{where}.{key}")
     return value
-
-
-def _exit(obj: Mapping[str, Any], where: str, state: str) -> tuple[int | None, int | None]:
-    """(return code, signal) of the job; None for what is not reported (see the 22.05 note above)."""
-    value = obj.get("exit_code")
-    if value is None:
-        return None, None
-    if isinstance(value, int | float) and not isinstance(value, bool):  # a plain waitpid-style number
-        number = int(value)
-        return (number >> 8) & 0xFF, (number & 0x7F) or None
-    if not isinstance(value, Mapping):
-        raise SlurmParseError(f"{where}.exit_code: expected an object, got {value!r}", field=f"{where}.exit_code")
-    status = value.get("status")
-    statuses = {status} if isinstance(status, str) else set(status) if isinstance(status, list) else set()
-    code = _number(value, "return_code", f"{where}.exit_code")
-    signal_obj = value.get("signal")
-    signal: int | float | None = None
-    if isinstance(signal_obj, Mapping):
-        key = "signal_id" if "signal_id" in signal_obj else "id"
-        signal = _number(signal_obj, key, f"{where}.exit_code.signal")
-    if signal is not None and "SIGNALED" not in statuses and signal == 0:
-        signal = None
-    code_int = None if code is None else int(code)
-    if state == "FAILED" and not signal and code_int == 0:
-        code_int = None  # 22.05 reports SUCCESS/0 for a non-zero exit: unknown, not 0
-    return code_int, int(signal) if signal else None
 
 
 def _tres_gpus(obj: Mapping[str, Any], where: str) -> dict[str, int]:

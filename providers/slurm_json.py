@@ -167,6 +167,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
     if not user and obj.get("user_id") is not None:
         user = str(_int(obj, "user_id", where))
     limit = _int(obj, "time_limit", where)
+    code, signal = exit_status(obj, where, state)
+    het_job = _int(obj, "het_job_id", where) or None  # 0: not a heterogeneous job
     return SlurmJob(
         job_id=int(job_id),
         name=_string(obj, "name", where),
@@ -186,7 +188,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
         admin_comment=_string(obj, "admin_comment", where),
         priority=_int(obj, "priority", where),
         restart_count=_int(obj, "restart_cnt", where) or 0,
-        exit_code=_exit_code(obj, where),
+        exit_code=code,
+        exit_signal=signal,
         array_tasks=_array_tasks(obj, where),
         account=_string(obj, "account", where),
         qos=_string(obj, "qos", where),
@@ -194,6 +197,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
         array_job_id=_int(obj, "array_job_id", where) or None,  # 0: not an array
         array_task_id=_int(obj, "array_task_id", where),
         array_task_string=_string(obj, "array_task_string", where),
+        het_job_id=het_job,
+        het_job_offset=_int(obj, "het_job_offset", where) if het_job else None,
     )
 
 
@@ -289,12 +294,37 @@ def expand_task_ids(text: str, *, field: str = "array_task_string") -> list[int]
         raise SlurmParseError(f"{field}: {exc}", field=field) from exc
 
 
-def _exit_code(obj: Mapping[str, Any], where: str) -> int | None:
-    """The job's exit status: v0.0.38 a plain waitpid status, v0.0.40+ an object with `return_code`."""
+def exit_status(obj: Mapping[str, Any], where: str, state: str = "") -> tuple[int | None, int | None]:
+    """(return code, signal) of a job; None for what is not reported.
+
+    v0.0.37/38 print a plain waitpid status (`768`: exit 3; `9`: killed by signal 9); dbv0.0.38 and v0.0.40+ an
+    object `{"status", "return_code", "signal": {"signal_id" | "id", "name"}}` whose numbers may be
+    `{set, infinite, number}`. 22.05's accounting writes a FAILED job's exit as SUCCESS/0 (the real code is lost):
+    a FAILED job claiming exit 0 without a signal is read as unknown, never as 0."""
     value = obj.get("exit_code")
-    if isinstance(value, Mapping) and "return_code" in value:
-        return _int(value, "return_code", f"{where}.exit_code")
-    return _int(obj, "exit_code", where)
+    if value is None:
+        return None, None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = int(value)
+        if number < 0 or number >= _NO_VAL32:
+            return None, None
+        return (number >> 8) & 0xFF, (number & 0x7F) or None
+    if not isinstance(value, Mapping):
+        raise SlurmParseError(f"{where}.exit_code: expected an object, got {value!r}", field=f"{where}.exit_code")
+    status = value.get("status")
+    statuses = {status} if isinstance(status, str) else set(status) if isinstance(status, list) else set()
+    code = _number(value, "return_code", f"{where}.exit_code")
+    signal_obj = value.get("signal")
+    signal: int | float | None = None
+    if isinstance(signal_obj, Mapping):
+        key = "signal_id" if "signal_id" in signal_obj else "id"
+        signal = _number(signal_obj, key, f"{where}.exit_code.signal")
+    if signal is not None and "SIGNALED" not in statuses and signal == 0:
+        signal = None
+    code_int = None if code is None else int(code)
+    if state == "FAILED" and not signal and code_int == 0:
+        code_int = None
+    return code_int, int(signal) if signal else None
 
 
 # ---- nodes ----------------------------------------------------------------------------------------------------

@@ -235,3 +235,32 @@ def test_a_hold_left_by_a_crash_before_the_commit_is_given_back(slurm: Any, tmp_
     assert decisions(rt)[("release", BurstReason.ORPHAN_HOLD)] == 1
     slurm.run(["scancel", *map(str, fillers)])
     wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the job to run on-prem", timeout=30)
+
+
+@pytest.mark.integration
+def test_a_burst_whose_slurm_job_its_user_cancels_stops_in_the_cloud_even_after_it_left_squeue(
+    slurm: Any, tmp_path: Path
+) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    provider = rt.providers["onprem-slurm"]
+    with slurm.min_job_age(2):
+        fill_gpus(slurm, minutes=60)
+        slurm_id = _opted_in(slurm)
+        wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+        tick(rt, clock())
+        tick(rt, clock())
+        assert _broker_job(rt, slurm_id).state == "running" and len(cloud.running()) == 1
+        slurm.run_as("alice", ["scancel", str(slurm_id)], check=True)  # the user withdraws the held job
+        wait_until(lambda: all(j.job_id != slurm_id for j in provider.squeue()), "it to leave squeue", timeout=150)
+        tick(rt, clock())  # only accounting knows how it ended now
+        tick(rt, clock())  # the sync step stops the cloud instance of the cancelled job
+    gone = _broker_job(rt, slurm_id)
+    assert gone.state == "cancelled" and gone.origin_settled and "withdrawn" in gone.wait_reason
+    assert "CANCELLED" in gone.wait_reason and cloud.running() == []
+    assert decisions(rt)[("withdraw", BurstReason.ENDED_ON_PREM)] == 1
+    with Session(rt.engine) as s:
+        (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "WITHDRAW")).all()
+    assert audit.client == "slurm user=alice account=acme"

@@ -17,6 +17,7 @@ from providers.slurm_json import (
     SlurmParseError,
     data_version,
     expand_hostlist,
+    load_document,
     parse_gres,
     parse_sinfo,
     parse_squeue,
@@ -348,3 +349,35 @@ def test_partition_scope_and_unusable_nodes() -> None:
     assert (a100.total_gpus, a100.free_gpus, a100.expected_wait_hours) == (8, 0, 1.0)
     assert QueueModel(jobs, nodes).expected_wait_hours("A100", 2, NOW) == 0.0
     assert QueueModel(jobs, nodes).expected_wait_hours("A100", 2, NOW, partition="gpu") == 1.0
+
+
+def test_exit_status_and_heterogeneous_components_across_versions() -> None:
+    """22.05 squeue prints a waitpid status and het fields as 0 for a plain job (captured on the test cluster);
+    v0.0.40+ an exit object and `{set, number}` het fields; a het job lists one record per component."""
+    plain = v38_job(1, "FAILED", "NonZeroExitCode", exit_code=768, het_job_id=0, het_job_offset=0)
+    killed = v38_job(2, "FAILED", "None", exit_code=9)
+    leader = v38_job(3, het_job_id=3, het_job_offset=0, het_job_id_set="3-4")
+    member = v38_job(4, het_job_id=3, het_job_offset=1, het_job_id_set="3-4", tres_per_node="gres:gpu:a100:1")
+    v40 = {
+        **v38_job(5, "FAILED", "None"),
+        "job_state": ["FAILED"],
+        "exit_code": {"status": ["SIGNALED"], "return_code": num(0, set_=False), "signal": {"id": num(11)}},
+        "het_job_id": num(5),
+        "het_job_offset": num(2),
+    }
+    jobs = parse_squeue({"jobs": [plain, killed, leader, member, v40]})
+    assert [(j.exit_code, j.exit_signal) for j in jobs] == [(3, None), (0, 9), (None, None), (None, None), (None, 11)]
+    assert [(j.het_job_id, j.het_job_offset) for j in jobs] == [(None, None), (None, None), (3, 0), (3, 1), (5, 2)]
+    assert jobs[3].gpus == {"a100": 1} and jobs[3].target == "4"
+
+
+@pytest.mark.integration
+def test_sdiag_capture_names_its_data_parser() -> None:
+    """The 23.02 `sdiag --json` capture: its version sits in `meta.plugins.data_parser` (v0.0.39), a key the
+    older documents do not have; errors in it are refused like any document's."""
+    doc = json.loads(shared_file("fixtures/slurm-json/sdiag.json").read_text())
+    assert data_version(doc) == "v0.0.39"
+    assert load_document(doc, "sdiag") is doc
+    with pytest.raises(SlurmParseError) as exc:
+        load_document({**doc, "errors": [{"error": "Access denied", "error_number": 1}]}, "sdiag")
+    assert "Access denied" in str(exc.value)

@@ -26,6 +26,10 @@ and (3) leaves a job held by us with no broker job: once its mark is `ORPHAN_GRA
 cancelled job under that origin (so a late commit elsewhere fails on the unique origin) and releases it.
 
 Settling, per tick:
+- the held Slurm job ended on-prem while its burst was pending or running in the cloud (its user cancelled it;
+  read from squeue, or from accounting once it left squeue) or was started there (someone released the hold): the
+  broker job is cancelled (the sync step stops its instance), so a withdrawn job stops spending and nothing runs
+  twice;
 - the cloud job succeeded: every pending dependent's dependency is rewritten as if the Slurm job had completed
   (`afterok` dependents run, `afternotok` ones never do), then the held job (only that task) is cancelled
   (`SlurmProvider.complete_held`); dependents submitted later are rewritten too while the success is recent;
@@ -60,6 +64,7 @@ from federation.placement import PlacementContext, place
 from providers.base import ProviderError
 from providers.model import JobSpec, JobState
 from providers.slurm import hold_note
+from providers.slurm_accounting import classify, describe_ending
 
 log = logging.getLogger(__name__)
 
@@ -426,10 +431,15 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         jobs = session.exec(
             select(Job).where(col(Job.origin).startswith(f"{provider.name}:"), Job.origin_settled == False)  # noqa: E712
         ).all()
+    live = [j for j in jobs if j.state in (JobState.PENDING.value, JobState.RUNNING.value)]
+    lost = _lost_holds(provider, [str(j.origin).split(":", 1)[1] for j in live])
     for job in jobs:
         bind_job(job)
         target = str(job.origin).split(":", 1)[1]
         slurm = job.spec.get("slurm") or {}
+        if target in lost and job.state in (JobState.PENDING.value, JobState.RUNNING.value):
+            _withdraw(rt, provider, job, target, lost[target], now)
+            continue
         if job.state == JobState.SUCCEEDED.value:
             action, reason = "complete", BurstReason.CLOUD_SUCCEEDED
         elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value):
@@ -480,6 +490,53 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             ref=job.id,
         )
         log.info(message)
+
+
+def _lost_holds(provider: Any, targets: list[str]) -> dict[str, Any]:
+    if not targets or not hasattr(provider, "lost_holds"):
+        return {}
+    try:
+        return dict(provider.lost_holds(targets))
+    except ProviderError as exc:
+        log.warning("checking the holds of bursts on %s failed: %s", provider.name, exc)
+        return {}
+
+
+def _withdraw(rt: Runtime, provider: Any, job: Job, target: str, slurm_job: Any, now: datetime) -> None:
+    """The held Slurm job ended on-prem (its user cancelled it; accounting says so after it left squeue) or was
+    started there (someone released the hold) while its burst ran in the cloud: the cloud run is cancelled (the
+    sync step stops its instance) and the burst settled, so the work never runs twice and a withdrawn job stops
+    spending."""
+    ended = classify(slurm_job) is not None
+    what = f"ended on-prem ({describe_ending(slurm_job)})" if ended else f"was started on-prem ({slurm_job.state})"
+    message = f"Slurm job {target} {what} while it ran in the cloud as {job.id}: cloud run cancelled"
+    with Session(rt.engine) as session:
+        row = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
+        if row.origin_settled or row.state not in (JobState.PENDING.value, JobState.RUNNING.value):
+            return
+        row.origin_settled = True
+        row.state = JobState.CANCELLED.value
+        row.finished_at = now
+        row.updated_at = now
+        row.wait_reason = f"withdrawn: Slurm job {target} {what}"
+        session.add(row)
+        add_event(session, row, now, "onprem_withdrawn", message, slurm_job_id=target, slurm_state=slurm_job.state)
+        session.commit()
+    reason = BurstReason.ENDED_ON_PREM if ended else BurstReason.STARTED_ON_PREM
+    rt.metrics.burst_decision("withdraw", reason)
+    slurm = job.spec.get("slurm") or {}
+    record_system(
+        rt.engine,
+        at=now,
+        tenant=job.tenant,
+        action="WITHDRAW",
+        subject=f"/slurm/{provider.name}/jobs/{target}",
+        reason=reason,
+        status=200,
+        actor=f"slurm user={slurm.get('user', '')} account={slurm.get('account', '')}",
+        ref=job.id,
+    )
+    log.warning(message)
 
 
 def _sweep_dependents(rt: Runtime, provider: Any, now: datetime) -> None:
