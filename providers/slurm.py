@@ -19,13 +19,22 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   carries the token, and after submitting it looks again and cancels any duplicate a concurrent call made (the
   lowest job id wins). The comment also carries the job and placement tags (`job=`, `placement=`, URL-quoted
   extras), so `get`/`list_instances` can return them.
-- `get(id)` reads `squeue --json` and raises `NotFound` for an unknown id or a job that is not this broker's
-  (job ids are reused after a controller reset). Without slurmdbd a finished job leaves squeue `MinJobAge`
-  seconds after it ends (default 300): from then on it is `NotFound` and its outcome is lost.
+- `get(id)` / `get_many(ids)` (the sync step's one call per tick) read this tick's `squeue --json` for live jobs
+  and raise / leave out `NotFound` for an unknown id or a job that is not this broker's (job ids are reused after
+  a controller reset). A job that ended, or left squeue (`MinJobAge` after its end, 300 s by default), is read
+  from accounting: one `sacct --json` (else `sacct -P`) for all of them (`providers.slurm_accounting`), so its
+  outcome is never lost; `Instance.outcome` classifies it like the agent (user_failed, infra_failed, preempted).
+  A job accounting still shows running after it left squeue is answered with an error (asked again next tick);
+  without slurmdbd (`AccountingDisabled`) it is `NotFound`. Accounting records are this broker's by their comment
+  (`AccountingStoreFlags=job_comment`), else by their `ovs-` name and a submit identity.
   States: PENDING/REQUEUED -> PENDING; RUNNING/CONFIGURING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED ->
-  SUCCEEDED; FAILED/TIMEOUT/NODE_FAIL/OUT_OF_MEMORY/BOOT_FAIL/DEADLINE -> FAILED; CANCELLED -> TERMINATED;
-  PREEMPTED -> PREEMPTED. A v0.0.38 "COMPLETING" job has ended but Slurm is still cleaning up and does not yet
-  say how it ended, so it stays RUNNING until the outcome shows.
+  SUCCEEDED; FAILED/TIMEOUT/OUT_OF_MEMORY/DEADLINE (user_failed), NODE_FAIL/BOOT_FAIL (infra_failed) -> FAILED;
+  CANCELLED -> TERMINATED; PREEMPTED -> PREEMPTED. A v0.0.38 "COMPLETING" job has ended but Slurm is still
+  cleaning up and does not yet say how it ended, so it stays RUNNING until the outcome shows.
+- One read per tick: between `begin_tick(now)` and `end_tick()` (called by the broker's tick) `jobs()` and
+  `nodes()` answer from one squeue and one sinfo shared by pressure, offerings, bursting and sync; a command that
+  changes a job drops the job snapshot, and the exactly-once reads (`fresh_jobs`: after sbatch, after a hold)
+  always go to slurmctld and become the snapshot.
 - `terminate(id)`: `scancel` when the job is ours and not finished; unknown or foreign ids are success.
 - `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
 Burst-policy helpers, for a broker running as a Slurm operator (`AdminLevel=Operator`, not root): `queued_jobs()`
@@ -44,8 +53,9 @@ Every command runs through the injected `run(argv) -> CompletedProcess` (default
 `SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
 provider-wide), bad partition/GRES/shape -> `InvalidRequest`, QOS/association limits -> `QuotaExceeded`,
 permission -> `AuthError`, anything else -> `SlurmCommandError`.
-slurmrestd is not used: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same parsers
-read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies should a REST transport be added.
+slurmrestd is not used yet: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same
+parsers read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies (and `GET /slurmdb/v0.0.38/jobs` for accounting)
+should a REST transport be added.
 """
 
 from __future__ import annotations
@@ -330,6 +340,15 @@ class SlurmProvider:
         self._snapshot = (self._tick, jobs, snap[2] if snap is not None else None)
         return jobs
 
+    def fresh_jobs(self) -> list[SlurmJob]:
+        """A fresh `squeue`, always (the exactly-once checks); inside a tick it becomes the tick's snapshot, so the
+        steps after it read what it read."""
+        jobs = self.squeue()
+        if self._tick is not None:
+            snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+            self._snapshot = (self._tick, jobs, snap[2] if snap is not None else None)
+        return jobs
+
     def nodes(self) -> list[SlurmNode]:
         """Every node: this tick's snapshot inside a tick, else a fresh `sinfo`. A change to a job keeps the node
         snapshot (nodes change only by the scheduler's own hand within a tick)."""
@@ -360,8 +379,8 @@ class SlurmProvider:
         try:
             return self.run(argv)
         finally:
-            if not _is_read(argv):
-                self._snapshot = None
+            if not _is_read(argv) and self._snapshot is not None:
+                self._snapshot = (self._snapshot[0], None, self._snapshot[2])  # jobs changed; nodes are the scheduler's
 
     def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
         text = (done.stderr or done.stdout or "").strip()
@@ -371,7 +390,14 @@ class SlurmProvider:
         if "invalid job id" in low:
             return NotFound(message, provider=self.name, detail=text)
         if any(
-            s in low for s in ("unable to contact slurm controller", "socket timed out", "connection refused", "munge")
+            s in low
+            for s in (
+                "unable to contact slurm controller",
+                "socket timed out",
+                "connection refused",
+                "munge",
+                "problem talking to the database",  # sacct while slurmdbd is down
+            )
         ):
             return SlurmUnavailable(message, provider=self.name, detail=text)
         denied = ("access/permission denied", "access denied", "permission denied", "not authorized", "sudo:")
@@ -516,7 +542,7 @@ class SlurmProvider:
         part, info = self._partition_for(request.offering)
         if request.remaining_work_hours < 0:
             raise InvalidRequest("remaining_work_hours must not be negative", provider=self.name)
-        existing = self._by_token(self.squeue(), token)
+        existing = self._by_token(self.jobs(), token)  # a later duplicate is caught by the fresh read below
         if existing:
             return self._instance(existing[0])
         minutes = max(1, math.ceil(request.remaining_work_hours * 60))
@@ -539,7 +565,7 @@ class SlurmProvider:
         submitted = done.stdout.strip().split(";", 1)[0]
         if not submitted.isdigit():
             raise SlurmCommandError(f"sbatch printed no job id: {done.stdout!r}", provider=self.name)
-        mine = self._by_token(self.squeue(), token)
+        mine = self._by_token(self.fresh_jobs(), token)
         if not mine:
             raise SlurmCommandError(f"job {submitted} vanished right after sbatch", provider=self.name)
         for duplicate in mine[1:]:  # a concurrent launch of the same token also submitted: keep the first
@@ -690,7 +716,7 @@ class SlurmProvider:
             self._call(["scontrol", "hold", name])
         except (InvalidRequest, SlurmCommandError) as exc:  # e.g. it ended meanwhile: decided by the read below
             failed = exc
-        after = self._find(name)
+        after = self._find(name, self.fresh_jobs())
         if after is not None and after.pending and after.state_reason == HELD_BY_ADMIN and self.holds(after):
             return HoldOutcome(True, after, "", job.priority)
         self._undo_hold(name, after)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from providers.slurm_accounting import (
     parse_sacct_parsable,
 )
 from providers.slurm_json import SlurmParseError
+from tests.provider_contract import ContractEnv
 
 CAPTURE = Path(__file__).parent / "fixtures" / "slurm" / "sacct_22.05_v0.0.38.json"
 BROKER = "b1"
@@ -262,3 +263,59 @@ def test_accounting_falls_back_to_the_parsable_format_and_to_notfound_without_sl
     down = runner([], [], sacct_json=(1, "sacct: error: Problem talking to the database: Connection refused"))
     answer = provider(down).get_many(["22"])["22"]
     assert isinstance(answer, Exception) and not isinstance(answer, NotFound)  # unknown now, not gone
+
+
+def sinfo_doc() -> str:
+    node = {
+        "name": "ovs1",
+        "state": "mixed",
+        "state_flags": [],
+        "partitions": ["gpu"],
+        "gres": "gpu:a100:4",
+        "gres_used": "gpu:a100:1(IDX:0)",
+        "cpus": 8,
+        "real_memory": 8000,
+    }
+    return json.dumps({"nodes": [node]})
+
+
+def test_one_squeue_and_one_sinfo_per_tick_for_every_step() -> None:
+    """Pressure, offerings, the burst step's queue and model, sync's get_many and the orphan sweep's listing all
+    share the tick's reads; a launch's own fresh read becomes the snapshot; a new tick reads again."""
+    mine = f"{PREFIX}tok job=j placement=p"
+    queue = [squeue_job(20, "RUNNING", mine), {**squeue_job(21, "PENDING", ""), "state_reason": "Resources"}]
+    calls: list[str] = []
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        command = next(a for a in argv if a in ("squeue", "sinfo", "sbatch", "sacct"))
+        calls.append(command)
+        if command == "sinfo":
+            return subprocess.CompletedProcess(argv, 0, sinfo_doc(), "")
+        if command == "sbatch":
+            comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
+            queue.append({**squeue_job(22, "PENDING", comment), "state_reason": "Priority"})
+            return subprocess.CompletedProcess(argv, 0, "22\n", "")
+        return subprocess.CompletedProcess(argv, 0, json.dumps({"jobs": queue}), "")
+
+    p = provider(run)
+    now = datetime.now(UTC)
+    p.begin_tick(now)
+    p.pressure(now)
+    offerings = p.offerings(now)
+    p.queued_jobs()
+    p.model().expected_wait_hours("A100", 2, now)
+    p.get_many(["20"])
+    p.list_instances()
+    assert calls == ["squeue", "sinfo"]
+    launched = p.launch(ContractEnv(provider=p, offering=offerings[0]).request(token="tok-new"))
+    assert launched.id == "22" and calls[2:] == ["sbatch", "squeue"]  # the duplicate check reads afresh
+    assert p.get_many(["20", "22"]).keys() == {"20", "22"} and len(calls) == 4  # ...and that read is the snapshot
+    p.end_tick()
+    p.begin_tick(now + timedelta(seconds=10))
+    p.get_many(["20"])
+    p.pressure(now)
+    assert calls[4:] == ["squeue", "sinfo"]
+    p.end_tick()
+    p.get_many(["20"])
+    p.get_many(["20"])
+    assert calls[6:] == ["squeue", "squeue"]  # outside a tick every read is fresh
