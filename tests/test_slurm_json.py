@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from federation import pressure
 from federation.pressure import QueueModel
 from providers.slurm_json import (
     SlurmJob,
@@ -381,3 +382,19 @@ def test_sdiag_capture_names_its_data_parser() -> None:
     with pytest.raises(SlurmParseError) as exc:
         load_document({**doc, "errors": [{"error": "Access denied", "error_number": 1}]}, "sdiag")
     assert "Access denied" in str(exc.value)
+
+
+def test_a_deep_queue_beyond_the_simulated_depth_is_charged_as_gpu_hours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten 4-GPU one-hour jobs queue on one idle 4-GPU node: simulated one by one the new job waits 10 h; with only
+    3 placed one by one, the other 7 add their 28 GPU-hours over the node's 4 GPUs: the same 10 h, for a bounded
+    cost. The simulation is shared by every question to the model."""
+    jobs, nodes = cluster([v38_job(i, time_limit=60) for i in range(1, 11)], [v38_node("a1", 0)])
+    assert QueueModel(jobs, nodes).expected_wait_hours("A100", 4, NOW) == 10.0
+    monkeypatch.setattr(pressure, "MAX_SIMULATED_QUEUE", 3)
+    model = QueueModel(jobs, nodes)
+    assert model.expected_wait_hours("A100", 4, NOW) == 10.0
+    assert model.expected_wait_hours("A100", 1, NOW) == 10.0
+    runs: list[object] = []
+    monkeypatch.setattr(model, "_run_queue", lambda *a: runs.append(a))
+    model.expected_wait_hours("A100", 2, NOW)
+    assert runs == []  # answered from the simulation already made for this type and time
