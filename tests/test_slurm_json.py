@@ -24,6 +24,7 @@ from providers.slurm_json import (
     parse_squeue,
     parse_tres_gpus,
 )
+from providers.slurm_text import parse_sinfo_lines, parse_squeue_lines
 from tests.data import shared_file
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
@@ -398,3 +399,32 @@ def test_a_deep_queue_beyond_the_simulated_depth_is_charged_as_gpu_hours(monkeyp
     monkeypatch.setattr(model, "_run_queue", lambda *a: runs.append(a))
     model.expected_wait_hours("A100", 2, NOW)
     assert runs == []  # answered from the simulation already made for this type and time
+
+
+@pytest.mark.integration
+def test_squeue_fallback_capture_reads_what_it_can_and_reports_the_rest() -> None:
+    read = parse_squeue_lines(shared_file("fixtures/slurm-json/squeue_fallback.txt").read_text())
+    by_id = {j.job_id: j for j in read.records}
+    assert sorted(by_id) == [18804, 26515966, 50580016, 51447051, 51447052, 51447053]
+    running = by_id[26515966]
+    assert (running.state, running.partition, running.account, running.nodes) == (
+        "RUNNING",
+        "hw-h",
+        "account1",
+        ("cs10",),
+    )
+    assert running.end_time == datetime(2023, 9, 21, 0, 21, 42, tzinfo=UTC) and running.holds_resources
+    assert by_id[51447051].state_reason == "Dependency" and by_id[18804].state_reason == "Priority"
+    assert by_id[51447052].state_reason.startswith("(ReqNodeNotAvail")
+    assert by_id[18804].end_time is None and by_id[18804].pending
+    assert [n for n, _ in read.skipped] == [8, 9]  # the two lines with `"cpu": xx`, not JSON
+
+
+@pytest.mark.integration
+def test_sinfo_fallback_capture_merges_partitions_per_node() -> None:
+    read = parse_sinfo_lines(shared_file("fixtures/slurm-json/sinfo_fallback.txt").read_text())
+    by_name = {n.name: n for n in read.records}
+    assert sorted(by_name) == ["cs156", "cs25", "cs31", "cs53"] and read.skipped == []
+    assert by_name["cs25"].partitions == ("hw", "hw-l", "hw-m", "hw-h", "cdn")
+    assert [by_name[k].state for k in ("cs156", "cs25", "cs31", "cs53")] == ["COMPLETING", "ALLOCATED", "IDLE", "MIXED"]
+    assert by_name["cs31"].usable and by_name["cs25"].cpus == 64 and by_name["cs25"].real_memory_mib == 1000000
