@@ -182,6 +182,7 @@ def main() -> None:
                 PARTITION: {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", "gpus_per_node": "8"}
             },
             slurm_submit_as={"demo": "tenant-demo"},
+            rate_limit_per_second=0,  # the submissions are set-up, not what is measured
         )
         rt = build_runtime(settings)
         slurm = FakeSlurm(args.nodes)
