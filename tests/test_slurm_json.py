@@ -428,3 +428,36 @@ def test_sinfo_fallback_capture_merges_partitions_per_node() -> None:
     assert by_name["cs25"].partitions == ("hw", "hw-l", "hw-m", "hw-h", "cdn")
     assert [by_name[k].state for k in ("cs156", "cs25", "cs31", "cs53")] == ["COMPLETING", "ALLOCATED", "IDLE", "MIXED"]
     assert by_name["cs31"].usable and by_name["cs25"].cpus == 64 and by_name["cs25"].real_memory_mib == 1000000
+
+
+def test_v40_array_records_and_tasks() -> None:
+    """23.11+ array shapes: a pending record standing for its tasks (`array_task_id` unset, `array_task_string`
+    with a `%` limit) and a running task (`array_task_id` set), ids as `{set, number}`."""
+    record = {
+        **v38_job(40),
+        "job_state": ["PENDING"],
+        "array_job_id": num(40),
+        "array_task_id": num(0, set_=False),
+        "array_task_string": "2-5%2",
+        "array_max_tasks": num(2),
+    }
+    task = {
+        **v38_job(41, "RUNNING", "None", nodes="ovs1"),
+        "job_state": ["RUNNING"],
+        "array_job_id": num(40),
+        "array_task_id": num(1),
+        "array_task_string": "",
+    }
+    doc = {"meta": {"plugins": {"data_parser": "data_parser/v0.0.41"}}, "jobs": [record, task]}
+    assert data_version(doc) == "v0.0.41"
+    pending, running = parse_squeue(doc)
+    assert (pending.array_job_id, pending.array_task_id, pending.array_task_ids, pending.array_tasks) == (
+        40,
+        None,
+        (2, 3, 4, 5),
+        4,
+    )
+    assert pending.target == "40" and running.target == "40_1" and running.array_tasks == 1
+    model = QueueModel([pending, running], parse_sinfo({"nodes": [v38_node("ovs1", 4), v38_node("ovs2", 0)]}))
+    (demand,) = model.demands()
+    assert demand.gpus == 16  # 4 tasks x 4 GPUs
