@@ -106,7 +106,8 @@ def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Candidate:
-    """An opted-in job its policy and budgets allow to burst, with its broker job (not committed yet)."""
+    """An opted-in job its account's policy allows to burst, with its broker job (not committed yet) and the
+    expected on-prem wait the decision weighs."""
 
     q: Any
     request: BurstRequest
