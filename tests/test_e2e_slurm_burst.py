@@ -264,3 +264,31 @@ def test_a_burst_whose_slurm_job_its_user_cancels_stops_in_the_cloud_even_after_
     with Session(rt.engine) as s:
         (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "WITHDRAW")).all()
     assert audit.client == "slurm user=alice account=acme"
+
+
+@pytest.mark.integration
+def test_the_fixed_wait_threshold_stays_available_as_a_fallback(slurm: Any, tmp_path: Path) -> None:
+    """OVERSPILL_BURST_POLICY=wait_threshold: the job bursts when its wait passes burst_after_wait_hours, however
+    dear the cloud (the economic rule would keep it: waiting is worth $0 here), and stays below it."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm)
+    cheap_wait = {"burst_policy": "wait_threshold", "burst_value_usd_per_gpu_hour": 0}
+    for name in ("patient", "economic", "eager"):
+        (tmp_path / name).mkdir()
+    patient = _runtime(slurm, tmp_path / "patient", cloud, burst_after_wait_hours=5, **cheap_wait)
+    provider = patient.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    tick(patient, clock())
+    assert decisions(patient)[("stay", BurstReason.SHORT_WAIT)] == 1
+    assert not job(provider, slurm_id).state_reason.startswith("JobHeld")
+    economic = _runtime(slurm, tmp_path / "economic", cloud, burst_value_usd_per_gpu_hour=0)
+    tick(economic, clock())
+    assert decisions(economic)[("stay", BurstReason.PREMIUM)] == 1  # the wait costs nothing: never worth a premium
+    eager = _runtime(slurm, tmp_path / "eager", cloud, burst_after_wait_hours=0.5, **cheap_wait)
+    tick(eager, clock())
+    assert _broker_job(eager, slurm_id).state in ("pending", "running")
+    assert decisions(eager)[("burst", BurstReason.LONG_WAIT)] == 1
+    assert job(provider, slurm_id).state_reason == "JobHeldAdmin"
