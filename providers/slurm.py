@@ -122,6 +122,7 @@ JOB_NAME_PREFIX = "ovs-"
 HOLD_MARK = "overspill-hold"
 HELD_BY_ADMIN = "JobHeldAdmin"  # what `scontrol hold` by an operator leaves (a user's own hold: JobHeldUser)
 DEFAULT_SUBMIT_WRAPPER = ("sudo", "-n", "-u", "{user}", "--")
+SACCT_BATCH = 500  # job ids per sacct command (a broker back after a long outage may have many ended jobs)
 MAX_TASKS_PER_RECORD = 64  # array tasks of one pending array record offered to the burst policy per read
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _UNIX_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}\$?$")
@@ -639,6 +640,13 @@ class SlurmProvider:
         return out
 
     def _sacct(self, ids: list[str]) -> list[SlurmJob]:
+        """Accounting records of these job ids or array tasks, `SACCT_BATCH` ids per command."""
+        out: list[SlurmJob] = []
+        for start in range(0, len(ids), SACCT_BATCH):
+            out += self._sacct_batch(ids[start : start + SACCT_BATCH])
+        return out
+
+    def _sacct_batch(self, ids: list[str]) -> list[SlurmJob]:
         argv = ["sacct", "--json", "-a", "-j", ",".join(ids)]
         try:
             done = self._call(argv)

@@ -319,3 +319,13 @@ def test_one_squeue_and_one_sinfo_per_tick_for_every_step() -> None:
     p.get_many(["20"])
     p.get_many(["20"])
     assert calls[6:] == ["squeue", "squeue"]  # outside a tick every read is fresh
+
+
+def test_accounting_asks_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("providers.slurm.SACCT_BATCH", 2)
+    mine = f"{PREFIX}tok job=j placement=p"
+    run = runner([], [v40(i, "COMPLETED", comment={"job": mine}) for i in range(50, 55)])
+    got = provider(run).get_many([str(i) for i in range(50, 55)])
+    assert sorted(got) == ["50", "51", "52", "53", "54"]
+    asked = [c[c.index("-j") + 1] for c in run.calls if c[0] == "sacct"]  # type: ignore[attr-defined]
+    assert asked == ["50,51", "52,53", "54"]
