@@ -47,7 +47,9 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 class BurstReason:
     """The bounded reason codes of burst decisions (`overspill_burst_decisions_total{decision, reason}`)."""
 
-    LONG_WAIT = "long_onprem_wait"  # decision burst
+    LONG_WAIT = "long_onprem_wait"  # decision burst (the fixed wait threshold, or the wait costs more than the cloud)
+    DEADLINE = "deadline_at_risk"  # decision burst: on-prem would miss the job's deadline, the cloud makes it
+    PREMIUM = "cloud_premium_above_wait_cost"  # decision stay: waiting is cheaper than the cloud premium
     SHORT_WAIT = "short_onprem_wait"  # decision stay
     NO_CLOUD_POOL = "no_cloud_pool_within_ceiling"  # decision stay
     UNUSABLE_SPEC = "unusable_spec"  # decision stay
@@ -55,6 +57,9 @@ class BurstReason:
     CLOUD_ENDED = "cloud_job_"  # + failed/paused/cancelled, decision release
     GAVE_UP = "no_cloud_placement_in_time"  # decision release
     STARTED_ON_PREM = "started_on_prem"  # decision drop: Slurm started it before the hold landed
+    # decision withdraw: the held job ended on-prem (its user cancelled it) or was started there (someone released
+    # the hold) while its burst was in the cloud: the cloud run is cancelled
+    ENDED_ON_PREM = "ended_on_prem"
     ORPHAN_HOLD = "orphaned_hold"  # decision release: held, never committed (a crash), given back
     # decision refuse: the account's governance says no (OVERSPILL_SLURM_ACCOUNTS)
     ACCOUNT_NOT_MAPPED = "account_not_mapped"

@@ -67,6 +67,7 @@ def build_providers(settings: Settings) -> list[ComputeProvider]:
 def _slurm(settings: Settings) -> ComputeProvider:
     from decimal import Decimal
 
+    from federation.pressure import QueueModel
     from providers.slurm import PartitionInfo, SlurmProvider, subprocess_runner
     from providers.slurm_container import container_command
 
@@ -86,6 +87,7 @@ def _slurm(settings: Settings) -> ComputeProvider:
         return SlurmProvider(
             broker_id=settings.broker_id,
             partitions=partitions,
+            queue_model=QueueModel,
             run=subprocess_runner(conf),
             slurm_conf=conf,
             submit_as=settings.slurm_submit_as,

@@ -153,7 +153,22 @@ class Settings(BaseSettings):
         description='on-prem Slurm, e.g. {"gpu": {"accelerator": "A100", "rate_usd_per_gpu_hour": "1.10", '
         '"gpus_per_node": "8"}}',
     )
-    burst_after_wait_hours: float = Field(default=1.0, description="burst an opted-in Slurm job waiting longer")
+    burst_policy: Literal["economic", "wait_threshold"] = Field(
+        default="economic",
+        description="economic: burst when the wait costs more than the cloud premium or a deadline is at risk "
+        "(federation.burst, what `overspill simulate` scores); wait_threshold: when the wait exceeds "
+        "burst_after_wait_hours",
+    )
+    burst_value_usd_per_gpu_hour: float = Field(
+        default=2.0, ge=0, description="economic bursting: what one GPU-hour of a job's waiting costs the site"
+    )
+    burst_min_wait_hours: float = Field(default=0.05, ge=0, description="never burst a job starting sooner")
+    burst_deadline_margin_hours: float = Field(
+        default=0.5, ge=0, description="economic bursting: a deadline this close to the on-prem finish is at risk"
+    )
+    burst_after_wait_hours: float = Field(
+        default=1.0, description="wait_threshold bursting: burst an opted-in Slurm job waiting longer"
+    )
     burst_give_up_minutes: float = Field(default=30.0, description="release it on-prem if no cloud pool takes it")
     return_onprem: bool = Field(default=True, description="move cloud jobs back on-prem when its queue drains")
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")

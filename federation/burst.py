@@ -5,9 +5,9 @@ scheduler's estimated start, or `PressureSample.expected_wait_hours` for the job
 premium and the job's deadline. Decisions are values with reasons; an executor launches, cancels and migrates.
 
 Contract (pure: no SDK, database, HTTP or clock; `now` is passed in):
-- `quote_cloud(spec, book, now, params)`: the best cloud pool for the job by the placement cost model (never an
-  on-prem pool), as one or several identical nodes when the job needs more GPUs than any instance has (a gang);
-  None when no cloud pool fits the job's shape, hourly ceiling or `max_total_usd`.
+- `quote_cloud(spec, book, now, params, context=None)`: the best cloud pool for the job by the placement cost
+  model (never an on-prem pool), as one or several identical nodes when the job needs more GPUs than any
+  instance has (a gang); None when no cloud pool fits the job's shape, hourly ceiling or `max_total_usd`.
 - `decide_burst(job, cloud, now, budget_left, params)`: BURST when the cloud fits the job's ceilings and its
   team's budget (`budget_left`, a number; None = no team budget) AND either the deadline is at risk on-prem
   (on-prem finish later than `deadline - deadline_margin_hours`, the cloud finish not) or the wait costs more
@@ -18,7 +18,9 @@ Contract (pure: no SDK, database, HTTP or clock; `now` is passed in):
   started yet moves now, a running one at its next checkpoint (`at_next_checkpoint`). Otherwise KEEP_CLOUD.
 - `plan_bursts(jobs, quote, now, budgets, params, onprem_gpus)`: decides a whole queue in order, charging each
   burst against its team's budget, and (given `onprem_gpus`) shortening the expected wait of the jobs behind a
-  burst job by the GPU-hours it no longer takes from the cluster.
+  burst job by the GPU-hours it no longer takes from the cluster. This is the one burst decision: `overspill
+  simulate` scores it (`federation.simulate.cluster`) and the live loop runs it
+  (`broker.loop.onprem_burst`), each feeding it its own wait estimates.
 
 Example: 4 GPUs x 2 h waiting behind 6 h of queue, cloud $3.06/GPU-h, on-prem free (rate 0), value $2/GPU-h:
 premium = 4 x 2.05 h x 3.06 = $25.09 (with 3 minutes of startup), wait cost = 6 x 4 x 2 = $48 -> BURST. The same
@@ -117,8 +119,13 @@ class BurstDecision:
     at_next_checkpoint: bool = False
 
 
-def quote_cloud(spec: JobSpec, book: PriceBook, now: datetime, params: BurstParams) -> CloudOption | None:
-    """The cheapest-expected cloud pool (or gang of pools) for the job's whole work; see the module docstring."""
+def quote_cloud(
+    spec: JobSpec, book: PriceBook, now: datetime, params: BurstParams, context: PlacementContext | None = None
+) -> CloudOption | None:
+    """The cheapest-expected cloud pool (or gang of pools) for the job's whole work; see the module docstring.
+
+    `context` carries what the live broker knows beyond prices (pools nothing launches on, per-pool extras, pools
+    without a checkpoint store); its time, work and params are replaced by this call's."""
     sizes = sorted(
         {
             item.offering.accelerator_count
@@ -138,6 +145,8 @@ def quote_cloud(spec: JobSpec, book: PriceBook, now: datetime, params: BurstPara
         deadline_at=None,  # the deadline is weighed by decide_burst
     )
     ctx = PlacementContext(now=now, remaining_work_hours=spec.work_hours, params=params.placement)
+    if context is not None:
+        ctx = replace(context, now=now, remaining_work_hours=spec.work_hours, params=params.placement)
     best: Candidate | None = None
     for group in book.for_shape(spec.accelerators, per_node):
         for item in group.items:

@@ -1,6 +1,7 @@
 """The on-prem queue-pressure model: how backed up a Slurm cluster's GPU queue is, per GPU type. Pure, no I/O.
 
-Input: parsed `SlurmJob`s and `SlurmNode`s (`providers.slurm_json`) and `now`. GPU types are canonical accelerator
+Input: the domain model's `BatchJob`s and `BatchNode`s (`providers.model`, which the Slurm parser yields) and
+`now`; nothing here knows a provider. GPU types are canonical accelerator
 names (`providers.accelerators.canonical`: Slurm's "a100" -> "A100"). A request without a GPU type is charged to
 the type its partition(s) hold the most GPUs of.
 
@@ -22,6 +23,9 @@ submitted now, assumed too long to be backfilled (offerings do not know the job'
 3. The new job starts at the earliest time, not before the last job ahead, when one node has `gpus` free from
    then on. The answer is hours from now; `math.inf` when no usable node of that type is big enough or the GPUs
    never free up (jobs without a time limit are assumed to run `unlimited_job_hours` from their start).
+Beyond the first `MAX_SIMULATED_QUEUE` jobs (tasks) ahead, the rest are not placed one by one: their GPU-hours,
+spread over the type's GPUs, are added to the wait (a queue of 10,000 costs what one of 500 does). Steps 1 and 2
+are computed once per GPU type, partition and `now` and shared by every question to the same model.
 It is conservative: with backfill, short jobs may start earlier; CPU and memory limits are ignored; a
 multifactor priority may put the new job ahead of older jobs. `sbatch --test-only` asks slurmctld itself for one
 concrete job.
@@ -35,14 +39,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from providers.accelerators import canonical
-from providers.model import PressureSample
-from providers.slurm_json import SlurmJob, SlurmNode
+from providers.model import BatchJob, BatchNode, PressureSample
 
 BURSTABLE_REASONS = frozenset({"Resources", "Priority"})
 UNEVALUATED_REASONS = frozenset({"", "None"})
 DEFAULT_UNLIMITED_JOB_HOURS = 24.0
 UNKNOWN_GPU_TYPE = "GPU"
 MAX_SIMULATED_ARRAY_TASKS = 256  # a pending array record is simulated as at most this many tasks
+MAX_SIMULATED_QUEUE = 500  # jobs (or tasks) ahead placed one by one; the rest are charged as GPU-hours
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,7 @@ class GpuDemand:
     stands for; `gpus_per_node` is what each of its nodes needs.
     """
 
-    job: SlurmJob
+    job: BatchJob
     accelerator: str
     gpus: int
     gpus_per_node: int
@@ -131,6 +135,16 @@ class _Timeline:
             self.changes.append((end, gpus))
 
 
+@dataclass(slots=True)
+class _Ahead:
+    """The queue ahead of a new job, simulated: timelines after it started, the last start, and the hours the
+    jobs beyond `MAX_SIMULATED_QUEUE` add (their GPU-hours over the type's GPUs)."""
+
+    lines: dict[str, _Timeline]
+    cursor: datetime
+    backlog_hours: float
+
+
 class QueueModel:
     """Jobs and nodes of one snapshot; per-type pressure and wait estimates (see the module docstring).
 
@@ -140,8 +154,8 @@ class QueueModel:
 
     def __init__(
         self,
-        jobs: Sequence[SlurmJob],
-        nodes: Sequence[SlurmNode],
+        jobs: Sequence[BatchJob],
+        nodes: Sequence[BatchNode],
         *,
         partitions: Iterable[str] | None = None,
         unlimited_job_hours: float = DEFAULT_UNLIMITED_JOB_HOURS,
@@ -153,6 +167,7 @@ class QueueModel:
         self.nodes = [n for n in nodes if self._in_scope(n.partitions)]
         self.jobs = [j for j in jobs if self._in_scope(j.partitions)]
         self._demands: tuple[GpuDemand, ...] | None = None
+        self._ahead: dict[tuple[str, str | None, datetime], _Ahead | None] = {}
         self._partition_types: dict[str, dict[str, int]] = {}
         for node in self.nodes:
             for part in node.partitions:
@@ -167,7 +182,7 @@ class QueueModel:
     def _acc(self, gpu_type: str) -> str:
         return self.accelerator_of(gpu_type) if gpu_type else UNKNOWN_GPU_TYPE
 
-    def job_accelerators(self, job: SlurmJob) -> dict[str, int]:
+    def job_accelerators(self, job: BatchJob) -> dict[str, int]:
         """The job's GPUs per canonical type; an untyped request goes to its partitions' main GPU type."""
         out: dict[str, int] = {}
         for gpu_type, count in job.gpus.items():
@@ -175,7 +190,7 @@ class QueueModel:
             out[acc] = out.get(acc, 0) + count
         return out
 
-    def _default_type(self, job: SlurmJob) -> str:
+    def _default_type(self, job: BatchJob) -> str:
         totals: dict[str, int] = {}
         for part in job.partitions:
             for acc, count in self._partition_types.get(part, {}).items():
@@ -271,6 +286,26 @@ class QueueModel:
         if gpus <= 0:
             raise ValueError("gpus must be positive")
         acc = canonical(gpu_type)
+        ahead = self._simulate_ahead(acc, partition, now)
+        if ahead is None or max(line.capacity for line in ahead.lines.values()) < gpus:
+            return math.inf
+        own = timedelta(hours=work_hours) if work_hours is not None else None
+        start = _earliest(ahead.lines, gpus, 1, ahead.cursor, own)
+        if start is None:
+            return math.inf
+        return round((start - now).total_seconds() / 3600.0 + ahead.backlog_hours, 4)
+
+    def _simulate_ahead(self, acc: str, partition: str | None, now: datetime) -> _Ahead | None:
+        """Steps 1 and 2 of the module docstring for one GPU type (and partition): the nodes' timelines once the
+        queue ahead has started, computed once per (type, partition, now) and shared by every question. None when
+        no usable node has that type or a job ahead can never start."""
+        key = (acc, partition, now)
+        if key in self._ahead:
+            return self._ahead[key]
+        self._ahead[key] = found = self._run_queue(acc, partition, now)
+        return found
+
+    def _run_queue(self, acc: str, partition: str | None, now: datetime) -> _Ahead | None:
         nodes = [n for n in self.nodes if partition is None or partition in n.partitions]
         lines: dict[str, _Timeline] = {}
         for node in nodes:
@@ -281,8 +316,8 @@ class QueueModel:
                 continue
             free = sum(node.free_gpus(t) for t in node.gres if self._acc(t) == acc)
             lines[node.name] = _Timeline(capacity=cap, free=free)
-        if not lines or max(line.capacity for line in lines.values()) < gpus:
-            return math.inf
+        if not lines:
+            return None
         for job in self.jobs:
             if not job.holds_resources:
                 continue
@@ -297,24 +332,28 @@ class QueueModel:
         for line in lines.values():  # never more free than the node has, whatever the snapshot says
             line.changes = _clamped(line, now)
         cursor = now
+        simulated = 0
+        backlog_gpu_hours = 0.0
         for demand in self._queue_ahead(acc, partition):
             job = demand.job
             duration = self._limit(job)
             per_node, count = demand.gpus_per_node, max(job.node_count, 1)
-            for _ in range(min(job.array_tasks, MAX_SIMULATED_ARRAY_TASKS)):
+            tasks = min(job.array_tasks, MAX_SIMULATED_ARRAY_TASKS)
+            if simulated >= MAX_SIMULATED_QUEUE:  # deep in the queue: charged as GPU-hours, not placed one by one
+                backlog_gpu_hours += per_node * count * tasks * duration.total_seconds() / 3600.0
+                continue
+            for _ in range(tasks):
+                simulated += 1
                 earliest = max(now, job.start_time) if job.start_time is not None else cursor
                 start = _earliest(lines, per_node, count, earliest, duration)
                 if start is None:
-                    return math.inf
+                    return None
                 chosen = [n for n in lines.values() if n.fits(per_node, start, _end(start, duration))][:count]
                 for line in chosen:
                     line.hold(per_node, start, _end(start, duration))
                 cursor = max(cursor, start)
-        own = timedelta(hours=work_hours) if work_hours is not None else None
-        start = _earliest(lines, gpus, 1, cursor, own)
-        if start is None:
-            return math.inf
-        return round((start - now).total_seconds() / 3600.0, 4)
+        total = sum(line.capacity for line in lines.values())
+        return _Ahead(lines, cursor, backlog_gpu_hours / total if total else 0.0)
 
     def _queue_ahead(self, acc: str, partition: str | None) -> list[GpuDemand]:
         ahead = [
@@ -330,10 +369,10 @@ class QueueModel:
 
         return sorted(ahead, key=order)
 
-    def _limit(self, job: SlurmJob) -> timedelta:
+    def _limit(self, job: BatchJob) -> timedelta:
         return timedelta(minutes=job.time_limit) if job.time_limit is not None else self.unlimited
 
-    def _running_end(self, job: SlurmJob, now: datetime) -> datetime:
+    def _running_end(self, job: BatchJob, now: datetime) -> datetime:
         if job.end_time is not None and job.time_limit is not None:
             end = job.end_time
         elif job.start_time is not None:

@@ -24,14 +24,14 @@ SDK clients are injected by the caller, so tests hand real clients pointed at lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from providers.model import JobSpec, Offering, PressureSample, Tags
+from providers.model import BatchJob, BatchNode, JobSpec, Offering, Outcome, PressureSample, Tags
 
 
 class InstanceState(StrEnum):
@@ -133,7 +133,8 @@ class Instance:
     `terminate` is still due; False for a running instance and for one that is gone or being deleted.
     `launch_error`: set (with state FAILED) when the cloud accepted the launch and then refused it in the operation
     it started: the typed error a synchronous refusal would have raised. Not part of equality (errors compare by
-    identity)."""
+    identity). `outcome`: how an ended instance's work ended, when the provider knows it (an on-prem scheduler's
+    accounting): FAILED with `Outcome.USER_FAILED` is final for the job, FAILED with INFRA_FAILED is re-placed."""
 
     id: str
     provider: str
@@ -148,6 +149,7 @@ class Instance:
     detail: str = ""
     lingering: bool = False
     launch_error: ProviderError | None = field(default=None, compare=False)
+    outcome: Outcome | None = None
 
     @property
     def released(self) -> bool:
@@ -224,6 +226,53 @@ class QueuePressureSource(Protocol):
     name: str
 
     def pressure(self, now: datetime) -> list[PressureSample]: ...
+
+
+class QueueDemand(Protocol):
+    """One pending job's GPU request as a queue model classifies it (`federation.pressure.GpuDemand`)."""
+
+    @property
+    def job(self) -> BatchJob: ...
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def burstable(self) -> bool: ...
+
+
+class QueueView(Protocol):
+    """A queue-pressure model over one snapshot of an on-prem queue (`federation.pressure.QueueModel`)."""
+
+    def demands(self) -> Sequence[QueueDemand]: ...
+
+    def samples(self, now: datetime, source: str = ...) -> list[PressureSample]: ...
+
+    def expected_wait_hours(
+        self,
+        gpu_type: str,
+        gpus: int,
+        now: datetime,
+        *,
+        partition: str | None = None,
+        work_hours: float | None = None,
+    ) -> float: ...
+
+
+class QueueModelFactory(Protocol):
+    """Builds a `QueueView` (`federation.pressure.QueueModel` itself). An on-prem provider is given one by its
+    caller, since providers never import the federation layer that models queues."""
+
+    def __call__(
+        self,
+        jobs: Sequence[BatchJob],
+        nodes: Sequence[BatchNode],
+        *,
+        partitions: Iterable[str] | None = ...,
+        unlimited_job_hours: float = ...,
+    ) -> QueueView: ...
 
 
 @dataclass(frozen=True, slots=True)

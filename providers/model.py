@@ -1,4 +1,6 @@
-"""Domain model shared by every layer: offerings, job specs, placements, checkpoints and cost entries.
+"""Domain model shared by every layer: offerings, job specs, placements, checkpoints, cost entries, and the jobs and
+nodes of an on-prem batch scheduler's queue (`BatchJob`, `BatchNode`: what `providers.slurm_json` parses Slurm's
+JSON into and what `federation.pressure` models queue pressure from), and how a finished job ended (`Outcome`).
 
 Pure dataclasses with no I/O. Money is `Decimal` in USD (fields end in `_usd`), times are tz-aware UTC
 (fields end in `_at`), durations are hours as `Decimal` where they feed money and `float` only inside scoring.
@@ -7,6 +9,7 @@ Enums are `StrEnum` whose lowercase values are also the wire values.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -287,3 +290,176 @@ class Tags:
 
     def as_dict(self) -> dict[str, str]:
         return {BROKER_TAG: self.broker_id, JOB_TAG: self.job_id, PLACEMENT_TAG: self.placement_id, **self.extra}
+
+
+# ---- on-prem batch queues ------------------------------------------------------------------------------------
+
+MAX_ARRAY_TASKS = 1_000_000  # Slurm's MaxArraySize is at most 4000001; refuse absurd ranges before expanding
+_ARRAY_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+_USABLE_NODE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
+_UNUSABLE_NODE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "MAINTENANCE",
+        "NOT_RESPONDING",
+        "NO_RESPOND",
+        "POWERED_DOWN",
+        "POWERING_DOWN",
+        "POWER_DOWN",
+        "REBOOT_ISSUED",
+        "REBOOT_REQUESTED",
+        "INVALID_REG",
+        "RESERVED",
+    }
+)
+
+
+def expand_task_ids(text: str) -> list[int]:
+    """Task ids of an array task string such as `0-3`, `1,4-9:2` or `0-99%10` (the `%` limit is dropped).
+
+    Raises `ValueError` naming the part it cannot read, or a range larger than `MAX_ARRAY_TASKS`."""
+    text = text.split("%", 1)[0]
+    out: list[int] = []
+    for part in text.split(","):
+        m = _ARRAY_RANGE.match(part.strip())
+        if m is None:
+            raise ValueError(f"cannot read {part!r}")
+        first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if last - first > MAX_ARRAY_TASKS:
+            raise ValueError(f"range {part!r} is too large")
+        out.extend(range(first, last + 1, max(step, 1)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJob:
+    """One job (or array record, or array task) of an on-prem batch queue, as the scheduler reports it.
+
+    Conventions: times are tz-aware UTC, None when unset; `time_limit` is minutes, None when unlimited or unset;
+    `gpus` counts the job's GPUs over all its nodes per scheduler GPU type name ("a100"; "" for an untyped request),
+    array tasks not multiplied in (`array_tasks` says how many tasks a pending array record stands for).
+    `state` is the base state ("PENDING", "RUNNING", "COMPLETED"...) or, in Slurm's older string shape, the flag
+    reported instead (e.g. "COMPLETING", "CONFIGURING", "REQUEUED"); `state_flags` the extra flags.
+    `state_reason` is "" when the scheduler says "None". `start_time` of a pending job is the scheduler's estimated
+    start when it has one; `end_time` of a running job its start plus its time limit. `exit_code` is the return
+    code, `exit_signal` the signal that killed it (None when not signalled or unknown). `het_job_id` /
+    `het_job_offset` are set for the components of a heterogeneous job.
+    """
+
+    job_id: int
+    name: str
+    state: str
+    state_reason: str
+    partition: str
+    user: str
+    gpus: dict[str, int]
+    node_count: int
+    submit_time: datetime | None
+    start_time: datetime | None
+    time_limit: int | None
+    comment: str
+    state_flags: frozenset[str] = frozenset()
+    end_time: datetime | None = None
+    nodes: tuple[str, ...] = ()
+    admin_comment: str = ""
+    priority: int | None = None
+    restart_count: int = 0
+    exit_code: int | None = None
+    array_tasks: int = 1
+    account: str = ""
+    qos: str = ""
+    dependency: str = ""
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_string: str = ""
+    exit_signal: int | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+
+    @property
+    def array_task_ids(self) -> tuple[int, ...]:
+        """The task ids a pending array record stands for (`array_task_string`, `%` limit dropped); () otherwise.
+
+        Raises `ValueError` when the string is unreadable (parsers check it first)."""
+        if self.array_job_id is None or self.array_task_id is not None or not self.array_task_string:
+            return ()
+        return tuple(expand_task_ids(self.array_task_string))
+
+    @property
+    def target(self) -> str:
+        """How scheduler commands address this record: `<array job>_<task>` for one array task, else the job id."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """A job submitted to several partitions (`-p a,b`) lists them comma-separated."""
+        return tuple(p for p in self.partition.split(",") if p)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.gpus.values())
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    @property
+    def holds_resources(self) -> bool:
+        """Running, starting, suspended or still ending: its nodes are not free yet."""
+        if self.state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"):
+            return True
+        return "COMPLETING" in self.state_flags or "CONFIGURING" in self.state_flags
+
+
+@dataclass(frozen=True, slots=True)
+class BatchNode:
+    """One node of an on-prem cluster. `gres` / `gres_used` count GPUs per scheduler type ("" for untyped).
+
+    `state` is the upper-case base state ("IDLE", "MIXED", "ALLOCATED", "DOWN"...), `flags` the rest ("DRAIN",
+    "NOT_RESPONDING", "CLOUD"...). `cpus` and `real_memory_mib` are 0 when not reported.
+    """
+
+    name: str
+    state: str
+    partitions: tuple[str, ...]
+    gres: dict[str, int]
+    gres_used: dict[str, int]
+    flags: frozenset[str] = frozenset()
+    cpus: int = 0
+    real_memory_mib: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Can take new jobs now: up and not draining, failing, powered down, in maintenance or reserved."""
+        return self.state in _USABLE_NODE_STATES and not (self.flags & _UNUSABLE_NODE_FLAGS)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.gres.values())
+
+    def free_gpus(self, gpu_type: str) -> int:
+        if not self.usable:
+            return 0
+        return max(0, self.gres.get(gpu_type, 0) - self.gres_used.get(gpu_type, 0))
+
+
+class Outcome(StrEnum):
+    """How a finished attempt ended, classified as the instance agent classifies its workload's exit.
+
+    succeeded: exit 0. user_failed: the job itself failed (non-zero exit, its own signal, out of memory, its time
+    limit or deadline): final for the job. infra_failed: the site failed it (node failure, boot failure): run it
+    again. preempted: taken back by the scheduler: run it again. cancelled: ended by someone (not an outcome of
+    the work): the broker decides.
+    """
+
+    SUCCEEDED = "succeeded"
+    USER_FAILED = "user_failed"
+    INFRA_FAILED = "infra_failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"

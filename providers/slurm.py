@@ -5,8 +5,9 @@ Contract: `SlurmProvider` implements `ComputeProvider`, `OfferingSource` and `Qu
 one zone per partition. It is the real counterpart of `providers.simulated.onprem`.
 
 - `offerings(now)`: per partition, ON_PREM offerings of 1, 2, 4 and 8 GPUs (up to the partition's GPUs per node)
-  priced at the internal rate x GPUs, `expected_wait_hours` from `federation.pressure.QueueModel` (capped at a
-  year; `available` is False when the shape can never start on the usable nodes).
+  priced at the internal rate x GPUs, `expected_wait_hours` from the injected `queue_model` (the broker passes
+  `federation.pressure.QueueModel`: providers never import federation), capped at a year; `available` is False
+  when the shape can never start on the usable nodes.
 - `pressure(now)`: one `PressureSample` per GPU type on the configured partitions (pending = Resources/Priority).
 - `launch(request)`: `<submit wrapper> sbatch --parsable --job-name=ovs-<token[:16]>
   --comment=overspill:<broker>:<token> ... --partition=P --nodes=1 --gres=gpu:<type>:<n>
@@ -18,20 +19,30 @@ one zone per partition. It is the real counterpart of `providers.simulated.onpre
   carries the token, and after submitting it looks again and cancels any duplicate a concurrent call made (the
   lowest job id wins). The comment also carries the job and placement tags (`job=`, `placement=`, URL-quoted
   extras), so `get`/`list_instances` can return them.
-- `get(id)` reads `squeue --json` and raises `NotFound` for an unknown id or a job that is not this broker's
-  (job ids are reused after a controller reset). Without slurmdbd a finished job leaves squeue `MinJobAge`
-  seconds after it ends (default 300): from then on it is `NotFound` and its outcome is lost.
+- `get(id)` / `get_many(ids)` (the sync step's one call per tick) read this tick's `squeue --json` for live jobs
+  and raise / leave out `NotFound` for an unknown id or a job that is not this broker's (job ids are reused after
+  a controller reset). A job that ended, or left squeue (`MinJobAge` after its end, 300 s by default), is read
+  from accounting: one `sacct --json` (else `sacct -P`) for all of them (`providers.slurm_accounting`), so its
+  outcome is never lost; `Instance.outcome` classifies it like the agent (user_failed, infra_failed, preempted).
+  A job accounting still shows running after it left squeue is answered with an error (asked again next tick);
+  without slurmdbd (`AccountingDisabled`) it is `NotFound`. Accounting records are this broker's by their comment
+  (`AccountingStoreFlags=job_comment`), else by their `ovs-` name and a submit identity.
   States: PENDING/REQUEUED -> PENDING; RUNNING/CONFIGURING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED ->
-  SUCCEEDED; FAILED/TIMEOUT/NODE_FAIL/OUT_OF_MEMORY/BOOT_FAIL/DEADLINE -> FAILED; CANCELLED -> TERMINATED;
-  PREEMPTED -> PREEMPTED. A v0.0.38 "COMPLETING" job has ended but Slurm is still cleaning up and does not yet
-  say how it ended, so it stays RUNNING until the outcome shows.
+  SUCCEEDED; FAILED/TIMEOUT/OUT_OF_MEMORY/DEADLINE (user_failed), NODE_FAIL/BOOT_FAIL (infra_failed) -> FAILED;
+  CANCELLED -> TERMINATED; PREEMPTED -> PREEMPTED. A v0.0.38 "COMPLETING" job has ended but Slurm is still
+  cleaning up and does not yet say how it ended, so it stays RUNNING until the outcome shows.
+- One read per tick: between `begin_tick(now)` and `end_tick()` (called by the broker's tick) `jobs()` and
+  `nodes()` answer from one squeue and one sinfo shared by pressure, offerings, bursting and sync; a command that
+  changes a job drops the job snapshot, and the exactly-once reads (`fresh_jobs`: after sbatch, after a hold)
+  always go to slurmctld and become the snapshot.
 - `terminate(id)`: `scancel` when the job is ours and not finished; unknown or foreign ids are success.
 - `list_instances()`: the jobs whose comment starts `overspill:<broker_id>:`.
 Burst-policy helpers, for a broker running as a Slurm operator (`AdminLevel=Operator`, not root): `queued_jobs()`
 lists other users' pending GPU jobs with their reasons, one entry per pending array task (target `<array>_<task>`:
-22.05's scancel/scontrol ignore a task's own job id); `hold(target, reason)` marks and holds a job, then reads it
-again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm may have
-started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
+22.05's scancel/scontrol ignore a task's own job id; the components of a heterogeneous job are listed but never
+burstable: the cloud would run one component without the others); `hold(target, reason)` marks and holds a job,
+then reads it again and only answers held when it is still pending and held by us (else it undoes the hold: Slurm
+may have started it first); `release(target, priority=)` gives it back (restoring the recorded priority only under
 priority/basic, where a release sends a job to the back; other plugins recompute and keep ageing it);
 `complete_held(target)` ends a job that ran in the cloud so its dependents see it as done (dependencies rewritten,
 then `scancel`), `sweep_dependents(...)` catches dependents submitted later; `requeue(id)`. The hold mark
@@ -42,8 +53,9 @@ Every command runs through the injected `run(argv) -> CompletedProcess` (default
 `SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
 provider-wide), bad partition/GRES/shape -> `InvalidRequest`, QOS/association limits -> `QuotaExceeded`,
 permission -> `AuthError`, anything else -> `SlurmCommandError`.
-slurmrestd is not used: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same parsers
-read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies should a REST transport be added.
+slurmrestd is not used yet: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same
+parsers read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies (and `GET /slurmdb/v0.0.38/jobs` for accounting)
+should a REST transport be added.
 """
 
 from __future__ import annotations
@@ -61,7 +73,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from urllib.parse import quote, unquote
 
-from federation.pressure import GpuDemand, QueueModel
 from providers.accelerators import canonical, memory_gib
 from providers.base import (
     AuthError,
@@ -71,6 +82,9 @@ from providers.base import (
     LaunchRequest,
     NotFound,
     ProviderError,
+    QueueDemand,
+    QueueModelFactory,
+    QueueView,
     QuotaExceeded,
     Scope,
     Throttled,
@@ -81,9 +95,17 @@ from providers.model import (
     PLACEMENT_TAG,
     CapacityType,
     Offering,
+    Outcome,
     PressureSample,
     Price,
     offering_key,
+)
+from providers.slurm_accounting import (
+    classify,
+    describe_ending,
+    parsable_argv,
+    parse_sacct,
+    parse_sacct_parsable,
 )
 from providers.slurm_dependency import DependencyParseError, mentions, rewrite_as_succeeded
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
@@ -96,9 +118,11 @@ GPU_SIZES = (1, 2, 4, 8)
 PRICE_QUANTUM = Decimal("0.0001")
 MAX_WAIT_HOURS = 8760.0
 COMMENT_PREFIX = "overspill"
+JOB_NAME_PREFIX = "ovs-"
 HOLD_MARK = "overspill-hold"
 HELD_BY_ADMIN = "JobHeldAdmin"  # what `scontrol hold` by an operator leaves (a user's own hold: JobHeldUser)
 DEFAULT_SUBMIT_WRAPPER = ("sudo", "-n", "-u", "{user}", "--")
+SACCT_BATCH = 500  # job ids per sacct command (a broker back after a long outage may have many ended jobs)
 MAX_TASKS_PER_RECORD = 64  # array tasks of one pending array record offered to the burst policy per read
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _UNIX_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}\$?$")
@@ -133,6 +157,29 @@ _STATES: dict[str, InstanceState] = {
 }
 
 
+_OUTCOME_STATES: dict[Outcome, InstanceState] = {
+    Outcome.SUCCEEDED: InstanceState.SUCCEEDED,
+    Outcome.USER_FAILED: InstanceState.FAILED,
+    Outcome.INFRA_FAILED: InstanceState.FAILED,
+    Outcome.PREEMPTED: InstanceState.PREEMPTED,
+    Outcome.CANCELLED: InstanceState.TERMINATED,
+}
+_EPOCH = datetime.fromtimestamp(0, UTC)
+_READ_COMMANDS = frozenset({"squeue", "sinfo", "sacct", "sdiag"})
+
+
+def _is_read(argv: Sequence[str]) -> bool:
+    """A command that changes nothing (a listing, `scontrol show ...`)."""
+    if any(a in _READ_COMMANDS for a in argv[:4]):
+        return True
+    return len(argv) >= 2 and argv[0] == "scontrol" and argv[1] == "show"
+
+
+def _accounting_off(text: str) -> bool:
+    low = text.lower()
+    return "accounting storage is disabled" in low or "slurm accounting storage is disabled" in low
+
+
 class SlurmUnavailable(ProviderError):
     """slurmctld cannot be reached (or the tools are missing): the whole provider is out for now."""
 
@@ -142,6 +189,10 @@ class SlurmUnavailable(ProviderError):
 
 class SlurmCommandError(ProviderError):
     """A Slurm command failed for a reason with no better-typed error."""
+
+
+class AccountingDisabled(SlurmCommandError):
+    """The cluster keeps no job accounting (no slurmdbd): a job that left squeue cannot be looked up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +270,7 @@ class SlurmProvider:
         *,
         broker_id: str,
         partitions: Mapping[str, PartitionInfo],
+        queue_model: QueueModelFactory,
         run: Runner | None = None,
         name: str = "onprem-slurm",
         slurm_conf: str | None = None,
@@ -242,6 +294,7 @@ class SlurmProvider:
         self.region = "onprem"
         self.broker_id = broker_id
         self.partitions = dict(partitions)
+        self.queue_model = queue_model
         self.run = run or subprocess_runner(slurm_conf)
         self.command = command
         self.output = output
@@ -257,12 +310,63 @@ class SlurmProvider:
         self.hold_key = hold_key
         self.priority_type = priority_type
         self._prefix = f"{COMMENT_PREFIX}:{broker_id}:"
+        self._tick: datetime | None = None
+        self._snapshot: tuple[datetime, list[SlurmJob] | None, list[SlurmNode] | None] | None = None
+        self._model: tuple[Sequence[SlurmJob], Sequence[SlurmNode], QueueView] | None = None
+
+    # ---- one read per tick --------------------------------------------------------------------------------
+
+    def begin_tick(self, now: datetime) -> None:
+        """Start a tick at `now`: until `end_tick`, `jobs()` and `nodes()` answer from one squeue and one sinfo
+        read, cached under the tick's time and shared by pressure, offerings, the burst step and sync. A command
+        that may change a job (sbatch, scancel, scontrol hold/release/update/requeue) drops the cache, so a read
+        after it is fresh; the exactly-once checks (`hold`'s read after holding, `launch`'s token look-ups) always
+        read afresh."""
+        self._tick = now
+        self._snapshot = None
+
+    def end_tick(self) -> None:
+        self._tick = None
+        self._snapshot = None
+        self._model = None
+
+    def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld knows: this tick's snapshot inside a tick, else a fresh `squeue`."""
+        if self._tick is None:
+            return self.squeue()
+        snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+        if snap is not None and snap[1] is not None:
+            return snap[1]
+        jobs = self.squeue()
+        self._snapshot = (self._tick, jobs, snap[2] if snap is not None else None)
+        return jobs
+
+    def fresh_jobs(self) -> list[SlurmJob]:
+        """A fresh `squeue`, always (the exactly-once checks); inside a tick it becomes the tick's snapshot, so the
+        steps after it read what it read."""
+        jobs = self.squeue()
+        if self._tick is not None:
+            snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+            self._snapshot = (self._tick, jobs, snap[2] if snap is not None else None)
+        return jobs
+
+    def nodes(self) -> list[SlurmNode]:
+        """Every node: this tick's snapshot inside a tick, else a fresh `sinfo`. A change to a job keeps the node
+        snapshot (nodes change only by the scheduler's own hand within a tick)."""
+        if self._tick is None:
+            return self.sinfo()
+        snap = self._snapshot if self._snapshot is not None and self._snapshot[0] == self._tick else None
+        if snap is not None and snap[2] is not None:
+            return snap[2]
+        nodes = self.sinfo()
+        self._snapshot = (self._tick, snap[1] if snap is not None else None, nodes)
+        return nodes
 
     # ---- commands -----------------------------------------------------------------------------------------
 
     def _call(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         try:
-            done = self.run(argv)
+            done = self._raw(argv)
         except FileNotFoundError as exc:
             raise SlurmUnavailable(f"{argv[0]} not found: {exc}", provider=self.name) from exc
         except subprocess.TimeoutExpired as exc:
@@ -270,6 +374,14 @@ class SlurmProvider:
         if done.returncode != 0:
             raise self._error(argv, done)
         return done
+
+    def _raw(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run one command; any command that may change a job drops this tick's snapshot (`begin_tick`)."""
+        try:
+            return self.run(argv)
+        finally:
+            if not _is_read(argv) and self._snapshot is not None:
+                self._snapshot = (self._snapshot[0], None, self._snapshot[2])  # jobs changed; nodes are the scheduler's
 
     def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
         text = (done.stderr or done.stdout or "").strip()
@@ -279,7 +391,14 @@ class SlurmProvider:
         if "invalid job id" in low:
             return NotFound(message, provider=self.name, detail=text)
         if any(
-            s in low for s in ("unable to contact slurm controller", "socket timed out", "connection refused", "munge")
+            s in low
+            for s in (
+                "unable to contact slurm controller",
+                "socket timed out",
+                "connection refused",
+                "munge",
+                "problem talking to the database",  # sacct while slurmdbd is down
+            )
         ):
             return SlurmUnavailable(message, provider=self.name, detail=text)
         denied = ("access/permission denied", "access denied", "permission denied", "not authorized", "sudo:")
@@ -324,18 +443,21 @@ class SlurmProvider:
     def instance_type(self, accelerator: str, gpus: int) -> str:
         return f"slurm-{canonical(accelerator).lower()}-{gpus}gpu"
 
-    def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueModel:
-        """The queue model over the configured partitions, from a fresh squeue/sinfo unless given."""
-        return QueueModel(
-            self.squeue() if jobs is None else jobs,
-            self.sinfo() if nodes is None else nodes,
-            partitions=self.partitions,
-            unlimited_job_hours=self.unlimited_job_hours,
-        )
+    def model(self, jobs: Sequence[SlurmJob] | None = None, nodes: Sequence[SlurmNode] | None = None) -> QueueView:
+        """The queue model over the configured partitions, from this tick's squeue/sinfo (`jobs()`, `nodes()`)
+        unless given; built once per snapshot."""
+        jobs = self.jobs() if jobs is None else jobs
+        nodes = self.nodes() if nodes is None else nodes
+        cached = self._model
+        if cached is not None and cached[0] is jobs and cached[1] is nodes:
+            return cached[2]
+        view = self.queue_model(jobs, nodes, partitions=self.partitions, unlimited_job_hours=self.unlimited_job_hours)
+        self._model = (jobs, nodes, view)
+        return view
 
     def offerings(self, now: datetime) -> list[Offering]:
         now = _utc(now)
-        nodes = self.sinfo()
+        nodes = self.nodes()
         model = self.model(nodes=nodes)
         out: list[Offering] = []
         for part, info in sorted(self.partitions.items()):
@@ -368,6 +490,14 @@ class SlurmProvider:
                     )
                 )
         return out
+
+    def partition_gpus(self, partition: str) -> int:
+        """GPUs of the partition's configured type on its usable nodes (this tick's sinfo)."""
+        info = self.partitions.get(partition)
+        if info is None:
+            return 0
+        gpu_type = info.slurm_gpu_type
+        return sum(n.gres.get(gpu_type, 0) for n in self.nodes() if partition in n.partitions and n.usable)
 
     def pressure(self, now: datetime) -> list[PressureSample]:
         now = _utc(now)
@@ -413,7 +543,7 @@ class SlurmProvider:
         part, info = self._partition_for(request.offering)
         if request.remaining_work_hours < 0:
             raise InvalidRequest("remaining_work_hours must not be negative", provider=self.name)
-        existing = self._by_token(self.squeue(), token)
+        existing = self._by_token(self.jobs(), token)  # a later duplicate is caught by the fresh read below
         if existing:
             return self._instance(existing[0])
         minutes = max(1, math.ceil(request.remaining_work_hours * 60))
@@ -421,7 +551,7 @@ class SlurmProvider:
             *(part.replace("{user}", user) for part in self.submit_wrapper),
             "sbatch",
             "--parsable",
-            f"--job-name=ovs-{token[:16]}",
+            f"--job-name={JOB_NAME_PREFIX}{token[:16]}",
             f"--comment={self._comment(request)}",
             f"--partition={part}",
             "--nodes=1",
@@ -436,33 +566,121 @@ class SlurmProvider:
         submitted = done.stdout.strip().split(";", 1)[0]
         if not submitted.isdigit():
             raise SlurmCommandError(f"sbatch printed no job id: {done.stdout!r}", provider=self.name)
-        mine = self._by_token(self.squeue(), token)
+        mine = self._by_token(self.fresh_jobs(), token)
         if not mine:
             raise SlurmCommandError(f"job {submitted} vanished right after sbatch", provider=self.name)
         for duplicate in mine[1:]:  # a concurrent launch of the same token also submitted: keep the first
-            self.run(["scancel", str(duplicate.job_id)])
+            self._raw(["scancel", str(duplicate.job_id)])
         return self._instance(mine[0])
 
     def get(self, instance_id: str) -> Instance:
-        job = self._ours(instance_id, self.squeue())
-        if job is None:
+        found = self.get_many([instance_id]).get(instance_id)
+        if isinstance(found, ProviderError):
+            raise found
+        if found is None:
             raise NotFound(
-                f"no job {instance_id} of broker {self.broker_id} on {self.name} "
-                "(finished jobs leave squeue after MinJobAge without slurmdbd)",
+                f"no job {instance_id} of broker {self.broker_id} on {self.name} (neither in squeue nor in sacct)",
                 provider=self.name,
             )
-        return self._instance(job)
+        return found
+
+    def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance | ProviderError]:
+        """This broker's jobs among `instance_ids`: live ones from this tick's squeue snapshot, ended or vanished
+        ones from accounting (one `sacct` for all of them; see the module docstring). An id neither knows is left
+        out (gone). An id that left squeue while accounting cannot answer for it yet is answered with the error."""
+        mine = {str(j.job_id): j for j in self.jobs() if j.comment.startswith(self._prefix)}
+        out: dict[str, Instance | ProviderError] = {}
+        ask: list[str] = []
+        for iid in dict.fromkeys(instance_ids):
+            job = mine.get(iid)
+            if job is not None and not self._state(job).terminal:
+                out[iid] = self._instance(job)
+            elif iid.isdigit():
+                ask.append(iid)
+        if not ask:
+            return out
+        try:
+            accounted = self.accounting(ask)
+        except AccountingDisabled:
+            accounted = {}
+        except ProviderError as exc:
+            for iid in ask:
+                out[iid] = self._instance(mine[iid]) if iid in mine else exc
+            return out
+        for iid in ask:
+            record = accounted.get(iid)
+            if record is not None and self._state(record).terminal:
+                out[iid] = self._instance(record)
+            elif iid in mine:
+                out[iid] = self._instance(mine[iid])
+            elif record is not None:
+                out[iid] = SlurmCommandError(
+                    f"job {iid} left squeue but accounting still shows it {record.state}: asking again next tick",
+                    provider=self.name,
+                )
+        return out
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
+        """This broker's jobs among `job_ids` as slurmdbd recorded them (`sacct --json`, else `sacct -P`), by job
+        id; when an id was reused (a controller reset), the latest of this broker's records. Raises
+        `AccountingDisabled` when the cluster keeps no accounting, `SlurmUnavailable` when slurmdbd is down."""
+        ids = [i for i in dict.fromkeys(job_ids) if i.isdigit()]
+        if not ids:
+            return {}
+        records = self._sacct(ids)
+        out: dict[str, SlurmJob] = {}
+        for job in records:
+            key = str(job.job_id)
+            if key not in ids or not self._accounted_ours(job):
+                continue
+            seen = out.get(key)
+            never = datetime.min.replace(tzinfo=UTC)
+            if seen is None or (job.submit_time or never) >= (seen.submit_time or never):
+                out[key] = job
+        return out
+
+    def _sacct(self, ids: list[str]) -> list[SlurmJob]:
+        """Accounting records of these job ids or array tasks, `SACCT_BATCH` ids per command."""
+        out: list[SlurmJob] = []
+        for start in range(0, len(ids), SACCT_BATCH):
+            out += self._sacct_batch(ids[start : start + SACCT_BATCH])
+        return out
+
+    def _sacct_batch(self, ids: list[str]) -> list[SlurmJob]:
+        argv = ["sacct", "--json", "-a", "-j", ",".join(ids)]
+        try:
+            done = self._call(argv)
+            return parse_sacct(done.stdout)
+        except SlurmUnavailable:
+            raise
+        except ProviderError as exc:
+            if _accounting_off(str(exc.detail or exc)):
+                raise AccountingDisabled(f"no accounting on {self.name}: {exc}", provider=self.name) from exc
+        except SlurmParseError:
+            pass  # an unreadable JSON shape: the parsable format below says the same in plain text
+        done = self._call(parsable_argv(ids))
+        try:
+            return parse_sacct_parsable(done.stdout)
+        except SlurmParseError as exc:
+            raise SlurmCommandError(f"unreadable sacct output: {exc}", provider=self.name) from exc
+
+    def _accounted_ours(self, job: SlurmJob) -> bool:
+        """A record this broker made: its comment when the site stores comments (`AccountingStoreFlags=job_comment`),
+        else its `ovs-` job name and one of this broker's submit identities."""
+        if job.comment:
+            return job.comment.startswith(self._prefix)
+        return job.name.startswith(JOB_NAME_PREFIX) and job.user in set(self.submit_as.values())
 
     def terminate(self, instance_id: str) -> None:
         job = self._ours(instance_id, self.squeue())
         if job is None or self._state(job).terminal:
             return
-        done = self.run(["scancel", str(job.job_id)])
+        done = self._raw(["scancel", str(job.job_id)])
         if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
             raise self._error(["scancel", str(job.job_id)], done)
 
     def list_instances(self) -> list[Instance]:
-        return [self._instance(j) for j in self.squeue() if j.comment.startswith(self._prefix)]
+        return [self._instance(j) for j in self.jobs() if j.comment.startswith(self._prefix)]
 
     # ---- burst-policy helpers -----------------------------------------------------------------------------
 
@@ -490,7 +708,7 @@ class SlurmProvider:
         running job running) and the mark removed: the caller must then not burst it. Holding a job this broker
         already holds answers held; a job held by its user or another admin is refused (`InvalidRequest`).
         """
-        job = self._find(target)
+        job = self._find(target, self.jobs())  # this tick's read; the read after the hold is always fresh
         if job is None:
             raise NotFound(f"no job {target} on {self.name}", provider=self.name)
         name = job.target
@@ -506,7 +724,7 @@ class SlurmProvider:
             self._call(["scontrol", "hold", name])
         except (InvalidRequest, SlurmCommandError) as exc:  # e.g. it ended meanwhile: decided by the read below
             failed = exc
-        after = self._find(name)
+        after = self._find(name, self.fresh_jobs())
         if after is not None and after.pending and after.state_reason == HELD_BY_ADMIN and self.holds(after):
             return HoldOutcome(True, after, "", job.priority)
         self._undo_hold(name, after)
@@ -570,7 +788,7 @@ class SlurmProvider:
                 provider=self.name,
             )
         rewritten = self._rewrite_dependents(jobs, [name])
-        done = self.run(["scancel", name])
+        done = self._raw(["scancel", name])
         if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
             raise self._error(["scancel", name], done)
         return rewritten
@@ -582,7 +800,34 @@ class SlurmProvider:
         wanted = list(targets)
         if not wanted:
             return []
-        return self._rewrite_dependents(self.squeue(), wanted, skip=frozenset(done), convert_notok=False)
+        return self._rewrite_dependents(self.jobs(), wanted, skip=frozenset(done), convert_notok=False)
+
+    def lost_holds(self, targets: Sequence[str]) -> dict[str, SlurmJob]:
+        """Of these jobs this broker holds for bursts running in the cloud, those no longer pending on-prem: ended
+        (cancelled by their user, say) or started (someone released the hold). From this tick's squeue; a target
+        gone from it is looked up in accounting (one `sacct`), since it may have ended `MinJobAge` ago. A target
+        neither knows, or that accounting cannot answer for now, is left out (still held, as far as we know)."""
+        jobs = self.jobs()
+        out: dict[str, SlurmJob] = {}
+        missing: list[str] = []
+        for target in dict.fromkeys(targets):
+            job = self._find(target, jobs)
+            if job is None:
+                missing.append(target)
+            elif not job.pending:
+                out[target] = job
+        if not missing:
+            return out
+        try:
+            records = self._sacct(missing)
+        except ProviderError:
+            return out
+        for record in records:
+            if record.target in missing and self._state(record).terminal:
+                seen = out.get(record.target)
+                if seen is None or (record.submit_time or _EPOCH) >= (seen.submit_time or _EPOCH):
+                    out[record.target] = record
+        return out
 
     def priority_plugin(self) -> str:
         """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
@@ -620,7 +865,7 @@ class SlurmProvider:
                 return replace(j, array_task_id=task, array_task_string="", array_tasks=1)
         return None
 
-    def _queued(self, d: GpuDemand) -> list[QueuedJob]:
+    def _queued(self, d: QueueDemand) -> list[QueuedJob]:
         note = hold_note(d.job.comment) if d.reason.startswith("JobHeld") else None
         held_by = note.get("broker") if note else None
         if held_by == self.broker_id and not self.holds(d.job):
@@ -634,7 +879,7 @@ class SlurmProvider:
                 accelerator=d.accelerator,
                 gpus=per_task,
                 reason=d.reason,
-                burstable=d.burstable,
+                burstable=d.burstable and d.job.het_job_id is None,  # one component alone is not the job
                 held_by=held_by,
                 hold_reason=note.get("reason", "") if note else "",
                 target=view.target,
@@ -662,9 +907,9 @@ class SlurmProvider:
         if job is None:
             return
         if job.state_reason == HELD_BY_ADMIN and self.holds(job):
-            self.run(["scontrol", "release", target])
+            self._raw(["scontrol", "release", target])
         if hold_note(job.comment) is not None and not self._state(job).terminal:
-            self.run(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
+            self._raw(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
 
     def _rewrite_dependents(
         self,
@@ -733,6 +978,9 @@ class SlurmProvider:
         return next((j for j in jobs if j.job_id == wanted and j.comment.startswith(self._prefix)), None)
 
     def _state(self, job: SlurmJob) -> InstanceState:
+        outcome = classify(job)
+        if outcome is not None:
+            return _OUTCOME_STATES[outcome]
         return _STATES.get(job.state, InstanceState.RUNNING if job.holds_resources else InstanceState.PENDING)
 
     def _instance(self, job: SlurmJob) -> Instance:
@@ -743,7 +991,8 @@ class SlurmProvider:
         acc = canonical(info.accelerator) if info else canonical(next(iter(job.gpus), "") or "gpu")
         key = offering_key(self.name, self.region, part, self.instance_type(acc, job.gpu_count), CapacityType.ON_PREM)
         started = job.start_time if state is not InstanceState.PENDING else None
-        detail = job.state.lower()
+        outcome = classify(job)
+        detail = describe_ending(job) if outcome is not None else job.state.lower()
         if job.state_reason:
             detail += f": {job.state_reason}"
         if state is InstanceState.PENDING and job.start_time is not None:
@@ -760,6 +1009,7 @@ class SlurmProvider:
             ended_at=job.end_time if state.terminal else None,
             checkpointed_work_hours=None,
             detail=detail,
+            outcome=outcome,
         )
 
     def _parse_comment(self, comment: str) -> tuple[str, dict[str, str]]:

@@ -1,7 +1,8 @@
 """Parse Slurm's JSON job and node listings into typed records. Pure: no subprocess, no clock, no I/O.
 
-Role: the one place that knows Slurm's JSON shapes, so the provider (`providers.slurm`) and the queue-pressure
-model (`federation.pressure`) work on `SlurmJob` and `SlurmNode` only.
+Role: the one place that knows Slurm's JSON shapes. It yields the domain types `providers.model.BatchJob` and
+`BatchNode` (also exported here as `SlurmJob` and `SlurmNode`), so the provider (`providers.slurm`) and the
+queue-pressure model (`federation.pressure`, which imports nothing from here) work on those only.
 
 Shapes handled (a document may mix them field by field, as real captures do, so every field is read leniently):
 - v0.0.37 / v0.0.38 (Slurm 21.08 / 22.05 `squeue --json`, `sinfo --json`, slurmrestd `GET /slurm/v0.0.38/jobs`
@@ -26,9 +27,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from providers.model import BatchJob, BatchNode
+from providers.model import expand_task_ids as _expand_task_ids
 
 JOB_BASE_STATES = frozenset(
     {
@@ -47,26 +50,6 @@ JOB_BASE_STATES = frozenset(
     }
 )
 NODE_BASE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
-_USABLE_NODE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
-_UNUSABLE_NODE_FLAGS = frozenset(
-    {
-        "DRAIN",
-        "DRAINED",
-        "DRAINING",
-        "FAIL",
-        "FAILING",
-        "MAINTENANCE",
-        "NOT_RESPONDING",
-        "NO_RESPOND",
-        "POWERED_DOWN",
-        "POWERING_DOWN",
-        "POWER_DOWN",
-        "REBOOT_ISSUED",
-        "REBOOT_REQUESTED",
-        "INVALID_REG",
-        "RESERVED",
-    }
-)
 _NO_VAL32 = 0xFFFFFFFE  # NO_VAL / INFINITE sentinels of the plain-number shapes (>= this means unset)
 
 
@@ -78,110 +61,8 @@ class SlurmParseError(ValueError):
         self.field = field
 
 
-@dataclass(frozen=True, slots=True)
-class SlurmJob:
-    """One job as squeue/slurmrestd reports it (see the module docstring for the conventions).
-
-    `state` is the base state ("PENDING", "RUNNING", "COMPLETED"...) or, in the v0.0.38 string shape, the flag
-    Slurm reports instead (e.g. "COMPLETING", "CONFIGURING", "REQUEUED"); `state_flags` the v0.0.40 extra flags.
-    `state_reason` is "" when Slurm says "None". `start_time` of a pending job is Slurm's estimated start when the
-    scheduler has computed one. `end_time` of a running job is its start plus its time limit.
-    """
-
-    job_id: int
-    name: str
-    state: str
-    state_reason: str
-    partition: str
-    user: str
-    gpus: dict[str, int]
-    node_count: int
-    submit_time: datetime | None
-    start_time: datetime | None
-    time_limit: int | None
-    comment: str
-    state_flags: frozenset[str] = frozenset()
-    end_time: datetime | None = None
-    nodes: tuple[str, ...] = ()
-    admin_comment: str = ""
-    priority: int | None = None
-    restart_count: int = 0
-    exit_code: int | None = None
-    array_tasks: int = 1
-    account: str = ""
-    qos: str = ""
-    dependency: str = ""
-    array_job_id: int | None = None
-    array_task_id: int | None = None
-    array_task_string: str = ""
-
-    @property
-    def array_task_ids(self) -> tuple[int, ...]:
-        """The task ids a pending array record stands for (`array_task_string`, `%` limit dropped); () otherwise.
-
-        Raises `SlurmParseError` when the string is unreadable."""
-        if self.array_job_id is None or self.array_task_id is not None or not self.array_task_string:
-            return ()
-        return tuple(expand_task_ids(self.array_task_string, field=f"job {self.job_id}.array_task_string"))
-
-    @property
-    def target(self) -> str:
-        """How Slurm commands address this record: `<array job>_<task>` for one array task, else the job id."""
-        if self.array_job_id is not None and self.array_task_id is not None:
-            return f"{self.array_job_id}_{self.array_task_id}"
-        return str(self.job_id)
-
-    @property
-    def partitions(self) -> tuple[str, ...]:
-        """A job submitted to several partitions (`-p a,b`) lists them comma-separated."""
-        return tuple(p for p in self.partition.split(",") if p)
-
-    @property
-    def gpu_count(self) -> int:
-        return sum(self.gpus.values())
-
-    @property
-    def pending(self) -> bool:
-        return self.state == "PENDING"
-
-    @property
-    def holds_resources(self) -> bool:
-        """Running, starting, suspended or still ending: its nodes are not free yet."""
-        if self.state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"):
-            return True
-        return "COMPLETING" in self.state_flags or "CONFIGURING" in self.state_flags
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmNode:
-    """One node. `gres` / `gres_used` count GPUs per Slurm type ("" for untyped); other GRES are left out.
-
-    `state` is the upper-case base state ("IDLE", "MIXED", "ALLOCATED", "DOWN"...), `flags` the rest ("DRAIN",
-    "NOT_RESPONDING", "CLOUD"...). `cpus` and `real_memory_mib` are 0 when not reported.
-    """
-
-    name: str
-    state: str
-    partitions: tuple[str, ...]
-    gres: dict[str, int]
-    gres_used: dict[str, int]
-    flags: frozenset[str] = frozenset()
-    cpus: int = 0
-    real_memory_mib: int = 0
-
-    @property
-    def usable(self) -> bool:
-        """Can take new jobs now: up and not draining, failing, powered down, in maintenance or reserved."""
-        return self.state in _USABLE_NODE_STATES and not (self.flags & _UNUSABLE_NODE_FLAGS)
-
-    @property
-    def gpu_count(self) -> int:
-        return sum(self.gres.values())
-
-    def free_gpus(self, gpu_type: str) -> int:
-        if not self.usable:
-            return 0
-        return max(0, self.gres.get(gpu_type, 0) - self.gres_used.get(gpu_type, 0))
+SlurmJob = BatchJob  # the names this module had before the types moved to the domain model
+SlurmNode = BatchNode
 
 
 # ---- documents ------------------------------------------------------------------------------------------------
@@ -286,6 +167,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
     if not user and obj.get("user_id") is not None:
         user = str(_int(obj, "user_id", where))
     limit = _int(obj, "time_limit", where)
+    code, signal = exit_status(obj, where, state)
+    het_job = _int(obj, "het_job_id", where) or None  # 0: not a heterogeneous job
     return SlurmJob(
         job_id=int(job_id),
         name=_string(obj, "name", where),
@@ -305,7 +188,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
         admin_comment=_string(obj, "admin_comment", where),
         priority=_int(obj, "priority", where),
         restart_count=_int(obj, "restart_cnt", where) or 0,
-        exit_code=_exit_code(obj, where),
+        exit_code=code,
+        exit_signal=signal,
         array_tasks=_array_tasks(obj, where),
         account=_string(obj, "account", where),
         qos=_string(obj, "qos", where),
@@ -313,6 +197,8 @@ def parse_job(obj: object, *, where: str = "job") -> SlurmJob:
         array_job_id=_int(obj, "array_job_id", where) or None,  # 0: not an array
         array_task_id=_int(obj, "array_task_id", where),
         array_task_string=_string(obj, "array_task_string", where),
+        het_job_id=het_job,
+        het_job_offset=_int(obj, "het_job_offset", where) if het_job else None,
     )
 
 
@@ -391,9 +277,6 @@ def _count(value: str, field: str, entry: str) -> int:
     return int(text)
 
 
-_ARRAY_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
-
-
 def _array_tasks(obj: Mapping[str, Any], where: str) -> int:
     """How many array tasks a record stands for: 1 unless it is a pending array record (`array_task_string`)."""
     text = _string(obj, "array_task_string", where)
@@ -402,30 +285,46 @@ def _array_tasks(obj: Mapping[str, Any], where: str) -> int:
     return max(len(expand_task_ids(text, field=f"{where}.array_task_string")), 1)
 
 
-MAX_ARRAY_TASKS = 1_000_000  # Slurm's MaxArraySize is at most 4000001; refuse absurd ranges before expanding
-
-
 def expand_task_ids(text: str, *, field: str = "array_task_string") -> list[int]:
-    """Task ids of an array task string such as `0-3`, `1,4-9:2` or `0-99%10` (the `%` limit is dropped)."""
-    text = text.split("%", 1)[0]
-    out: list[int] = []
-    for part in text.split(","):
-        m = _ARRAY_RANGE.match(part.strip())
-        if m is None:
-            raise SlurmParseError(f"{field}: cannot read {part!r}", field=field)
-        first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
-        if last - first > MAX_ARRAY_TASKS:
-            raise SlurmParseError(f"{field}: range {part!r} is too large", field=field)
-        out.extend(range(first, last + 1, max(step, 1)))
-    return out
+    """Task ids of an array task string such as `0-3`, `1,4-9:2` or `0-99%10` (the `%` limit is dropped);
+    at most `MAX_ARRAY_TASKS` per range. Raises `SlurmParseError` naming `field`."""
+    try:
+        return _expand_task_ids(text)
+    except ValueError as exc:
+        raise SlurmParseError(f"{field}: {exc}", field=field) from exc
 
 
-def _exit_code(obj: Mapping[str, Any], where: str) -> int | None:
-    """The job's exit status: v0.0.38 a plain waitpid status, v0.0.40+ an object with `return_code`."""
+def exit_status(obj: Mapping[str, Any], where: str, state: str = "") -> tuple[int | None, int | None]:
+    """(return code, signal) of a job; None for what is not reported.
+
+    v0.0.37/38 print a plain waitpid status (`768`: exit 3; `9`: killed by signal 9); dbv0.0.38 and v0.0.40+ an
+    object `{"status", "return_code", "signal": {"signal_id" | "id", "name"}}` whose numbers may be
+    `{set, infinite, number}`. 22.05's accounting writes a FAILED job's exit as SUCCESS/0 (the real code is lost):
+    a FAILED job claiming exit 0 without a signal is read as unknown, never as 0."""
     value = obj.get("exit_code")
-    if isinstance(value, Mapping) and "return_code" in value:
-        return _int(value, "return_code", f"{where}.exit_code")
-    return _int(obj, "exit_code", where)
+    if value is None:
+        return None, None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = int(value)
+        if number < 0 or number >= _NO_VAL32:
+            return None, None
+        return (number >> 8) & 0xFF, (number & 0x7F) or None
+    if not isinstance(value, Mapping):
+        raise SlurmParseError(f"{where}.exit_code: expected an object, got {value!r}", field=f"{where}.exit_code")
+    status = value.get("status")
+    statuses = {status} if isinstance(status, str) else set(status) if isinstance(status, list) else set()
+    code = _number(value, "return_code", f"{where}.exit_code")
+    signal_obj = value.get("signal")
+    signal: int | float | None = None
+    if isinstance(signal_obj, Mapping):
+        key = "signal_id" if "signal_id" in signal_obj else "id"
+        signal = _number(signal_obj, key, f"{where}.exit_code.signal")
+    if signal is not None and "SIGNALED" not in statuses and signal == 0:
+        signal = None
+    code_int = None if code is None else int(code)
+    if state == "FAILED" and not signal and code_int == 0:
+        code_int = None
+    return code_int, int(signal) if signal else None
 
 
 # ---- nodes ----------------------------------------------------------------------------------------------------

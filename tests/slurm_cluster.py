@@ -11,7 +11,9 @@ with the reason; CI turns that skip into a failure.
 The cluster: partition `gpu` (default, DefaultTime=60 min) over nodes `ovs1` and `ovs2`, each with 8 CPUs and 4
 fake A100s (`Gres=gpu:a100:4`, gres.conf `AutoDetect=off` with `File=` pointing at character devices made with
 `mknod c 195 N`: regular files would give jobs an empty CUDA_VISIBLE_DEVICES, and `Count=` alone drains the
-node). `MinJobAge` is a day so finished jobs stay visible to `squeue`, the backfill scheduler runs every second so
+node). `MinJobAge` is a day so finished jobs stay visible to `squeue` (`SlurmCluster.min_job_age(s)` shortens it
+for a test), slurmdbd stores job comments (`AccountingStoreFlags=job_comment`, what a site running the broker
+sets so `sacct` shows whose job it is), the backfill scheduler runs every second so
 pending jobs get estimated start times quickly, and `KillWait=1` makes cancellation quick. Every command must run
 with `SLURM_CONF` set: `SlurmCluster.env` / `SlurmCluster.run`.
 
@@ -64,6 +66,7 @@ SUDOERS = (
 GPUS_PER_NODE = 4
 GPU_TYPE = "a100"
 PARTITION = "gpu"
+DEFAULT_MIN_JOB_AGE = 86400
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 _STARTUP_TIMEOUT_S = 20.0
 
@@ -167,6 +170,20 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"jobs still active after scancel: {active}")
             time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def min_job_age(self, seconds: int) -> Iterator[None]:
+        """Run with `MinJobAge=seconds` (slurmctld forgets a finished job that long after it ends; it purges on a
+        timer, so a job leaves squeue up to about a minute later), then put the default back. `scontrol
+        reconfigure` applies each change."""
+        text = self.conf.read_text()
+        self.conf.write_text(text.replace(f"MinJobAge={DEFAULT_MIN_JOB_AGE}", f"MinJobAge={seconds}"))
+        self.run(["scontrol", "reconfigure"], check=True)
+        try:
+            yield
+        finally:
+            self.conf.write_text(text)
+            self.run(["scontrol", "reconfigure"], check=True)
 
     def log(self, name: str) -> str:
         path = self.root / "log" / f"{name}.log"
@@ -294,7 +311,8 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 f"AccountingStoragePort={dbd_port}",
                 f"AccountingStoragePass={root}/run/munge.socket",  # the munge socket for slurmdbd connections
                 "AccountingStorageEnforce=associations",
-                "AccountingStoreFlags=job_env,job_script",  # sacct --env-vars: a held job's environment
+                # sacct --env-vars: a held job's environment; job_comment: sacct shows whose job it is
+                "AccountingStoreFlags=job_comment,job_env,job_script",
                 "JobCompType=jobcomp/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core_Memory",
@@ -302,7 +320,7 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 "GresTypes=gpu",
                 "SchedulerType=sched/backfill",
                 "SchedulerParameters=bf_interval=1,sched_min_interval=0",
-                "MinJobAge=86400",
+                f"MinJobAge={DEFAULT_MIN_JOB_AGE}",
                 "KillWait=1",
                 "InactiveLimit=0",
                 "ReturnToService=2",

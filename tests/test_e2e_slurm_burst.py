@@ -67,10 +67,15 @@ def _runtime(
         },
         slurm_conf=str(cluster.conf),
         slurm_accounts=ACCOUNTS if accounts is None else accounts,
-        burst_after_wait_hours=0.5,
         burst_give_up_minutes=5,
         wait_value_usd_per_gpu_hour=0,
-        **{"slurm_cloud_paths": site_paths(cluster), "slurm_require_environment": False, **extra},
+        # the economic rule, with waiting dear enough that a queued job bursts (unless a test says otherwise)
+        **{
+            "burst_value_usd_per_gpu_hour": 50,
+            "slurm_cloud_paths": site_paths(cluster),
+            "slurm_require_environment": False,
+            **extra,
+        },
     )
     rt = build_runtime(settings)
     rt.providers["onprem-slurm"].run = cluster.broker_runner()  # type: ignore[attr-defined]
@@ -244,3 +249,60 @@ def test_a_hold_left_by_a_crash_before_the_commit_is_given_back(slurm: Any, tmp_
     assert decisions(rt)[("release", BurstReason.ORPHAN_HOLD)] == 1
     slurm.run(["scancel", *map(str, fillers)])
     wait_until(lambda: job(provider, slurm_id).state == "COMPLETED", "the job to run on-prem", timeout=30)
+
+
+@pytest.mark.integration
+def test_a_burst_whose_slurm_job_its_user_cancels_stops_in_the_cloud_even_after_it_left_squeue(
+    slurm: Any, tmp_path: Path
+) -> None:
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud)
+    provider = rt.providers["onprem-slurm"]
+    with slurm.min_job_age(2):
+        fill_gpus(slurm, minutes=60)
+        slurm_id = _opted_in(slurm)
+        wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+        tick(rt, clock())
+        tick(rt, clock())
+        assert _broker_job(rt, slurm_id).state == "running" and len(cloud.running()) == 1
+        slurm.run_as("alice", ["scancel", str(slurm_id)], check=True)  # the user withdraws the held job
+        wait_until(lambda: all(j.job_id != slurm_id for j in provider.squeue()), "it to leave squeue", timeout=150)
+        tick(rt, clock())  # only accounting knows how it ended now
+        tick(rt, clock())  # the sync step stops the cloud instance of the cancelled job
+    gone = _broker_job(rt, slurm_id)
+    assert gone.state == "cancelled" and gone.origin_settled and "withdrawn" in gone.wait_reason
+    assert "CANCELLED" in gone.wait_reason and cloud.running() == []
+    assert decisions(rt)[("withdraw", BurstReason.ENDED_ON_PREM)] == 1
+    with Session(rt.engine) as s:
+        (audit,) = s.exec(select(AuditEntry).where(AuditEntry.method == "WITHDRAW")).all()
+    assert audit.client == "slurm user=alice account=acme"
+
+
+@pytest.mark.integration
+def test_the_fixed_wait_threshold_stays_available_as_a_fallback(slurm: Any, tmp_path: Path) -> None:
+    """OVERSPILL_BURST_POLICY=wait_threshold: the job bursts when its wait passes burst_after_wait_hours, however
+    dear the cloud (the economic rule would keep it: waiting is worth $0 here), and stays below it."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    fill_gpus(slurm, minutes=60)
+    slurm_id = _opted_in(slurm)
+    cheap_wait = {"burst_policy": "wait_threshold", "burst_value_usd_per_gpu_hour": 0}
+    for name in ("patient", "economic", "eager"):
+        (tmp_path / name).mkdir()
+    patient = _runtime(slurm, tmp_path / "patient", cloud, burst_after_wait_hours=5, **cheap_wait)
+    provider = patient.providers["onprem-slurm"]
+    wait_until(lambda: job(provider, slurm_id).state_reason in ("Resources", "Priority"), "the job to pend")
+    tick(patient, clock())
+    assert decisions(patient)[("stay", BurstReason.SHORT_WAIT)] == 1
+    assert not job(provider, slurm_id).state_reason.startswith("JobHeld")
+    economic = _runtime(slurm, tmp_path / "economic", cloud, burst_value_usd_per_gpu_hour=0)
+    tick(economic, clock())
+    assert decisions(economic)[("stay", BurstReason.PREMIUM)] == 1  # the wait costs nothing: never worth a premium
+    eager = _runtime(slurm, tmp_path / "eager", cloud, burst_after_wait_hours=0.5, **cheap_wait)
+    tick(eager, clock())
+    assert _broker_job(eager, slurm_id).state in ("pending", "running")
+    assert decisions(eager)[("burst", BurstReason.LONG_WAIT)] == 1
+    assert job(provider, slurm_id).state_reason == "JobHeldAdmin"

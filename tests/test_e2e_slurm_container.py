@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from federation.pressure import QueueModel
 from providers.slurm import SlurmProvider
 from providers.slurm_container import container_command
 from tests.container_images import containers_conf
@@ -67,6 +68,7 @@ def test_a_broker_placed_job_runs_its_image_with_podman_as_the_tenant_and_keeps_
     provider = SlurmProvider(
         broker_id=BROKER_ID,
         partitions=PARTITIONS,
+        queue_model=QueueModel,
         run=cluster.broker_runner(),
         command=container_command("podman", launcher),
         output=f"{shared}/%j.out",

@@ -16,6 +16,7 @@ from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.runtime import Runtime
 from broker.services.prices import import_catalog_files
 from broker.tables import FeedStatus, OfferingRow, PressureRow
+from federation.pressure import QueueModel
 from pricing.feeds import FeedError
 from providers.slurm import PartitionInfo, SlurmProvider
 from tests.conftest import MovableClock
@@ -75,7 +76,10 @@ def test_broken_slurm_output_keeps_the_last_good_pools_and_pressure(
         return done
 
     provider = SlurmProvider(
-        broker_id="hostile", partitions={"gpu": PartitionInfo("A100", Decimal("1.10"), 4)}, run=run
+        broker_id="hostile",
+        partitions={"gpu": PartitionInfo("A100", Decimal("1.10"), 4)},
+        queue_model=QueueModel,
+        run=run,
     )
     rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}", simulated=False)
     rt.providers[provider.name] = provider

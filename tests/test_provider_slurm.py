@@ -19,6 +19,7 @@ from decimal import Decimal
 
 import pytest
 
+from federation.pressure import QueueModel
 from providers.base import InstanceState, InvalidRequest, NotFound, QuotaExceeded
 from providers.model import CapacityType, Offering, Price
 from providers.slurm import (
@@ -52,6 +53,7 @@ def make_provider(cluster: SlurmCluster, command: CommandBuilder = default_comma
     return SlurmProvider(
         broker_id=BROKER_ID,
         partitions=PARTITIONS,
+        queue_model=QueueModel,
         run=cluster.broker_runner(),
         command=command,
         output=f"{shared}/%j.out",
@@ -332,7 +334,7 @@ def test_tags_read_back_and_foreign_jobs_are_not_ours() -> None:
             {**fake_job(14, comment.replace("tok-1", "tok-4"), "PENDING"), "state_reason": "Resources"},
         ]
     )
-    provider = SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, run=run)  # type: ignore[arg-type]
+    provider = SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, run=run)  # type: ignore[arg-type]
     inst = provider.get("10")
     assert inst.launch_token == "tok-1" and inst.state is InstanceState.RUNNING
     assert inst.tags == {
@@ -365,7 +367,9 @@ def test_command_failures_map_to_typed_errors() -> None:
     ]
     for command, code, err, error in cases:
         run = canned([], {command: (code, err)})
-        provider = SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, run=run, submit_as=SUBMIT_AS)  # type: ignore[arg-type]
+        provider = SlurmProvider(
+            broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, run=run, submit_as=SUBMIT_AS
+        )  # type: ignore[arg-type]
         with pytest.raises(error):
             provider.launch(ContractEnv(provider=provider, offering=offering).request())
 
@@ -373,12 +377,14 @@ def test_command_failures_map_to_typed_errors() -> None:
         raise FileNotFoundError(argv[0])
 
     with pytest.raises(SlurmUnavailable) as exc:
-        SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, run=missing).list_instances()
+        SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, run=missing).list_instances()
     assert exc.value.retryable
 
 
 def test_launch_rejects_offerings_it_does_not_have() -> None:
-    provider = SlurmProvider(broker_id=BROKER_ID, partitions=PARTITIONS, run=canned([]), submit_as=SUBMIT_AS)  # type: ignore[arg-type]
+    provider = SlurmProvider(
+        broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, run=canned([]), submit_as=SUBMIT_AS
+    )  # type: ignore[arg-type]
     env = ContractEnv(provider=provider, offering=make_offering(gpus=8))
     with pytest.raises(InvalidRequest):
         provider.launch(env.request())

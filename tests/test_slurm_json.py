@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from federation import pressure
 from federation.pressure import QueueModel
 from providers.slurm_json import (
     SlurmJob,
@@ -17,11 +18,13 @@ from providers.slurm_json import (
     SlurmParseError,
     data_version,
     expand_hostlist,
+    load_document,
     parse_gres,
     parse_sinfo,
     parse_squeue,
     parse_tres_gpus,
 )
+from providers.slurm_text import parse_sinfo_lines, parse_squeue_lines
 from tests.data import shared_file
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
@@ -348,3 +351,113 @@ def test_partition_scope_and_unusable_nodes() -> None:
     assert (a100.total_gpus, a100.free_gpus, a100.expected_wait_hours) == (8, 0, 1.0)
     assert QueueModel(jobs, nodes).expected_wait_hours("A100", 2, NOW) == 0.0
     assert QueueModel(jobs, nodes).expected_wait_hours("A100", 2, NOW, partition="gpu") == 1.0
+
+
+def test_exit_status_and_heterogeneous_components_across_versions() -> None:
+    """22.05 squeue prints a waitpid status and het fields as 0 for a plain job (captured on the test cluster);
+    v0.0.40+ an exit object and `{set, number}` het fields; a het job lists one record per component."""
+    plain = v38_job(1, "FAILED", "NonZeroExitCode", exit_code=768, het_job_id=0, het_job_offset=0)
+    killed = v38_job(2, "FAILED", "None", exit_code=9)
+    leader = v38_job(3, het_job_id=3, het_job_offset=0, het_job_id_set="3-4")
+    member = v38_job(4, het_job_id=3, het_job_offset=1, het_job_id_set="3-4", tres_per_node="gres:gpu:a100:1")
+    v40 = {
+        **v38_job(5, "FAILED", "None"),
+        "job_state": ["FAILED"],
+        "exit_code": {"status": ["SIGNALED"], "return_code": num(0, set_=False), "signal": {"id": num(11)}},
+        "het_job_id": num(5),
+        "het_job_offset": num(2),
+    }
+    jobs = parse_squeue({"jobs": [plain, killed, leader, member, v40]})
+    assert [(j.exit_code, j.exit_signal) for j in jobs] == [(3, None), (0, 9), (None, None), (None, None), (None, 11)]
+    assert [(j.het_job_id, j.het_job_offset) for j in jobs] == [(None, None), (None, None), (3, 0), (3, 1), (5, 2)]
+    assert jobs[3].gpus == {"a100": 1} and jobs[3].target == "4"
+
+
+@pytest.mark.integration
+def test_sdiag_capture_names_its_data_parser() -> None:
+    """The 23.02 `sdiag --json` capture: its version sits in `meta.plugins.data_parser` (v0.0.39), a key the
+    older documents do not have; errors in it are refused like any document's."""
+    doc = json.loads(shared_file("fixtures/slurm-json/sdiag.json").read_text())
+    assert data_version(doc) == "v0.0.39"
+    assert load_document(doc, "sdiag") is doc
+    with pytest.raises(SlurmParseError) as exc:
+        load_document({**doc, "errors": [{"error": "Access denied", "error_number": 1}]}, "sdiag")
+    assert "Access denied" in str(exc.value)
+
+
+def test_a_deep_queue_beyond_the_simulated_depth_is_charged_as_gpu_hours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten 4-GPU one-hour jobs queue on one idle 4-GPU node: simulated one by one the new job waits 10 h; with only
+    3 placed one by one, the other 7 add their 28 GPU-hours over the node's 4 GPUs: the same 10 h, for a bounded
+    cost. The simulation is shared by every question to the model."""
+    jobs, nodes = cluster([v38_job(i, time_limit=60) for i in range(1, 11)], [v38_node("a1", 0)])
+    assert QueueModel(jobs, nodes).expected_wait_hours("A100", 4, NOW) == 10.0
+    monkeypatch.setattr(pressure, "MAX_SIMULATED_QUEUE", 3)
+    model = QueueModel(jobs, nodes)
+    assert model.expected_wait_hours("A100", 4, NOW) == 10.0
+    assert model.expected_wait_hours("A100", 1, NOW) == 10.0
+    runs: list[object] = []
+    monkeypatch.setattr(model, "_run_queue", lambda *a: runs.append(a))
+    model.expected_wait_hours("A100", 2, NOW)
+    assert runs == []  # answered from the simulation already made for this type and time
+
+
+@pytest.mark.integration
+def test_squeue_fallback_capture_reads_what_it_can_and_reports_the_rest() -> None:
+    read = parse_squeue_lines(shared_file("fixtures/slurm-json/squeue_fallback.txt").read_text())
+    by_id = {j.job_id: j for j in read.records}
+    assert sorted(by_id) == [18804, 26515966, 50580016, 51447051, 51447052, 51447053]
+    running = by_id[26515966]
+    assert (running.state, running.partition, running.account, running.nodes) == (
+        "RUNNING",
+        "hw-h",
+        "account1",
+        ("cs10",),
+    )
+    assert running.end_time == datetime(2023, 9, 21, 0, 21, 42, tzinfo=UTC) and running.holds_resources
+    assert by_id[51447051].state_reason == "Dependency" and by_id[18804].state_reason == "Priority"
+    assert by_id[51447052].state_reason.startswith("(ReqNodeNotAvail")
+    assert by_id[18804].end_time is None and by_id[18804].pending
+    assert [n for n, _ in read.skipped] == [8, 9]  # the two lines with `"cpu": xx`, not JSON
+
+
+@pytest.mark.integration
+def test_sinfo_fallback_capture_merges_partitions_per_node() -> None:
+    read = parse_sinfo_lines(shared_file("fixtures/slurm-json/sinfo_fallback.txt").read_text())
+    by_name = {n.name: n for n in read.records}
+    assert sorted(by_name) == ["cs156", "cs25", "cs31", "cs53"] and read.skipped == []
+    assert by_name["cs25"].partitions == ("hw", "hw-l", "hw-m", "hw-h", "cdn")
+    assert [by_name[k].state for k in ("cs156", "cs25", "cs31", "cs53")] == ["COMPLETING", "ALLOCATED", "IDLE", "MIXED"]
+    assert by_name["cs31"].usable and by_name["cs25"].cpus == 64 and by_name["cs25"].real_memory_mib == 1000000
+
+
+def test_v40_array_records_and_tasks() -> None:
+    """23.11+ array shapes: a pending record standing for its tasks (`array_task_id` unset, `array_task_string`
+    with a `%` limit) and a running task (`array_task_id` set), ids as `{set, number}`."""
+    record = {
+        **v38_job(40),
+        "job_state": ["PENDING"],
+        "array_job_id": num(40),
+        "array_task_id": num(0, set_=False),
+        "array_task_string": "2-5%2",
+        "array_max_tasks": num(2),
+    }
+    task = {
+        **v38_job(41, "RUNNING", "None", nodes="ovs1"),
+        "job_state": ["RUNNING"],
+        "array_job_id": num(40),
+        "array_task_id": num(1),
+        "array_task_string": "",
+    }
+    doc = {"meta": {"plugins": {"data_parser": "data_parser/v0.0.41"}}, "jobs": [record, task]}
+    assert data_version(doc) == "v0.0.41"
+    pending, running = parse_squeue(doc)
+    assert (pending.array_job_id, pending.array_task_id, pending.array_task_ids, pending.array_tasks) == (
+        40,
+        None,
+        (2, 3, 4, 5),
+        4,
+    )
+    assert pending.target == "40" and running.target == "40_1" and running.array_tasks == 1
+    model = QueueModel([pending, running], parse_sinfo({"nodes": [v38_node("ovs1", 4), v38_node("ovs2", 0)]}))
+    (demand,) = model.demands()
+    assert demand.gpus == 16  # 4 tasks x 4 GPUs

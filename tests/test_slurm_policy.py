@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from broker.settings import Settings
 from broker.slurm_accounts import SlurmAccountPolicy, image_allowed
 from broker.slurm_policy import BurstRequest, Refusal, SlurmRequest, burst_request
+from federation.pressure import QueueModel
 from providers.slurm import PartitionInfo, SlurmProvider
 from providers.slurm_dependency import rewrite_as_succeeded
 
@@ -168,7 +169,9 @@ class Recorder:
 @pytest.mark.parametrize(("plugin", "pinned"), [("priority/basic", True), ("priority/multifactor", False)])
 def test_release_restores_the_queue_place_without_pinning_an_ageing_priority(plugin: str, pinned: bool) -> None:
     run = Recorder(plugin)
-    provider = SlurmProvider(broker_id="b", partitions={"gpu": PartitionInfo("A100", Decimal("1"), 4)}, run=run)
+    provider = SlurmProvider(
+        broker_id="b", partitions={"gpu": PartitionInfo("A100", Decimal("1"), 4)}, queue_model=QueueModel, run=run
+    )
     provider.release("7", priority=4294901757, owned=True)
     updates = [c for c in run.calls if c[:2] == ["scontrol", "update"]]
     assert ["scontrol", "release", "7"] in run.calls

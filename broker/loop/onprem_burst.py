@@ -6,14 +6,19 @@ project, the largest ceiling, the images and the monthly budget; the comment may
 
     sbatch -A acme --gres=gpu:a100:2 --comment='overspill-burst {"max_total_usd": "40", "work_gpu_hours": "16"}' x.sh
 
-A job (or each pending task of an array, one at a time, keyed `<array>_<task>`) bursts when it is pending for
-capacity (Resources/Priority), its policy allows it, the on-prem wait for its shape exceeds
-`burst_after_wait_hours`, no hard budget of its team or project and not its account's monthly budget is spent,
-and a cloud pool fits its ceiling. What the burst runs is the job itself (`broker.slurm_job.script_job`: its batch
-script, submission environment, working directory mapped by `slurm_cloud_paths`, its own container), read just
-before the hold; a job that cannot run in the cloud as it would on-prem is refused (`job_not_runnable_in_cloud`,
-the reason in the audit entry). An array task's own job id and output path are read again after the hold, which
-splits it out of its array record. Every decision to burst, refuse or drop is counted
+A job (or each pending task of an array, one at a time, keyed `<array>_<task>`) is a candidate when it is pending
+for capacity (Resources/Priority) and its policy allows it. Which candidates burst is one decision with the
+simulator's: under `burst_policy` "economic" (the default), per partition and GPU type, in queue order,
+`federation.burst.plan_bursts` with `quote_cloud` (the very functions `overspill simulate` scores) weighs each
+one's expected on-prem wait (the provider's queue model) at `burst_value_usd_per_gpu_hour` against the cloud
+premium over the partition's internal rate, and its deadline; under "wait_threshold" (the fallback) a wait of
+`burst_after_wait_hours` and any cloud pool within its ceiling suffice. A job chosen then bursts unless a hard
+budget of its team or project or its account's monthly budget is spent (checked one by one, after the bursts
+before it). What the burst runs is the job itself (`broker.slurm_job.script_job`: its batch script, submission
+environment, working directory mapped by `slurm_cloud_paths`, its own container), read just before the hold; a job
+that cannot run in the cloud as it would on-prem is refused (`job_not_runnable_in_cloud`, the reason in the audit
+entry). An array task's own job id and output path are read again after the hold, which splits it out of its
+array record. Every decision to burst, refuse or drop is counted
 (`overspill_burst_decisions_total`), logged and written to the audit log with the Slurm user and account (a
 refusal once per job and reason in a day per process, not every tick).
 
@@ -25,6 +30,10 @@ and (3) leaves a job held by us with no broker job: once its mark is `ORPHAN_GRA
 cancelled job under that origin (so a late commit elsewhere fails on the unique origin) and releases it.
 
 Settling, per tick:
+- the held Slurm job ended on-prem while its burst was pending or running in the cloud (its user cancelled it;
+  read from squeue, or from accounting once it left squeue) or was started there (someone released the hold): the
+  broker job is cancelled (the sync step stops its instance), so a withdrawn job stops spending and nothing runs
+  twice;
 - the cloud job succeeded: its log is written to the Slurm job's `--output` path as its user
   (`broker.loop.slurm_output`), then every pending dependent's dependency is rewritten as if the Slurm job had completed
   (`afterok` dependents run, `afternotok` ones never do), then the held job (only that task) is cancelled
@@ -37,6 +46,7 @@ Settling, per tick:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -56,10 +66,12 @@ from broker.services.jobs import add_event, new_id, spec_of
 from broker.slurm_job import script_job, task_paths
 from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
 from broker.tables import CostEntryRow, Job
+from federation.burst import BurstParams, CloudOption, Verdict, WaitingJob, plan_bursts, quote_cloud
 from federation.placement import PlacementContext, place
 from providers.base import ProviderError
-from providers.model import JobState
+from providers.model import JobSpec, JobState
 from providers.slurm import hold_note
+from providers.slurm_accounting import classify, describe_ending
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +95,33 @@ def burst_onprem_queue(rt: Runtime, now: datetime) -> int:
         except ProviderError as exc:
             log.warning("reading the %s queue failed: %s", provider.name, exc)
             continue
+        candidates: list[_Candidate] = []
         for q in queued:
             bind_job(None)
             if q.held_by == provider.broker_id:
                 _repair_orphan(rt, provider, q, now)
             elif q.burstable and OPT_IN in (q.job.comment or "") and q.held_by is None:
-                burst += _maybe_burst(rt, provider, q, now)
+                candidate = _candidate(rt, provider, q, now)
+                if candidate is not None:
+                    candidates.append(candidate)
+        for candidate, reason in _decide(rt, provider, candidates, now):
+            burst += _burst(rt, provider, candidate, reason, now)
         _settle(rt, provider, now)
         _sweep_dependents(rt, provider, now)
     _forget_old_refusals(rt, now)
     return burst
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """An opted-in job its account's policy allows to burst, with its broker job (not committed yet) and the
+    expected on-prem wait the decision weighs."""
+
+    q: Any
+    request: BurstRequest
+    job: Job
+    spec: JobSpec
+    wait_hours: float
 
 
 def _origin(provider: Any, target: str) -> str:
@@ -114,54 +143,121 @@ def _request(q: Any) -> SlurmRequest:
     )
 
 
-def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
+def _candidate(rt: Runtime, provider: Any, q: Any, now: datetime) -> _Candidate | None:
+    """The job as a burst candidate, or None (burst already, refused by its account's policy, or so short a wait
+    that no rule would burst it). Budgets are checked by `_burst`, after the bursts committed before it."""
     origin = _origin(provider, q.target)
     with Session(rt.engine) as session:
         if session.exec(select(Job.id).where(Job.origin == origin)).first() is not None:
-            return 0  # burst once already (held now, or settled)
+            return None  # burst once already (held now, or settled)
     clouds = [name for name in rt.providers if name != provider.name]
     decision = burst_request(_request(q), rt.settings.slurm_accounts, rt.settings.slurm_default_images, clouds)
     if isinstance(decision, Refusal):
         _refuse(rt, provider, q, decision, "", now)
-        return 0
+        return None
     wait = provider.model().expected_wait_hours(q.accelerator.upper(), q.gpus, now, work_hours=None)
-    if wait < rt.settings.burst_after_wait_hours:
+    floor = rt.settings.burst_after_wait_hours if rt.settings.burst_policy == "wait_threshold" else 0.0
+    if wait < max(floor, _params(rt, provider, q).min_wait_hours):
         rt.metrics.burst_decision("stay", BurstReason.SHORT_WAIT)
-        return 0
+        return None
     job = _new_job(decision, origin, now, q)
-    with Session(rt.engine) as session:
-        hard = budget_block_reason(session, job, now)
-        over = _account_budget_refusal(session, provider, decision, now)
-    if hard:
-        _refuse(rt, provider, q, Refusal(BurstReason.HARD_BUDGET, hard), decision.policy.tenant, now)
-        return 0  # it stays queued on-prem
-    if over:
-        _refuse(rt, provider, q, over, decision.policy.tenant, now)
-        return 0
-    spec = spec_of(job)
-    ctx = PlacementContext(
+    return _Candidate(q, decision, job, spec_of(job), wait)
+
+
+def _params(rt: Runtime, provider: Any, q: Any) -> BurstParams:
+    """The burst economics for a job of this partition: the site's value of waiting, the partition's internal rate
+    as the on-prem cost the cloud premium is measured against, the broker's placement parameters."""
+    part = q.job.partitions[0] if q.job.partitions else ""
+    info = getattr(provider, "partitions", {}).get(part)
+    rate = float(info.rate_usd_per_gpu_hour) if info is not None else 0.0
+    return BurstParams(
+        value_usd_per_gpu_hour=rt.settings.burst_value_usd_per_gpu_hour,
+        onprem_usd_per_gpu_hour=rate,
+        deadline_margin_hours=rt.settings.burst_deadline_margin_hours,
+        min_wait_hours=rt.settings.burst_min_wait_hours,
+        restart_hours=rt.settings.restart_hours,
+        placement=rt.params,
+    )
+
+
+def _decide(rt: Runtime, provider: Any, candidates: list[_Candidate], now: datetime) -> list[tuple[_Candidate, str]]:
+    """The candidates to burst, each with its reason. `burst_policy` "economic" (the default): per partition and
+    GPU type, in queue order, `federation.burst.plan_bursts` over the cloud quotes of `quote_cloud`, exactly as
+    `overspill simulate` scores it; "wait_threshold": a wait of `burst_after_wait_hours` or more and any cloud
+    pool within the job's ceilings."""
+    if not candidates:
+        return []
+    book = rt.catalog.book(now)
+    base = PlacementContext(
         now=now,
-        remaining_work_hours=spec.work_hours,
+        remaining_work_hours=Decimal(0),
         params=rt.params,
         launchable=launchable_providers(rt),  # a pool nothing here launches on is no pool to burst to
         extra_hourly_usd=extra_hourly(rt),
         no_checkpoint_store=storeless_providers(rt),
     )
-    if place(spec, rt.catalog.book(now), ctx) is None:
-        rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
-        return 0  # no cloud pool within its ceiling now: it stays queued on-prem
+    out: list[tuple[_Candidate, str]] = []
+    if rt.settings.burst_policy == "wait_threshold":
+        for c in candidates:
+            ctx = replace(base, remaining_work_hours=c.spec.work_hours)
+            if place(c.spec, book, ctx) is None:
+                rt.metrics.burst_decision("stay", BurstReason.NO_CLOUD_POOL)
+            else:
+                out.append((c, BurstReason.LONG_WAIT))
+        return out
+    groups: dict[tuple[str, str], list[_Candidate]] = {}
+    for c in candidates:
+        part = c.q.job.partitions[0] if c.q.job.partitions else ""
+        groups.setdefault((part, c.q.accelerator), []).append(c)
+    for (part, _acc), group in groups.items():
+        params = _params(rt, provider, group[0].q)
+        by_id = {c.q.target: c for c in group}
+        waiting = [WaitingJob(c.q.target, c.spec, c.spec.work_hours, c.wait_hours) for c in group]
+        gpus = provider.partition_gpus(part) if hasattr(provider, "partition_gpus") else None
+
+        def quote(w: WaitingJob, params: BurstParams = params) -> CloudOption | None:
+            return quote_cloud(w.spec, book, now, params, base)
+
+        plans = plan_bursts(waiting, quote, now, None, params, gpus)
+        for d in plans:
+            c = by_id[d.job_id]
+            if d.verdict is Verdict.BURST:
+                reason = BurstReason.DEADLINE if d.reason.startswith("deadline") else BurstReason.LONG_WAIT
+                out.append((c, reason))
+                continue
+            reason = BurstReason.NO_CLOUD_POOL if d.cloud is None else BurstReason.PREMIUM
+            if d.cloud is not None and d.cloud_cost_usd is not None and "max_total_usd" in d.reason:
+                reason = BurstReason.NO_CLOUD_POOL
+            rt.metrics.burst_decision("stay", reason)
+            log.debug("Slurm job %s stays on-prem: %s", c.q.target, d.reason)
+    return out
+
+
+def _burst(rt: Runtime, provider: Any, c: _Candidate, reason: str, now: datetime) -> int:
+    """Budgets (team/project hard budgets, the account's monthly budget), then hold, verify, commit (the module
+    docstring's exactly-once order)."""
+    q, job, wait = c.q, c.job, c.wait_hours
+    with Session(rt.engine) as session:  # checked here, after the bursts committed before it in this tick
+        hard = budget_block_reason(session, job, now)
+        over = _account_budget_refusal(session, provider, c.request, now)
+    if hard:
+        _refuse(rt, provider, q, Refusal(BurstReason.HARD_BUDGET, hard), c.request.policy.tenant, now)
+        return 0  # it stays queued on-prem
+    if over:
+        _refuse(rt, provider, q, over, c.request.policy.tenant, now)
+        return 0
     unrunnable = f"burst-unrunnable:{provider.name}:{q.target}"
     if unrunnable in rt.marks and now - rt.marks[unrunnable] < REREAD_UNRUNNABLE:
         rt.metrics.burst_decision("refuse", BurstReason.JOB_NOT_RUNNABLE)
         return 0  # read and refused a moment ago: not three Slurm calls a tick for it
     built = script_job(  # the user's own batch script, environment and directory
-        provider.run, q.target, q.job.array_job_id, q.gpus, decision, rt.settings, _request(q).partition
+        provider.run, q.target, q.job.array_job_id, q.gpus, c.request, rt.settings, _request(q).partition
     )
     if isinstance(built, Refusal):
         rt.marks[unrunnable] = now
-        _refuse(rt, provider, q, built, decision.policy.tenant, now)
+        _refuse(rt, provider, q, built, c.request.policy.tenant, now)
         return 0
-    job = _new_job(built.request, origin, now, q)
+    job = _new_job(built.request, _origin(provider, q.target), now, q)
     job.spec["slurm"].update(built.record)
     try:
         held = provider.hold(q.target, f"bursting to the cloud as overspill job {job.id}")
@@ -170,7 +266,7 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         return 0
     if not held.held:
         rt.metrics.burst_decision("drop", BurstReason.STARTED_ON_PREM)
-        _audit(rt, provider, q, "DROP", BurstReason.STARTED_ON_PREM, 409, decision.policy.tenant, now)
+        _audit(rt, provider, q, "DROP", BurstReason.STARTED_ON_PREM, 409, c.request.policy.tenant, now)
         log.info("not bursting Slurm job %s: %s", q.target, held.detail)
         return 0
     job.spec["slurm"]["priority"] = held.priority
@@ -180,8 +276,8 @@ def _maybe_burst(rt: Runtime, provider: Any, q: Any, now: datetime) -> int:
         job.spec["slurm"].update(task_paths(provider.run, q.target))
     if not _commit(rt, job, q, wait, now):
         return 0
-    rt.metrics.burst_decision("burst", BurstReason.LONG_WAIT)
-    _audit(rt, provider, q, "BURST", BurstReason.LONG_WAIT, 202, job.tenant, now, ref=job.id)
+    rt.metrics.burst_decision("burst", reason)
+    _audit(rt, provider, q, "BURST", reason, 202, job.tenant, now, ref=job.id)
     bind_job(job)
     log.info("bursting Slurm job %s to the cloud", q.target, extra={"expected_onprem_wait_hours": wait})
     return 1
@@ -370,10 +466,15 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
         jobs = session.exec(
             select(Job).where(col(Job.origin).startswith(f"{provider.name}:"), Job.origin_settled == False)  # noqa: E712
         ).all()
+    live = [j for j in jobs if j.state in (JobState.PENDING.value, JobState.RUNNING.value)]
+    lost = _lost_holds(provider, [str(j.origin).split(":", 1)[1] for j in live])
     for job in jobs:
         bind_job(job)
         target = str(job.origin).split(":", 1)[1]
         slurm = job.spec.get("slurm") or {}
+        if target in lost and job.state in (JobState.PENDING.value, JobState.RUNNING.value):
+            _withdraw(rt, provider, job, target, lost[target], now)
+            continue
         if job.state == JobState.SUCCEEDED.value:
             action, reason = "complete", BurstReason.CLOUD_SUCCEEDED
         elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value):
@@ -425,6 +526,53 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             ref=job.id,
         )
         log.info(message)
+
+
+def _lost_holds(provider: Any, targets: list[str]) -> dict[str, Any]:
+    if not targets or not hasattr(provider, "lost_holds"):
+        return {}
+    try:
+        return dict(provider.lost_holds(targets))
+    except ProviderError as exc:
+        log.warning("checking the holds of bursts on %s failed: %s", provider.name, exc)
+        return {}
+
+
+def _withdraw(rt: Runtime, provider: Any, job: Job, target: str, slurm_job: Any, now: datetime) -> None:
+    """The held Slurm job ended on-prem (its user cancelled it; accounting says so after it left squeue) or was
+    started there (someone released the hold) while its burst ran in the cloud: the cloud run is cancelled (the
+    sync step stops its instance) and the burst settled, so the work never runs twice and a withdrawn job stops
+    spending."""
+    ended = classify(slurm_job) is not None
+    what = f"ended on-prem ({describe_ending(slurm_job)})" if ended else f"was started on-prem ({slurm_job.state})"
+    message = f"Slurm job {target} {what} while it ran in the cloud as {job.id}: cloud run cancelled"
+    with Session(rt.engine) as session:
+        row = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
+        if row.origin_settled or row.state not in (JobState.PENDING.value, JobState.RUNNING.value):
+            return
+        row.origin_settled = True
+        row.state = JobState.CANCELLED.value
+        row.finished_at = now
+        row.updated_at = now
+        row.wait_reason = f"withdrawn: Slurm job {target} {what}"
+        session.add(row)
+        add_event(session, row, now, "onprem_withdrawn", message, slurm_job_id=target, slurm_state=slurm_job.state)
+        session.commit()
+    reason = BurstReason.ENDED_ON_PREM if ended else BurstReason.STARTED_ON_PREM
+    rt.metrics.burst_decision("withdraw", reason)
+    slurm = job.spec.get("slurm") or {}
+    record_system(
+        rt.engine,
+        at=now,
+        tenant=job.tenant,
+        action="WITHDRAW",
+        subject=f"/slurm/{provider.name}/jobs/{target}",
+        reason=reason,
+        status=200,
+        actor=f"slurm user={slurm.get('user', '')} account={slurm.get('account', '')}",
+        ref=job.id,
+    )
+    log.warning(message)
 
 
 def _sweep_dependents(rt: Runtime, provider: Any, now: datetime) -> None:

@@ -20,7 +20,9 @@ For each of them (row-locked, so one replica handles it):
   error's scope blocklisted, the job re-placed, the cloud's message in the event); the tick never waits on the
   cloud's operation, it reads its outcome here;
 - otherwise the provider's view is copied: started, finished, preempted (the job goes back to pending with the
-  work its last checkpoint saved, and the zone is avoided for a while), failed or gone.
+  work its last checkpoint saved, and the zone is avoided for a while), failed or gone. A failure the provider
+  classifies as the job's own (`Outcome.USER_FAILED`: a Slurm FAILED, TIMEOUT, OUT_OF_MEMORY from accounting)
+  fails the job for good; any other failure (node or boot failure, an unclassified one) re-places it.
 Every instance that ended is then terminated (deleted), success included: a finished GCP or Azure VM is only
 stopped by its start-up script, and a stopped VM keeps its disk (an Azure VM stopped without deallocation keeps
 billing full compute). Terminate converges, so repeating it is harmless; a failed one is left to the orphan sweep.
@@ -44,7 +46,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
 from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError, describe
-from providers.model import JobState, PlacementState, hours_between
+from providers.model import JobState, Outcome, PlacementState, hours_between
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +211,11 @@ def _sync_one(
         record_reclaim(session, p.offering_key, p.ended_at or now)
         block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
     elif inst.state is InstanceState.FAILED:
-        _ended(session, p, job, now, PlacementState.FAILED, inst, inst.detail or "the job's command failed")
+        final = inst.outcome is Outcome.USER_FAILED  # the job's own failure (exit, signal, time limit): not re-run
+        why = inst.detail or "the job's command failed"
+        if inst.outcome is not None:
+            why = f"{inst.outcome.value}: {why}"
+        _ended(session, p, job, now, PlacementState.FAILED, inst, why, job_failed=final)
     else:
         _ended(session, p, job, now, PlacementState.STOPPED, inst, "terminated")
     if not inst.released:

@@ -5,9 +5,10 @@ Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs ->
 drained -> place pending jobs -> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due
 reports -> deliver reports (queued by the API and by scheduled runs; each within a total deadline, the step
 within `delivery_step_seconds`).
-Every step is idempotent and safe with several replicas ticking at once against PostgreSQL, so `overspill tick`
-can run from cron or a serverless schedule as well as from `overspill serve`'s interval loop. One step
-failing is logged and reported; the next still runs.
+Providers with `begin_tick(now)` / `end_tick()` (the Slurm provider) are told where a tick starts and ends, so
+they read their scheduler once per tick for every step. Every step is idempotent and safe with several replicas
+ticking at once against PostgreSQL, so `overspill tick` can run from cron or a serverless schedule as well as
+from `overspill serve`'s interval loop. One step failing is logged and reported; the next still runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from broker.finance.budgets import check_budgets
 from broker.finance.reports.runs import deliver_pending_reports, run_due_reports
@@ -79,6 +81,28 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     steps that have schedules of their own there. Log records inside carry this round's `tick_id`; step durations
     and failures go to `rt.metrics`."""
     report = TickReport(at=now, tick_id=new_request_id("tick"))
+    scoped = _tick_scoped(rt)
+    for source in scoped:
+        source.begin_tick(now)
+    try:
+        _run_steps(rt, now, steps, report)
+    finally:
+        for source in scoped:
+            source.end_tick()
+    return report
+
+
+def _tick_scoped(rt: Runtime) -> list[Any]:
+    """Providers and feeds that read their whole state once per tick (`begin_tick` / `end_tick`, e.g. Slurm: one
+    squeue and one sinfo shared by pressure, prices, bursting and sync), each once."""
+    seen: dict[int, Any] = {}
+    for source in [*rt.providers.values(), *rt.pressure_sources, *rt.offering_sources]:
+        if hasattr(source, "begin_tick") and hasattr(source, "end_tick"):
+            seen.setdefault(id(source), source)
+    return list(seen.values())
+
+
+def _run_steps(rt: Runtime, now: datetime, steps: Sequence[Step], report: TickReport) -> None:
     with log_context(tick_id=report.tick_id):
         for name, step in steps:
             started = time.perf_counter()
@@ -95,4 +119,3 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
         rt.metrics.tick_completed()
         rt.last_tick_seconds = sum(s.seconds for s in report.steps)
         log.debug("tick done", extra={"steps": {s.name: (s.count, round(s.seconds, 4)) for s in report.steps}})
-    return report
