@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -71,6 +71,12 @@ def _nullcontext() -> Any:
     from contextlib import nullcontext
 
     return nullcontext()
+
+
+def _usage_error(message: str) -> NoReturn:
+    """One line on stderr, exit code 2: how every CLI error that is the caller's to fix ends."""
+    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def _fail(exc: ApiError) -> None:
@@ -183,19 +189,41 @@ def tick(
 
 @app.command()
 def demo(
-    jobs: Annotated[int, typer.Option(help="number of jobs to submit")] = 24,
-    hours: Annotated[float, typer.Option(help="simulated hours to run")] = 36.0,
+    jobs: Annotated[int, typer.Option(min=1, max=500, help="number of jobs to submit")] = 24,
+    hours: Annotated[float, typer.Option(min=1, max=24 * 14, help="simulated hours to run at most")] = 36.0,
     seed: Annotated[int, typer.Option(help="market seed")] = 7,
+    throwaway: Annotated[
+        bool, typer.Option("--throwaway", help="use a temporary database (nothing is kept; same figures each run)")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a simulated day of bursting in seconds: what ran where, what it cost, what spot saved."""
-    from broker.demo import print_summary, run_demo
+    """Run a simulated day of bursting in seconds: what ran where, what it cost, what spot saved.
 
-    result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json)
+    By default the history is kept in the configured database (OVERSPILL_DATA_DIR, ./.overspill), ending before
+    now, so `overspill serve` then shows it in the console and the reports."""
+    from broker.demo import DemoRefused, print_summary, run_demo
+    from broker.settings import Settings
+
+    settings = None if throwaway else Settings()
+    if settings is not None and not as_json:
+        err.print(f"database: {settings.resolved_database_url}", soft_wrap=True)
+    try:
+        result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json, settings=settings)
+    except DemoRefused as exc:
+        _usage_error(str(exc))
     if as_json:
         print(json.dumps(result.as_dict(), default=str))
-    else:
-        print_summary(result, Console(width=max(console.width, 120)))
+        return
+    print_summary(result, Console(width=max(console.width, 120)))
+    if result.warnings:
+        where = f" (in {result.log_path})" if result.log_path else ""
+        console.print(f"{result.warnings} warnings were logged{where}.", soft_wrap=True)
+    if result.database:
+        console.print(
+            f"The history is kept in {result.database}: run `overspill serve` and open "
+            f"http://{settings.host if settings else '127.0.0.1'}:{settings.port if settings else 8000}/console/",
+            soft_wrap=True,
+        )
 
 
 @app.command()

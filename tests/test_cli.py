@@ -94,8 +94,8 @@ def test_keys_create_and_tick(tmp_path: Path) -> None:
     assert steps["refresh_prices"]["count"] > 0 and not any(s["error"] for s in steps.values())
 
 
-def test_demo_runs_and_reports_savings() -> None:
-    out = runner.invoke(app, ["demo", "--jobs", "6", "--hours", "24", "--json"])
+def test_demo_runs_and_reports_savings(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["demo", "--jobs", "6", "--hours", "24", "--json", "--throwaway"])
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout)
     assert len(result["jobs"]) == 6
@@ -104,6 +104,32 @@ def test_demo_runs_and_reports_savings() -> None:
         assert float(j["spent_usd"]) <= float(j["ceiling_usd"])
         assert j["where"]
     assert float(result["saving_usd"]) > 0
+    assert result["database"] == ""  # nothing kept
+
+
+def test_demo_keeps_its_history_in_the_configured_database(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from sqlmodel import Session, create_engine, select
+
+    from broker.tables import Job
+
+    env = {"OVERSPILL_DATA_DIR": str(tmp_path / "data")}
+    out = runner.invoke(app, ["demo", "--jobs", "3", "--hours", "24"], env=env)
+    assert out.exit_code == 0, out.output
+    db = tmp_path / "data" / "overspill.db"
+    assert f"database: sqlite:///{db}" in out.stderr
+    assert "simulating" in out.stdout and "Traceback" not in out.output
+    assert "WARNING" not in out.output  # log records go to demo.log, the progress line stays readable
+    assert (tmp_path / "data" / "demo.log").exists()
+    with Session(create_engine(f"sqlite:///{db}")) as session:
+        jobs = session.exec(select(Job)).all()
+    assert len(jobs) == 3 and {j.tenant for j in jobs} == {"demo"}  # the development key's tenant: the console
+    assert all(j.state == "succeeded" and j.updated_at.replace(tzinfo=UTC) < datetime.now(UTC) for j in jobs)
+    again = runner.invoke(app, ["demo", "--jobs", "3"], env=env)
+    assert again.exit_code == 2 and "already holds jobs" in again.stderr
+    [error] = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert str(db) in error and "Traceback" not in again.output
 
 
 def test_prices_import_catalog(tmp_path: Path) -> None:
