@@ -28,22 +28,23 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from broker.cli_db import open_settings, require_tenant
+    from broker.cli_output import usage_error
     from broker.finance.manage import run_public
     from broker.finance.reports.period import PeriodError, parse_period
     from broker.finance.reports.render import FORMATS
     from broker.finance.reports.runs import run_report
     from broker.runtime import build_runtime
-    from broker.settings import Settings
 
     if fmt not in FORMATS:
-        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
+        usage_error(f"--format: {fmt!r} is not a format; use one of {', '.join(FORMATS)}")
     try:
         start, end = parse_period(period)
     except PeriodError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--period") from exc
-    settings = Settings()
+        usage_error(f"--period: {exc}")
+    settings = open_settings()
     rt = build_runtime(settings)
-    who = tenant or settings.bootstrap_tenant
+    who = require_tenant(rt.engine, tenant or settings.bootstrap_tenant)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err, disable=as_json
     ) as progress:
@@ -146,14 +147,14 @@ def import_bill_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Import a provider billing export and show the ledger vs bill difference per resource."""
+    from broker.cli_db import open_settings, require_tenant
     from broker.finance.billing import BillError, import_bill, reconcile
     from broker.finance.money import plain, usd
     from broker.runtime import build_runtime
-    from broker.settings import Settings
 
-    settings = Settings()
+    settings = open_settings()
     rt = build_runtime(settings)
-    who = tenant or settings.bootstrap_tenant
+    who = require_tenant(rt.engine, tenant or settings.bootstrap_tenant)
     try:
         with console.status(f"importing {file.name}..."):
             summary = import_bill(rt, who, file, rt.clock(), provider=provider)
