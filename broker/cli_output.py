@@ -6,6 +6,8 @@ Contract:
   wrap. When the terminal is too narrow, optional columns (`drop` > 0) are left out, highest `drop` first, and
   the table says which; if the columns that must stay still do not fit, the table is printed wider than the
   terminal (which wraps the lines) rather than cutting a value.
+- `print_unbroken(console, table)` prints a ready-made table whose `no_wrap` columns must not be cut, wider than
+  the terminal when they need it.
 - `usage_error(message)` prints `error: <message>` as one line on stderr and exits with code 2: how every error
   that is the caller's to fix ends (a bad file, an unknown tenant, a missing database).
 """
@@ -18,6 +20,7 @@ from typing import Literal, NoReturn
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -89,3 +92,15 @@ def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequ
     if dropped:
         note = f"(too narrow for: {', '.join(dropped)}; widen the terminal or use --json)"
         console.print(note, style="dim", soft_wrap=True, highlight=False)
+
+
+def print_unbroken(console: Console, table: Table) -> None:
+    """Print `table`, widening the console for this table when its `no_wrap` columns would not fit otherwise."""
+    least = Measurement.get(console, console.options.update(width=10_000), table).minimum
+    width = console.width
+    if least > width:
+        console.width = least
+    try:
+        console.print(table)
+    finally:
+        console.width = width

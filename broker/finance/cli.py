@@ -87,6 +87,7 @@ def costs_summary(
     admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
+    from broker.cli_output import print_unbroken
     from broker.client import ApiError, BrokerClient
 
     params = {"group_by": group_by, "from": from_, "to": to}
@@ -100,7 +101,7 @@ def costs_summary(
     if as_json:
         print(json.dumps(data))
         return
-    console.print(summary_table(data))
+    print_unbroken(console, summary_table(data))
 
 
 def _when(iso: str) -> str:
@@ -122,8 +123,12 @@ def summary_table(data: dict[str, Any]) -> Table:
         "entries",
         title=f"{_when(data['from'])} to {_when(data['to'])} ({as_of})",
     )
+    for column in table.columns[: len(keys)]:
+        column.overflow = "fold"  # a long pool or job name wraps, never ends in "…"
     for column in table.columns[len(keys) :]:
         column.justify = "right"
+        column.no_wrap = True  # an amount is never cut
+        column.overflow = "fold"
     money = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
     for r in data["rows"]:
         table.add_row(*[r[k] for k in keys], *[r["display"][m] for m in money], str(r["entries"]))
