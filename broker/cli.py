@@ -14,6 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from broker.cli_db import describe as describe_database
 from broker.cli_db import open_settings
 from broker.cli_output import Column, print_table, usage_error
 from broker.client import ApiError, BrokerClient
@@ -223,7 +224,7 @@ def demo(
 
     settings = None if throwaway else Settings()
     if settings is not None and not as_json:
-        err.print(f"database: {settings.resolved_database_url}", soft_wrap=True)
+        err.print(f"database: {describe_database(settings)}", soft_wrap=True, highlight=False)
     try:
         result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json, settings=settings)
     except DemoRefused as exc:
@@ -237,7 +238,8 @@ def demo(
         console.print(f"{result.warnings} warnings were logged{where}.", soft_wrap=True)
     if result.database:
         console.print(
-            f"The history is kept in {result.database}: run `overspill serve` and open "
+            f"The history is kept in {describe_database(settings) if settings else result.database}: run "
+            "`overspill serve` (from this folder, or with the same OVERSPILL_DATA_DIR) and open "
             f"http://{settings.host if settings else '127.0.0.1'}:{settings.port if settings else 8000}/console/",
             soft_wrap=True,
         )

@@ -124,7 +124,7 @@ def test_demo_keeps_its_history_in_the_configured_database(tmp_path: Path) -> No
     out = runner.invoke(app, ["demo", "--jobs", "3", "--hours", "24"], env=env)
     assert out.exit_code == 0, out.output
     db = tmp_path / "data" / "overspill.db"
-    assert f"database: sqlite:///{db}" in out.stderr
+    assert f"database: {db}" in out.stderr
     assert "simulating" in out.stdout and "Traceback" not in out.output
     assert "WARNING" not in out.output  # log records go to demo.log, the progress line stays readable
     assert (tmp_path / "data" / "demo.log").exists()
