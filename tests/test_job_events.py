@@ -86,6 +86,9 @@ def test_hostile_event_queries_are_422_naming_the_parameter(
     other_event = _events(client, b)["items"][0]["id"]
     for params, name in (
         ({"after": "not-a-cursor"}, "after"),
+        ({"after": "²"}, "after"),  # a digit to str.isdigit, not to int()
+        ({"after": "9" * 40}, "after"),
+        ({"kind": "placed\n"}, "kind"),
         ({"after": other_event}, "after"),  # another job's event is no position in this one
         ({"kind": "Placed!"}, "kind"),
         ({"limit": 0}, "limit"),

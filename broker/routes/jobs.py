@@ -88,7 +88,7 @@ def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     return svc.job_public(job, None)
 
 
-EVENT_KIND = r"^[a-z_]{1,32}$"
+EVENT_KIND = r"[a-z_]{1,32}"
 
 
 @router.get("/{job_id}/events", response_model=EventPage)
@@ -104,7 +104,7 @@ def job_events(
     """The job's timeline in time order: placements, starts, preemptions, cost accruals (folded), the end.
     `next_cursor` is set when more follow; to watch a running job, poll with `after` = the last item's id."""
     for k in kind or []:
-        if not re.match(EVENT_KIND, k):
+        if not re.fullmatch(EVENT_KIND, k):
             raise Unprocessable("kind", f"{k[:40]!r} is not an event kind (lowercase letters and '_')")
     svc.get_job(rt.engine, principal.tenant, job_id)
     return list_events(rt.engine, job_id, after=after, limit=limit, kinds=kind, fold=fold)

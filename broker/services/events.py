@@ -33,7 +33,7 @@ SUMMED = ("usd", "compute_usd", "extras_usd")
 
 def _position(session: Session, job_id: str, after: str) -> tuple[datetime, int]:
     """Where `after` (an event id of this job) sits in the timeline."""
-    row = session.get(JobEvent, int(after)) if after.isdigit() and len(after) < 19 else None
+    row = session.get(JobEvent, int(after)) if after.isascii() and after.isdigit() and len(after) < 19 else None
     if row is None or row.job_id != job_id:
         raise Unprocessable("after", "not an event of this job; pass an item's id (or next_cursor) unchanged")
     return row.at, row.id or 0
