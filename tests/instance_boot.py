@@ -83,10 +83,16 @@ class Booted:
         return found
 
     def wait(self, timeout: float = 120) -> None:
-        """Wait until the agent has exited (it does once its final report is stored)."""
+        """Wait until the agent has started and exited (it exits once its final report is stored). The script
+        returns as soon as it has forked the detached agent, which may not have exec'd yet (its process still
+        shows the shell's command line): so the agent must be seen running, or its log must say the attempt
+        ended, before an empty process list means it is done."""
         end = time.monotonic() + timeout
+        seen = False
         while time.monotonic() < end:
-            if not self.agent_pids():
+            pids = self.agent_pids()
+            seen = seen or bool(pids) or "attempt ended" in self.agent_log()
+            if seen and not pids:
                 return
             time.sleep(0.2)
         self.stop()

@@ -221,6 +221,8 @@ def test_spot_warning_from_sqs_replaces_the_job_and_failed_records_are_reported(
     queue_url = ensure_interruption_queue(events, sqs, "overspill-lambda-test", rule_name="overspill-lambda-test")
     queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     ami = str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    # the checkpoint bucket terraform/ wires in: an instance's agent needs it for its spec, logs and reports
+    moto_client("s3", REGION, moto_url).create_bucket(Bucket="overspill-lambda-ckpt")
     settings_env = {
         "OVERSPILL_DATA_DIR": str(tmp_path),
         "OVERSPILL_SIMULATED": "false",
@@ -228,6 +230,8 @@ def test_spot_warning_from_sqs_replaces_the_job_and_failed_records_are_reported(
         "OVERSPILL_AWS_INSTANCE_TYPES": json.dumps(["g5.xlarge"]),
         "OVERSPILL_AWS_LAUNCH": "true",
         "OVERSPILL_AWS_IMAGE_ID": ami,
+        "OVERSPILL_CHECKPOINT_STORES": json.dumps({f"aws/{REGION}": "s3://overspill-lambda-ckpt/"}),
+        "OVERSPILL_S3_ENDPOINT_URL": moto_url,
     }
     for k, v in settings_env.items():
         monkeypatch.setenv(k, v)
@@ -237,7 +241,7 @@ def test_spot_warning_from_sqs_replaces_the_job_and_failed_records_are_reported(
     call(schedule_event("tick"))
     call(schedule_event("tick"))
     running = body_of(call(http_event("GET", f"/v1/jobs/{job['id']}", headers=AUTH)))
-    assert running["state"] == "running", running
+    assert running["state"] == "running", json.dumps(running)
     first = running["placement"]
     assert first["provider"] == "aws" and first["capacity_type"] == "spot"
     region, ec2_id = parse_instance_ref(first["instance_id"])
