@@ -39,7 +39,7 @@ def describe(settings: Settings) -> str:
 def open_settings() -> Settings:
     """The settings of a command that opens the database, after checking and saying which database it is."""
     settings = Settings()
-    explicit = {"data_dir", "database_url"} & settings.model_fields_set
+    explicit = {"data_dir", "database_url", "database_url_arn"} & settings.model_fields_set
     if not explicit and not settings.database_url:
         path = (settings.data_dir / DB_FILE).resolve()
         if not path.exists():
