@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -236,6 +236,12 @@ def create_app(
         console_router.router,
     ):
         app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        """A browser opening the broker's address lands on the console (the API lives under /v1, docs at /docs)."""
+        return RedirectResponse("/console/", status_code=307)
+
     return app
 
 

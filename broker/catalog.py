@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func
 from sqlalchemy.engine import Engine
@@ -43,7 +44,13 @@ def offering_from_row(row: OfferingRow) -> Offering:
 
 
 def row_from_offering(off: Offering, refreshed_at: datetime, feed: str) -> OfferingRow:
-    return OfferingRow(
+    return OfferingRow(**offering_values(off, refreshed_at, feed))
+
+
+def offering_values(off: Offering, refreshed_at: datetime, feed: str) -> dict[str, Any]:
+    """An `OfferingRow`'s columns as a plain dict, for bulk upserts (building a model per pool each price
+    refresh cost more than writing the rows)."""
+    return dict(
         key=off.key,
         provider=off.provider,
         region=off.region,

@@ -14,6 +14,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from broker.cli_db import describe as describe_database
+from broker.cli_db import open_settings
+from broker.cli_output import Column, print_table, usage_error
 from broker.client import ApiError, BrokerClient
 from broker.finance.cli import costs_app, report_app
 
@@ -48,22 +51,40 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: `line L, column C: problem`."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context or 'invalid YAML'}"
+    return " ".join(str(exc).split())
+
+
 def _load_spec(path: Path) -> dict[str, Any]:
-    """A job spec from a YAML or JSON file: at most `MAX_SPEC_BYTES`, no YAML aliases (BadParameter otherwise)."""
+    """A job spec from a YAML or JSON file: at most `MAX_SPEC_BYTES`, no YAML aliases. Anything wrong is a usage
+    error: one line naming the file and what is wrong, exit code 2."""
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+        usage_error(f"cannot read {path}: {exc.strerror or exc}")
     if len(raw) > MAX_SPEC_BYTES:
-        raise typer.BadParameter(f"{path} is larger than {MAX_SPEC_BYTES} bytes")
+        usage_error(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
     try:
         text = raw.decode()
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_NoAliasLoader)
-    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"{path} is not a valid job spec: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        usage_error(f"{path}: not UTF-8 text (byte {exc.start})")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            usage_error(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
+    else:
+        try:
+            data = yaml.load(text, Loader=_NoAliasLoader)
+        except yaml.YAMLError as exc:
+            usage_error(f"{path}: invalid YAML at {_yaml_problem(exc)}")
     if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path} must hold one job spec (a mapping)")
+        usage_error(f"{path}: must hold one job spec (a mapping of fields), not {type(data).__name__}")
     return data
 
 
@@ -74,7 +95,10 @@ def _nullcontext() -> Any:
 
 
 def _fail(exc: ApiError) -> None:
-    err.print(f"[red]error:[/red] {exc}")
+    """An API error as one line: exit 2 when the request was the caller's to fix (4xx), else 1."""
+    if 400 <= exc.status < 500:
+        usage_error(str(exc))
+    err.print(f"[red]error:[/red] {' '.join(str(exc).split())}", soft_wrap=True, highlight=False)
     raise typer.Exit(1)
 
 
@@ -152,7 +176,7 @@ def tick(
     from broker.runtime import build_runtime
     from broker.settings import Settings
 
-    settings = Settings()
+    settings = Settings() if loop else open_settings()
     if loop:
         configure_logging(settings)
         rt = build_runtime(settings)
@@ -183,26 +207,63 @@ def tick(
 
 @app.command()
 def demo(
-    jobs: Annotated[int, typer.Option(help="number of jobs to submit")] = 24,
-    hours: Annotated[float, typer.Option(help="simulated hours to run")] = 36.0,
+    jobs: Annotated[int, typer.Option(min=1, max=500, help="number of jobs to submit")] = 24,
+    hours: Annotated[float, typer.Option(min=1, max=24 * 14, help="simulated hours to run at most")] = 36.0,
     seed: Annotated[int, typer.Option(help="market seed")] = 7,
+    throwaway: Annotated[
+        bool, typer.Option("--throwaway", help="use a temporary database (nothing is kept; same figures each run)")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a simulated day of bursting in seconds: what ran where, what it cost, what spot saved."""
-    from broker.demo import print_summary, run_demo
+    """Run a simulated day of bursting in seconds: what ran where, what it cost, what spot saved.
 
-    result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json)
+    By default the history is kept in the configured database (OVERSPILL_DATA_DIR, ./.overspill), ending before
+    now, so `overspill serve` then shows it in the console and the reports."""
+    from broker.demo import DemoRefused, print_summary, run_demo
+    from broker.settings import Settings
+
+    settings = None if throwaway else Settings()
+    if settings is not None and not as_json:
+        err.print(f"database: {describe_database(settings)}", soft_wrap=True, highlight=False)
+    try:
+        result = run_demo(n_jobs=jobs, hours=hours, seed=seed, progress=not as_json, settings=settings)
+    except DemoRefused as exc:
+        usage_error(str(exc))
     if as_json:
         print(json.dumps(result.as_dict(), default=str))
-    else:
-        print_summary(result, Console(width=max(console.width, 120)))
+        return
+    print_summary(result, Console(width=max(console.width, 120)))
+    if result.warnings:
+        where = f" (in {result.log_path})" if result.log_path else ""
+        console.print(f"{result.warnings} warnings were logged{where}.", soft_wrap=True)
+    if result.database:
+        console.print(
+            f"The history is kept in {describe_database(settings) if settings else result.database}: run "
+            "`overspill serve` (from this folder, or with the same OVERSPILL_DATA_DIR) and open "
+            f"http://{settings.host if settings else '127.0.0.1'}:{settings.port if settings else 8000}/console/",
+            soft_wrap=True,
+        )
+
+
+def _traces_folder(given: Path | None) -> tuple[Path, str]:
+    """Where `simulate` reads its traces, and why there: `--data`, else OVERSPILL_SHARED_DATA, else the
+    `shared/data` folder beside the repository's folder."""
+    import os
+
+    if given is not None:
+        return given, "--data"
+    env = os.environ.get("OVERSPILL_SHARED_DATA")
+    if env:
+        return Path(env), "OVERSPILL_SHARED_DATA"
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data", "default (../shared/data)"
 
 
 @app.command()
 def simulate(
-    data: Annotated[Path, typer.Option(help="real traces and catalogs (the shared data folder)")] = Path(
-        "../shared/data"
-    ),
+    data: Annotated[
+        Path | None,
+        typer.Option(help="folder of real traces and catalogs (default: OVERSPILL_SHARED_DATA, else ../shared/data)"),
+    ] = None,
     suite: Annotated[str, typer.Option(help="deadline, burst or all")] = "all",
     quick: Annotated[bool, typer.Option(help="a smaller run, for a first look")] = False,
     png: Annotated[Path | None, typer.Option(help="also draw the comparison chart here")] = None,
@@ -210,13 +271,23 @@ def simulate(
 ) -> None:
     """Replay real spot availability, price and job traces through every policy (ours and the baselines)."""
     from federation.simulate import run_simulation
+    from federation.simulate.experiments import CATALOG, PHILLY, SEGMENTS
 
     if suite not in ("deadline", "burst", "all"):
-        raise typer.BadParameter("suite must be deadline, burst or all", param_hint="--suite")
-    if not data.is_dir():
-        raise typer.BadParameter(f"{data} is not a folder of traces", param_hint="--data")
-    with console.status("replaying traces...") if not as_json else _nullcontext():
-        report = run_simulation(data, suite=suite, quick=quick, png=png)  # type: ignore[arg-type]
+        usage_error(f"--suite: {suite!r} is not a suite; use deadline, burst or all")
+    folder, source = _traces_folder(data)
+    needed = [CATALOG] + ([SEGMENTS] if suite != "burst" else []) + ([PHILLY] if suite != "deadline" else [])
+    if not folder.is_dir():
+        usage_error(f"traces folder {folder} (from {source}) does not exist; set OVERSPILL_SHARED_DATA or --data")
+    missing = [str(rel) for rel in needed if not (folder / rel).is_file()]
+    if missing:
+        usage_error(f"traces folder {folder} (from {source}) lacks {', '.join(missing)}")
+    err.print(f"traces from {folder.resolve()} ({source})", soft_wrap=True, highlight=False)
+    try:
+        with console.status("replaying traces...") if not as_json else _nullcontext():
+            report = run_simulation(folder, suite=suite, quick=quick, png=png)  # type: ignore[arg-type]
+    except ValueError as exc:
+        usage_error(str(exc))
     if as_json:
         print(json.dumps(report.to_json(), default=str))
     else:
@@ -312,21 +383,33 @@ def list_jobs(
     if as_json:
         print(json.dumps(page))
         return
-    table = Table("id", "name", "team", "state", "where", "spent", "ceiling", "note")
+    columns = [
+        Column("id", "id"),
+        Column("name", "text", drop=2),
+        Column("team", "text", drop=4),
+        Column("state", "id"),
+        Column("where", "text", drop=3),
+        Column("spent", "money"),
+        Column("ceiling", "money", drop=1),
+        Column("note", "text", drop=5),
+    ]
+    rows = []
     for j in page["items"]:
         p = j.get("placement") or {}
         where = f"{p.get('provider')}/{p.get('zone')} {p.get('capacity_type')}" if p else ""
-        table.add_row(
-            j["id"],
-            j["name"],
-            j["team"],
-            j["state"],
-            where,
-            f"${j['spent_usd']}",
-            f"${j['max_total_usd']}",
-            j["wait_reason"][:60],
+        rows.append(
+            [
+                j["id"],
+                j["name"],
+                j["team"],
+                j["state"],
+                where,
+                f"${j['spent_usd']}",
+                f"${j['max_total_usd']}",
+                j["wait_reason"][:60],
+            ]
         )
-    console.print(table)
+    print_table(console, columns, rows)
 
 
 @app.command()
@@ -346,18 +429,26 @@ def quote(
     if as_json:
         print(json.dumps(q))
         return
-    table = Table("#", "pool", "$/h", "expected $", "finish", "wait h")
-    for c in q["candidates"]:
-        o = c["offering"]
-        table.add_row(
+    columns = [
+        Column("#", "number"),
+        Column("pool", "id"),
+        Column("$/h", "money"),
+        Column("expected $", "money"),
+        Column("finish", "id", drop=2),
+        Column("wait h", "number", drop=1),
+    ]
+    rows = [
+        [
             str(c["rank"]),
-            o["key"],
-            o["hourly_usd"],
+            c["offering"]["key"],
+            c["offering"]["hourly_usd"],
             c["expected_cost_usd"],
             c["expected_finish_at"][:16],
             f"{c['expected_wait_hours']:.2f}",
-        )
-    console.print(table)
+        ]
+        for c in q["candidates"]
+    ]
+    print_table(console, columns, rows)
     if not q["placeable_now"]:
         console.print(f"[yellow]not placeable now:[/yellow] {q['wait_reason']}")
     console.print(f"{q['rejections_total']} pools rejected; first reasons:")
@@ -383,19 +474,33 @@ def pools(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table("pool", "gpus", "$/h", "source", "age s", "interrupts/h", "wait h", "sim")
-    for o in rows:
-        table.add_row(
-            o["key"],
-            f"{o['accelerator_count']}x{o['accelerator']}",
-            o["hourly_usd"],
-            o["price_source"],
-            f"{o['age_seconds']:.0f}",
-            f"{o['interruption_rate_per_hour']:.3f}",
-            f"{o['expected_wait_hours']:.2f}",
-            "yes" if o["simulated"] else "",
-        )
-    console.print(table)
+    columns = [
+        Column("pool", "id"),
+        Column("gpus", "id"),
+        Column("$/h", "money"),
+        Column("source", "text", drop=3),
+        Column("age s", "number", drop=2),
+        Column("interrupts/h", "number", drop=4),
+        Column("wait h", "number", drop=1),
+        Column("sim", "text", drop=5),
+    ]
+    print_table(
+        console,
+        columns,
+        [
+            [
+                o["key"],
+                f"{o['accelerator_count']}x{o['accelerator']}",
+                o["hourly_usd"],
+                o["price_source"],
+                f"{o['age_seconds']:.0f}",
+                f"{o['interruption_rate_per_hour']:.3f}",
+                f"{o['expected_wait_hours']:.2f}",
+                "yes" if o["simulated"] else "",
+            ]
+            for o in rows
+        ],
+    )
 
 
 @prices_app.command("refresh")
@@ -405,10 +510,9 @@ def prices_refresh(as_json: JsonFlag = False) -> None:
 
     from broker.loop.feeds import refresh_prices
     from broker.runtime import build_runtime
-    from broker.settings import Settings
     from broker.tables import FeedStatus
 
-    rt = build_runtime(Settings())
+    rt = build_runtime(open_settings())
     now = rt.clock()
     with console.status("refreshing price feeds..."):
         refresh_prices(rt, now, force=True)
@@ -443,10 +547,9 @@ def prices_import_catalog(
     """Load catalogs you already have (SkyPilot schema v5-v8) into the broker's pools."""
     from broker.runtime import build_runtime
     from broker.services.prices import ImportSummary, import_catalog_files
-    from broker.settings import Settings
     from pricing.feeds import FeedError
 
-    rt = build_runtime(Settings())
+    rt = build_runtime(open_settings())
     done: list[ImportSummary] = []
 
     def report(s: ImportSummary) -> None:
@@ -480,18 +583,17 @@ def keys_create(
     from broker.auth import Role, create_key
     from broker.db import make_engine, utcnow
     from broker.migrate import upgrade
-    from broker.settings import Settings
     from broker.tenants import InvalidTenant, validate_tenant
 
     try:
         role_ = Role(role)
-    except ValueError as exc:
-        raise typer.BadParameter("role must be admin, submitter or finance", param_hint="--role") from exc
+    except ValueError:
+        usage_error(f"--role: {role!r} is not a role; use admin, submitter or finance")
     try:
         validate_tenant(tenant)
     except InvalidTenant as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
-    engine = make_engine(Settings())
+        usage_error(f"--tenant: {exc}")
+    engine = make_engine(open_settings())
     upgrade(engine)
     key = create_key(engine, tenant=tenant, role=role_, name=name, now=utcnow())
     if as_json:

@@ -12,7 +12,8 @@ Contract:
   `Authorization`/`Bearer` credentials, and the configured secrets (`secrets=`) wherever they appear, including in
   exception text. A secret is never written, whatever a caller passes in.
 - `configure_logging(settings)` installs one stderr handler on the root logger with the format and level the
-  settings choose (`OVERSPILL_LOG_FORMAT=json|text`, `OVERSPILL_LOG_LEVEL`). Calling it again replaces it.
+  settings choose (`OVERSPILL_LOG_FORMAT=auto|json|text`, `OVERSPILL_LOG_LEVEL`). Calling it again replaces it.
+  `auto` (the default) writes text when the stream is a terminal and JSON lines otherwise.
 """
 
 from __future__ import annotations
@@ -166,11 +167,22 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return sys.stderr
 
 
+def resolved_format(setting: str, stream: Any) -> str:
+    """`json` or `text`: the setting when it names one; for `auto`, text on a terminal and JSON otherwise (a file,
+    a pipe, a log collector)."""
+    if setting in ("json", "text"):
+        return setting
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return "json"
+
+
 def configure_logging(settings: Settings, stream: Any = None, *, level: str | None = None) -> logging.Handler:
     """Send every record to stderr (or `stream`) in the configured format, at the configured level (or `level`);
     returns the installed handler. Alembic's start-up chatter is kept at WARNING."""
     formatter: logging.Formatter
-    if settings.log_format == "json":
+    if resolved_format(settings.log_format, stream if stream is not None else sys.stderr) == "json":
         formatter = JsonFormatter(configured_secrets(settings))
     else:
         formatter = TextFormatter(configured_secrets(settings))

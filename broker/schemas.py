@@ -268,19 +268,24 @@ class JobPublic(BaseModel):
     name: str
     team: str
     project: str
-    state: str
+    state: str = Field(
+        description="pending, starting (placed; its instance is launching or queued), running, paused, succeeded, "
+        "failed or cancelled"
+    )
     wait_reason: str
     spent_usd: Decimal
     max_total_usd: Decimal
     max_hourly_usd: Decimal | None
     work_hours: Decimal
-    remaining_work_hours: Decimal
+    remaining_work_hours: Decimal = Field(description="work left; goes down while the job runs (an estimate)")
     deadline: datetime | None
     attempts: int
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
-    placement: PlacementPublic | None
+    placement: PlacementPublic | None = Field(
+        description="where it runs; for a job that ended (or is paused), where it ran last"
+    )
     spec: dict[str, Any]
 
 
@@ -302,6 +307,13 @@ class EventPublic(BaseModel):
     kind: str
     message: str
     data: dict[str, Any]
+
+
+class EventPage(BaseModel):
+    """A page of a job's timeline, in time order; `next_cursor` (an event id) is passed back as `after`."""
+
+    items: list[EventPublic]
+    next_cursor: str | None
 
 
 class OfferingPublic(BaseModel):

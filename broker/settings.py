@@ -344,7 +344,9 @@ class Settings(BaseSettings):
     finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
 
     max_request_bytes: int = 1_000_000
-    log_format: Literal["json", "text"] = Field(default="json", description="json lines, or text for a terminal")
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="json lines, text, or auto: text when stderr is a terminal, else json"
+    )
     log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = "info"
     tick_metrics_port: int = Field(
         default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"

@@ -176,7 +176,7 @@ def test_cancel_is_idempotent_and_recorded(client: TestClient) -> None:
     second = client.post(f"/v1/jobs/{job['id']}/cancel")
     assert first.status_code == second.status_code == 200
     assert second.json()["state"] == "cancelled"
-    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job['id']}/events").json()]
+    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
     assert kinds == ["submitted", "cancelled"]
 
 
@@ -191,7 +191,7 @@ def test_update_changes_limits_and_records_each_change(client: TestClient, rt: R
         stored = s.get(Job, job["id"])
         assert stored is not None
         assert (stored.max_total_usd, stored.max_hourly_usd, stored.priority) == (80, None, 5)
-    [updated] = [e for e in client.get(f"/v1/jobs/{job['id']}/events").json() if e["kind"] == "updated"]
+    [updated] = [e for e in client.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["kind"] == "updated"]
     assert "max_total_usd 50 -> 80" in updated["message"] and "priority 0 -> 5" in updated["message"]
 
 

@@ -87,7 +87,7 @@ def test_spot_job_interrupted_and_replaced_on_aws(
         placements = s.exec(select(Placement).where(Placement.job_id == job["id"]).order_by(Placement.id)).all()
     assert placements[0].state == "preempted"
     assert len(placements) == 2 and placements[1].zone != placements[0].zone  # the warned zone is avoided
-    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()]
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
     assert "interruption_notice" in kinds
     tick(rt, datetime.now(UTC))
     state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]

@@ -76,7 +76,7 @@ def test_preempted_spot_vm_is_replaced_elsewhere_and_deleted(fake: GcpComputeFak
         placements = s.exec(select(Placement).where(Placement.job_id == job["id"]).order_by(Placement.id)).all()
     assert placements[0].state == "preempted"
     assert len(placements) == 2 and placements[1].zone == "us-central1-b"
-    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()]
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
     assert "interruption_notice" in kinds or "preempted" in kinds
     tick(rt, datetime.now(UTC))
     try:

@@ -61,5 +61,5 @@ def test_job_runs_on_slurm_and_accrues_onprem_cost(cluster: Any, tmp_path: Path)
     assert Decimal("0") < spent < Decimal("1.8") * Decimal("30") / 3600  # at most ~30 s at $1.80/h
     (placed,) = [j for j in cluster.jobs() if f"job={job['id']}" in str(j["comment"])]
     assert placed["user_name"] == "tenant-demo" and placed["account"] == "demo"
-    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()]
+    kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
     assert kinds[:4] == ["submitted", "placed", "launched", "started"] and "finished" in kinds

@@ -36,5 +36,9 @@ def test_costs_summary_over_the_api(server: str, rt: Runtime) -> None:  # noqa: 
     assert not re.search(r"\d\.\d{3,}", table.output), table.output  # no raw ledger precision
     [total_line] = [line for line in table.output.splitlines() if "total" in line]
     assert str(cents(total)) in total_line
+    narrow = CliRunner().invoke(app, ["costs", "--group-by", "team,provider", "--url", server], env={"COLUMNS": "40"})
+    for r in [*data["rows"], data["total"]]:  # on a narrow terminal no amount is cut
+        assert all(r["display"][f] in narrow.stdout for f in ("cost_usd", "wasted_usd", "savings_usd")), narrow.stdout
+    assert "…" not in narrow.stdout
     bad = CliRunner().invoke(app, ["costs", "--group-by", "colour", "--url", server])
     assert bad.exit_code == 1 and "group_by" in bad.output

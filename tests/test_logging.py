@@ -175,3 +175,34 @@ def test_text_format_is_selectable(captured: Callable[[Settings], io.StringIO], 
         logging.getLogger("broker.test").info("hello %s", "world")
     line = buffer.getvalue().strip()
     assert line.endswith("INFO broker.test hello world request_id=req-1"), line
+
+
+def test_logs_are_text_on_a_terminal_and_json_otherwise_unless_the_setting_says(tmp_path: Any) -> None:
+    import os
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    master, slave = os.openpty()  # a real terminal device
+    try:
+        with open(slave, "w", closefd=True) as tty:
+            for setting, stream, expect in (
+                ("auto", tty, "text"),
+                ("auto", io.StringIO(), "json"),  # a pipe or a file: JSON lines for a collector
+                ("json", tty, "json"),
+                ("text", io.StringIO(), "text"),
+            ):
+                handler = configure_logging(Settings(data_dir=tmp_path, log_format=setting), stream=stream)
+                record = logging.makeLogRecord({"msg": "hello", "levelname": "INFO", "name": "t"})
+                line = handler.format(record)
+                assert line.startswith("{") == (expect == "json"), (setting, line)
+        assert Settings(data_dir=tmp_path).log_format == "auto"
+    finally:
+        os.close(master)
+        root.handlers, root.level = handlers, level
+
+
+def test_the_root_address_redirects_to_the_console(client: TestClient) -> None:
+    resp = client.get("/", follow_redirects=False)
+    assert resp.status_code == 307 and resp.headers["location"] == "/console/"
+    assert client.get("/").text.lstrip().lower().startswith("<!doctype html")
+    assert "/" not in client.get("/openapi.json").json()["paths"]

@@ -103,7 +103,7 @@ def test_a_generated_client_quotes_submits_watches_cancels_and_downloads_every_r
     watched = api("jobs.jobs_get").sync(job.id, client=client)
     assert watched.id == job.id and watched.state != "pending", watched.state
     events = api("jobs.jobs_events").sync(job.id, client=client)
-    assert [e.kind for e in events][:1] == ["submitted"], [e.kind for e in events]
+    assert [e.kind for e in events.items][:1] == ["submitted"], events
 
     cancelled = api("jobs.jobs_cancel").sync(job.id, client=client)
     assert cancelled.state == "cancelled"

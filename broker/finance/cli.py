@@ -28,22 +28,23 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from broker.cli_db import open_settings, require_tenant
+    from broker.cli_output import usage_error
     from broker.finance.manage import run_public
     from broker.finance.reports.period import PeriodError, parse_period
     from broker.finance.reports.render import FORMATS
     from broker.finance.reports.runs import run_report
     from broker.runtime import build_runtime
-    from broker.settings import Settings
 
     if fmt not in FORMATS:
-        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
+        usage_error(f"--format: {fmt!r} is not a format; use one of {', '.join(FORMATS)}")
     try:
         start, end = parse_period(period)
     except PeriodError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--period") from exc
-    settings = Settings()
+        usage_error(f"--period: {exc}")
+    settings = open_settings()
     rt = build_runtime(settings)
-    who = tenant or settings.bootstrap_tenant
+    who = require_tenant(rt.engine, tenant or settings.bootstrap_tenant)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err, disable=as_json
     ) as progress:
@@ -86,6 +87,7 @@ def costs_summary(
     admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
+    from broker.cli_output import print_unbroken
     from broker.client import ApiError, BrokerClient
 
     params = {"group_by": group_by, "from": from_, "to": to}
@@ -99,7 +101,7 @@ def costs_summary(
     if as_json:
         print(json.dumps(data))
         return
-    console.print(summary_table(data))
+    print_unbroken(console, summary_table(data))
 
 
 def _when(iso: str) -> str:
@@ -121,8 +123,12 @@ def summary_table(data: dict[str, Any]) -> Table:
         "entries",
         title=f"{_when(data['from'])} to {_when(data['to'])} ({as_of})",
     )
+    for column in table.columns[: len(keys)]:
+        column.overflow = "fold"  # a long pool or job name wraps, never ends in "…"
     for column in table.columns[len(keys) :]:
         column.justify = "right"
+        column.no_wrap = True  # an amount is never cut
+        column.overflow = "fold"
     money = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
     for r in data["rows"]:
         table.add_row(*[r[k] for k in keys], *[r["display"][m] for m in money], str(r["entries"]))
@@ -146,14 +152,14 @@ def import_bill_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Import a provider billing export and show the ledger vs bill difference per resource."""
+    from broker.cli_db import open_settings, require_tenant
     from broker.finance.billing import BillError, import_bill, reconcile
     from broker.finance.money import plain, usd
     from broker.runtime import build_runtime
-    from broker.settings import Settings
 
-    settings = Settings()
+    settings = open_settings()
     rt = build_runtime(settings)
-    who = tenant or settings.bootstrap_tenant
+    who = require_tenant(rt.engine, tenant or settings.bootstrap_tenant)
     try:
         with console.status(f"importing {file.name}..."):
             summary = import_bill(rt, who, file, rt.clock(), provider=provider)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 
 from broker.deps import RuntimeDep, Submitter
+from broker.errors import Unprocessable
 from broker.logging_setup import current_context
-from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate
+from broker.schemas import EventPage, JobCreate, JobPage, JobPublic, JobUpdate
 from broker.services import jobs as svc
+from broker.services.events import list_events
 from providers.model import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -73,13 +76,14 @@ def list_jobs(
         project=project,
         cursor=cursor,
         limit=limit,
+        now=rt.clock(),
     )
 
 
 @router.get("/{job_id}", operation_id="jobs.get", response_model=JobPublic, responses=_links(200, "the job"))
 def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
-    return svc.job_public(job, placement)
+    return svc.job_public(job, placement, rt.clock())
 
 
 @router.patch(
@@ -90,7 +94,7 @@ def update_job(job_id: str, body: JobUpdate, rt: RuntimeDep, principal: Submitte
     ceiling goes back to pending and is placed under the new limits."""
     svc.update_job(rt.engine, principal.tenant, job_id, body, rt.clock())
     job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
-    return svc.job_public(job, placement)
+    return svc.job_public(job, placement, rt.clock())
 
 
 @router.post("/{job_id}/cancel", operation_id="jobs.cancel", response_model=JobPublic)
@@ -100,7 +104,23 @@ def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     return svc.job_public(job, None)
 
 
-@router.get("/{job_id}/events", operation_id="jobs.events", response_model=list[EventPublic])
-def job_events(job_id: str, rt: RuntimeDep, principal: Submitter) -> list[EventPublic]:
-    """Every placement, start, preemption, cost accrual and end, in order."""
-    return svc.list_events(rt.engine, principal.tenant, job_id)
+EVENT_KIND = r"[a-z_]{1,32}"
+
+
+@router.get("/{job_id}/events", operation_id="jobs.events", response_model=EventPage)
+def job_events(
+    job_id: str,
+    rt: RuntimeDep,
+    principal: Submitter,
+    after: Annotated[str | None, Query(max_length=20, description="an event id: continue right after it")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    kind: Annotated[list[str] | None, Query(max_length=20, description="keep only these kinds (repeatable)")] = None,
+    fold: Annotated[bool, Query(description="one item per run of cost accruals of a placement")] = True,
+) -> EventPage:
+    """The job's timeline in time order: placements, starts, preemptions, cost accruals (folded), the end.
+    `next_cursor` is set when more follow; to watch a running job, poll with `after` = the last item's id."""
+    for k in kind or []:
+        if not re.fullmatch(EVENT_KIND, k):
+            raise Unprocessable("kind", f"{k[:40]!r} is not an event kind (lowercase letters and '_')")
+    svc.get_job(rt.engine, principal.tenant, job_id)
+    return list_events(rt.engine, job_id, after=after, limit=limit, kinds=kind, fold=fold)

@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -21,11 +21,11 @@ from broker.attempt_spec import secret_ref_refusal
 from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
 from broker.errors import Conflict, NotFoundError, Unprocessable
-from broker.schemas import EventPublic, JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
+from broker.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
 from broker.settings import Settings
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import ever_feasible
-from providers.model import JobSpec, JobState, SecretReference
+from providers.model import JobSpec, JobState, SecretReference, hours_between
 
 
 def new_id(prefix: str) -> str:
@@ -81,8 +81,18 @@ def _request_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 def add_event(session: Session, job: Job, at: datetime, kind: str, message: str, **data: Any) -> None:
-    """Append an event to the job's timeline (the message is cut to the column's 1000 characters)."""
+    """Append an event to the job's timeline (the message is cut to the column's 1000 characters).
+
+    Nothing happens to a job before it was submitted: a tick that read its clock before the job arrived places it
+    at the submission time, not before it, so the timeline in time order starts with `submitted`."""
+    created = job.created_at
+    if created is not None and _aware(at) < _aware(created):
+        at = created
     session.add(JobEvent(job_id=job.id, tenant=job.tenant, at=at, kind=kind, message=message[:1000], data=data))
 
 
@@ -213,12 +223,33 @@ def _replayed(job: Job, digest: str) -> Job:
     return job
 
 
+# a job in these states holds no placement; it shows the last one that ran (where it ran, what it cost there)
+_SHOWS_LAST_PLACEMENT = frozenset(
+    {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value, JobState.PAUSED.value}
+)
+
+
+def _last_ran(session: Session, job_ids: list[str]) -> dict[str, Placement]:
+    """The latest placement that started, per job."""
+    if not job_ids:
+        return {}
+    rows = session.exec(
+        select(Placement)
+        .where(col(Placement.job_id).in_(job_ids), col(Placement.started_at).is_not(None))
+        .order_by(col(Placement.created_at), col(Placement.id))
+    ).all()
+    return {p.job_id: p for p in rows}  # later rows win
+
+
 def get_job(engine: Engine, tenant: str, job_id: str) -> tuple[Job, Placement | None]:
+    """The tenant's job and the placement to show: its current one, or for a job that ended, its last."""
     with Session(engine, expire_on_commit=False) as session:
         job = session.get(Job, job_id)
         if job is None or job.tenant != tenant:
             raise NotFoundError("job", job_id)
         placement = session.get(Placement, job.current_placement_id) if job.current_placement_id else None
+        if placement is None and job.state in _SHOWS_LAST_PLACEMENT:
+            placement = _last_ran(session, [job.id]).get(job.id)
         return job, placement
 
 
@@ -246,6 +277,7 @@ def list_jobs(
     project: str | None,
     cursor: str | None,
     limit: int,
+    now: datetime | None = None,
 ) -> JobPage:
     """Newest first, `limit` per page; `next_cursor` continues after the last item."""
     query = select(Job).where(Job.tenant == tenant)
@@ -266,7 +298,9 @@ def list_jobs(
         placements = (
             {p.id: p for p in session.exec(select(Placement).where(col(Placement.id).in_(ids))).all()} if ids else {}
         )
-    items = [job_public(j, placements.get(j.current_placement_id or "")) for j in jobs]
+        ended = [j.id for j in jobs if not j.current_placement_id and j.state in _SHOWS_LAST_PLACEMENT]
+        last = _last_ran(session, ended)
+    items = [job_public(j, placements.get(j.current_placement_id or "") or last.get(j.id), now) for j in jobs]
     return JobPage(items=items, next_cursor=_encode_cursor(jobs[-1].id) if more else None)
 
 
@@ -337,13 +371,6 @@ def update_job(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now:
         return job
 
 
-def list_events(engine: Engine, tenant: str, job_id: str) -> list[EventPublic]:
-    get_job(engine, tenant, job_id)
-    with Session(engine) as session:
-        rows = session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))).all()
-        return [EventPublic(id=r.id or 0, at=r.at, kind=r.kind, message=r.message, data=r.data) for r in rows]
-
-
 def placement_public(p: Placement) -> PlacementPublic:
     return PlacementPublic(
         id=p.id,
@@ -365,20 +392,43 @@ def placement_public(p: Placement) -> PlacementPublic:
     )
 
 
-def job_public(job: Job, placement: Placement | None) -> JobPublic:
+def public_state(job: Job, placement: Placement | None) -> str:
+    """The job's state for people: `starting` while its placement's instance is launching or queued."""
+    if job.state == JobState.RUNNING.value and placement is not None and placement.started_at is None:
+        return "starting"
+    return job.state
+
+
+def live_remaining(job: Job, placement: Placement | None, now: datetime | None) -> Decimal:
+    """Work left: what the running placement started with, less the hours it has run so far (never below 0)."""
+    if (
+        now is None
+        or placement is None
+        or job.state != JobState.RUNNING.value
+        or placement.id != job.current_placement_id
+        or placement.started_at is None
+        or placement.ended_at is not None
+    ):
+        return job.remaining_work_hours
+    ran = hours_between(_aware(placement.started_at), _aware(now))
+    return max(Decimal(0), placement.work_hours_at_start - max(ran, Decimal(0))).quantize(Decimal("0.001"))
+
+
+def job_public(job: Job, placement: Placement | None, now: datetime | None = None) -> JobPublic:
+    """The API's view of a job; with `now`, `remaining_work_hours` counts down while it runs."""
     return JobPublic(
         id=job.id,
         tenant=job.tenant,
         name=job.name,
         team=job.team,
         project=job.project,
-        state=job.state,
+        state=public_state(job, placement),
         wait_reason=job.wait_reason,
         spent_usd=job.spent_usd,
         max_total_usd=job.max_total_usd,
         max_hourly_usd=job.max_hourly_usd,
         work_hours=job.work_hours,
-        remaining_work_hours=job.remaining_work_hours,
+        remaining_work_hours=live_remaining(job, placement, now),
         deadline=job.deadline_at,
         attempts=job.attempts,
         created_at=job.created_at,

@@ -408,16 +408,19 @@ async function renderJobs() {
 }
 
 function collapseEvents(events) {
-  // Cost accruals come every tick; fold each run of them into one line so the timeline stays readable.
+  // The API folds each placement's run of cost accruals into one item (data.accruals, data.from); runs split
+  // by a page boundary or another placement's accruals are joined here so the timeline stays readable.
   const out = [];
   for (const e of events) {
     const last = out[out.length - 1];
+    const n = (e.data && e.data.accruals) || 1;
     if (e.kind === "cost_accrued" && last && last.kind === "cost_accrued") {
-      last.count += 1;
+      last.count += n;
       last.to = e.at;
       last.spent = e.data.spent_usd;
     } else {
-      out.push({ ...e, count: 1, from: e.at, to: e.at, spent: e.data && e.data.spent_usd });
+      const from = (e.data && e.data.from) || e.at;
+      out.push({ ...e, count: n, from, to: e.at, spent: e.data && e.data.spent_usd });
     }
   }
   return out;
@@ -433,7 +436,7 @@ async function renderJob(id) {
   async function load() {
     let events;
     try {
-      [job, events] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(id)}`), api(`/v1/jobs/${encodeURIComponent(id)}/events`)]);
+      [job, events] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(id)}`), api(`/v1/jobs/${encodeURIComponent(id)}/events?limit=1000`).then((page) => page.items)]);
     } catch (exc) {
       if (exc.status === 404) {
         mount(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), notice(`No job ${id} in your tenant.`, "warn", "job-missing"));
