@@ -179,9 +179,10 @@ def submit_job(
     return job, True
 
 
-_INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
-_INSERT_EVENT = insert(JobEvent.__table__)  # type: ignore[attr-defined]
-_INSERT_AUDIT = insert(AuditEntry.__table__)  # type: ignore[attr-defined]
+# inline(): no RETURNING of the generated ids, which nothing reads (the job's id is ours)
+_INSERT_JOB = insert(Job.__table__).inline()  # type: ignore[attr-defined]
+_INSERT_EVENT = insert(JobEvent.__table__).inline()  # type: ignore[attr-defined]
+_INSERT_AUDIT = insert(AuditEntry.__table__).inline()  # type: ignore[attr-defined]
 
 
 def _checked_job(
