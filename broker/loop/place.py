@@ -233,12 +233,15 @@ def choose_pool(
     ctx: PlacementContext,
     now: datetime,
     budgets: HardBudgetGate | None = None,
+    *,
+    explain: bool = True,
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
     for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
     its team or project is spent. Returns (candidate, reason when none, pause?). Also asked by the
     return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
-    `budgets` gate for all of them."""
+    `budgets` gate for all of them; one that does not show the reason passes `explain=False` (explaining a
+    cheapest-cost miss is a full `quote`, every pool of the job's accelerators judged: skipped then)."""
     spec = spec_of(job)
     over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if over_budget:
@@ -251,7 +254,7 @@ def choose_pool(
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
-        reason = over_budget or reason or quote(spec, book, ctx).wait_reason()
+        reason = over_budget or reason or (quote(spec, book, ctx).wait_reason() if explain else "")
         if refused:
             reason = f"{reason}; {'; '.join(refused.values())}"[:500]
     return best, reason, pause

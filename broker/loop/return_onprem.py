@@ -156,7 +156,7 @@ def _decide(
         placement_context(rt, job, now, blocklist | (refused if refused is not None else refused_pools(session, job))),
         remaining_work_hours=remaining,
     )
-    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets)
+    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
     onprem = best.offering
