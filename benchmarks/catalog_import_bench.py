@@ -9,6 +9,13 @@ What it measures
      CPU needs, total and hourly ceilings, preemptible or not), timed one by one: p50 / p99 / max in ms.
      Target: p99 < 1 ms. A sample is checked against `quote().best` (the full, unpruned ranking).
 
+With `--cli sqlite|postgresql` it measures instead what an operator sees: `overspill prices import-catalog` of
+the four files run end to end in a subprocess (interpreter start, parsing, upserts into the database, price
+history) on a fresh database, then a second time on the now-full database (every pool unchanged). It prints wall
+seconds and the subprocess's peak RSS (`os.wait4`) for each run. PostgreSQL is a throw-away server from
+`tests.pg.start_postgres()`. `--code DIR` runs the CLI of another checkout (e.g. `git archive main | tar -x -C
+DIR`) for before/after figures.
+
 The data folder is `--data`, else `$OVERSPILL_SHARED_DATA`, else `../shared/data` next to the repository. Without
 it the benchmark says so and exits 0.
 
@@ -27,7 +34,9 @@ import os
 import platform
 import random
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -204,12 +213,69 @@ def run(catalog: Path, decisions: int, seed: int, say: Any) -> dict[str, Any]:
     }
 
 
+def run_cli(catalog: Path, db: str, code: Path, say: Any) -> dict[str, Any]:
+    """`overspill prices import-catalog` end to end, twice (fresh database, then unchanged re-import)."""
+    pg = None
+    if db == "postgresql":
+        sys.path.insert(0, str(REPO_ROOT))
+        from tests.pg import start_postgres
+
+        pg = start_postgres()
+        url = pg.create_database()
+    else:
+        url = f"sqlite:///{tempfile.mkdtemp(prefix='catalog-bench-')}/broker.db"
+    env = {**os.environ, "OVERSPILL_DATABASE_URL": url, "PYTHONPATH": str(code)}
+    cmd = [sys.executable, "-c", "from broker.cli import main; main()", "prices", "import-catalog", "--json"]
+    cmd += [str(catalog / name) for name in FILES]
+    runs: list[dict[str, Any]] = []
+    try:
+        for label in ("fresh database", "re-import, unchanged"):
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as errout:
+                t = time.perf_counter()
+                proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=out, stderr=errout)
+                _, status, usage = os.wait4(proc.pid, 0)  # reaps the child: its own rusage, not the process tree's
+                seconds = time.perf_counter() - t
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                out.seek(0)
+                errout.seek(0)
+                stdout, stderr = out.read().decode(), errout.read().decode()
+            if proc.returncode != 0:
+                raise SystemExit(f"import-catalog failed ({proc.returncode}): {stderr[-2000:]}")
+            rss = usage.ru_maxrss / 1024  # KiB on Linux
+            summaries = json.loads(stdout.strip().splitlines()[-1])
+            pools = sum(s["offerings"] for s in summaries)
+            changes = sum(s["price_changes"] for s in summaries)
+            say(
+                f"  {label:<22} {pools:>6,} pools, {changes:>6,} price changes: {seconds:.2f} s, peak RSS {rss:.0f} MiB"
+            )
+            runs.append(
+                {
+                    "run": label,
+                    "pools": pools,
+                    "price_changes": changes,
+                    "seconds": round(seconds, 3),
+                    "peak_rss_mib": round(rss, 1),
+                }
+            )
+    finally:
+        if pg is not None:
+            pg.stop()
+    met = {
+        "import_under_5s": all(r["seconds"] < TARGET_IMPORT_S for r in runs),
+        "rss_under_300mib": all(r["peak_rss_mib"] < TARGET_RSS_MIB for r in runs),
+    }
+    say("targets: " + ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in met.items()))
+    return {"python": platform.python_version(), "db": db, "code": str(code), "runs": runs, "targets_met": met}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--data", help="shared data folder (default $OVERSPILL_SHARED_DATA or ../shared/data)")
     parser.add_argument("--decisions", type=int, default=5_000, help="timed place() calls (default 5000)")
     parser.add_argument("--seed", type=int, default=7, help="random seed for the job shapes (default 7)")
     parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
+    parser.add_argument("--cli", choices=("sqlite", "postgresql"), help="time the CLI end to end on this database")
+    parser.add_argument("--code", type=Path, default=REPO_ROOT, help="checkout whose CLI --cli runs (default this one)")
     args = parser.parse_args(argv)
     if args.decisions < 1:
         parser.error("--decisions must be at least 1")
@@ -220,7 +286,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     say = (lambda *_: None) if args.json else print
     say(f"catalog_import_bench: python {platform.python_version()}, {os.cpu_count()} CPUs, catalog {catalog}")
-    result = run(catalog, args.decisions, args.seed, say)
+    if args.cli:
+        say(f"overspill prices import-catalog end to end on {args.cli} ({args.code}):")
+        result = run_cli(catalog, args.cli, args.code.resolve(), say)
+    else:
+        result = run(catalog, args.decisions, args.seed, say)
     if args.json:
         print(json.dumps(result))
 

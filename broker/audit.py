@@ -16,6 +16,10 @@ route records the entry, amount, job and note). Never recorded: the body (beyond
 any header but `X-Request-ID`. The client address is the socket peer (`OVERSPILL_FORWARDED_ALLOW_IPS` makes it the
 forwarded one behind a trusted proxy). If the row cannot be written the failure is logged and the answer still goes
 out (the change it reports may already be committed).
+A route may instead write its own entry inside the transaction of the change it reports (`entry_row` gives the
+row; the route then sets `request.state.audited`): `POST /v1/jobs` does, so a job and its audit row commit or
+roll back together, in one transaction instead of two. The middleware writes no second row for such a request;
+when the route's transaction does not commit (a refusal, an idempotent replay) the middleware writes as usual.
 
 `list_audit` reads a tenant's entries, newest first, with an opaque cursor.
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -73,6 +78,16 @@ def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry | AuditRefuse
         request_id=str(state.get("request_id", ""))[:128],  # sanitised by broker.request_id
         detail=str(state.get("audit_detail", ""))[:500],
     )
+
+
+def entry_row(scope: Scope, status: int, now: datetime) -> dict[str, Any] | None:
+    """The `audit_log` columns of this request answered with `status`, for a route that inserts the row in its
+    own transaction (then it sets `request.state.audited`); None when the caller is not verified (the middleware
+    counts those)."""
+    entry = _entry(scope, status, now)
+    if isinstance(entry, AuditRefused):
+        return None
+    return entry.model_dump(exclude={"id"})
 
 
 def record(engine: Engine, entry: AuditEntry | AuditRefused) -> None:
@@ -147,13 +162,14 @@ class AuditLog:
             nonlocal written
             if message["type"] == "http.response.start" and not written:
                 written = True
-                await self._write(scope, int(message["status"]))
+                if not scope.get("state", {}).get("audited"):  # else the route wrote it with its change
+                    await self._write(scope, int(message["status"]))
             await send(message)
 
         try:
             await self.app(scope, receive, audited_send)
         except Exception:
-            if not written:
+            if not written and not scope.get("state", {}).get("audited"):
                 await self._write(scope, 500)
             raise
 

@@ -187,8 +187,9 @@ class KeyVerifier:
 
     def confirm(self, principal: Principal) -> bool:
         """Whether a cached principal's key still exists unrevoked (one primary-key read); forgets it if not."""
-        with Session(self._engine) as session:
-            row = session.get(ApiKey, principal.key_id)
+        table = ApiKey.__table__  # type: ignore[attr-defined]
+        with self._engine.connect() as conn:  # a Core read: this runs on every state-changing request
+            row = conn.execute(select(table.c.revoked_at).where(table.c.id == principal.key_id)).first()
         if row is None or row.revoked_at is not None:
             self.forget(principal.key_id)
             return False

@@ -47,8 +47,8 @@ def record_availability(session: Session, offerings: Iterable[Offering], gone: I
         if off.capacity_type is CapacityType.SPOT and last.get(off.key) != off.available
     ]
     rows.extend({"offering_key": key, "up": False, "observed_at": now} for key in gone if last.get(key))
-    for start in range(0, len(rows), 1000):
-        session.execute(insert(AvailabilityChange), rows[start : start + 1000])
+    if rows:
+        session.execute(insert(AvailabilityChange.__table__), rows)  # type: ignore[attr-defined]
     return len(rows)
 
 

@@ -43,38 +43,33 @@ def offering_from_row(row: OfferingRow) -> Offering:
     )
 
 
-def row_from_offering(off: Offering, refreshed_at: datetime, feed: str) -> OfferingRow:
-    return OfferingRow(**offering_values(off, refreshed_at, feed))
-
-
 def offering_values(off: Offering, refreshed_at: datetime, feed: str) -> dict[str, Any]:
-    """An `OfferingRow`'s columns as a plain dict, for bulk upserts (building a model per pool each price
-    refresh cost more than writing the rows)."""
-    return dict(
-        key=off.key,
-        provider=off.provider,
-        region=off.region,
-        zone=off.zone,
-        instance_type=off.instance_type,
-        accelerator=off.accelerator,
-        accelerator_count=off.accelerator_count,
-        gpu_memory_gib=off.gpu_memory_gib,
-        vcpus=off.vcpus,
-        memory_gib=off.memory_gib,
-        capacity_type=off.capacity_type.value,
-        hourly_usd=off.price.hourly_usd,
-        price_source=off.price.source,
-        observed_at=off.price.observed_at,
-        estimated=off.price.estimated,
-        interruption_rate_per_hour=off.interruption_rate_per_hour,
-        egress_usd_per_gb=off.egress_usd_per_gb,
-        expected_wait_hours=off.expected_wait_hours,
-        available=off.available,
-        simulated=off.simulated,
-        interruption_basis=off.interruption_basis,
-        feed=feed,
-        refreshed_at=refreshed_at,
-    )
+    """The `offering` table's columns for one pool, as a plain dict for bulk upserts (no ORM object built)."""
+    return {
+        "key": off.key,
+        "provider": off.provider,
+        "region": off.region,
+        "zone": off.zone,
+        "instance_type": off.instance_type,
+        "accelerator": off.accelerator,
+        "accelerator_count": off.accelerator_count,
+        "gpu_memory_gib": off.gpu_memory_gib,
+        "vcpus": off.vcpus,
+        "memory_gib": off.memory_gib,
+        "capacity_type": off.capacity_type.value,
+        "hourly_usd": off.price.hourly_usd,
+        "price_source": off.price.source,
+        "observed_at": off.price.observed_at,
+        "estimated": off.price.estimated,
+        "interruption_rate_per_hour": off.interruption_rate_per_hour,
+        "egress_usd_per_gb": off.egress_usd_per_gb,
+        "expected_wait_hours": off.expected_wait_hours,
+        "available": off.available,
+        "simulated": off.simulated,
+        "interruption_basis": off.interruption_basis,
+        "feed": feed,
+        "refreshed_at": refreshed_at,
+    }
 
 
 class CatalogCache:

@@ -15,7 +15,10 @@ launch adapter: the broker has prices for the pool but nothing configured that c
 store: its instances would run the agent, which needs a store of that provider for the spec, logs and reports).
 
 `quote` explains every relevant pool; `place` is the fast path used per decision: it walks each accelerator's
-pools in price order and stops once price alone cannot beat the best candidate.
+pools in price order and stops once price alone cannot beat the best candidate. Filters price order cannot stop
+on are answered from the book's index instead (see `pricing.book`): a job with a region allow-list walks only
+those regions' pools, and a provider allow-list, a non-preemptible job, a CPU, memory or GPU-memory minimum, a
+provider nobody can launch on or a blocklisted provider rule out whole lanes before any pool in them is judged.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from enum import StrEnum
 
-from pricing.book import GroupSummary, PriceBook
+from pricing.book import GroupSummary, IndexedOffering, Lane, PoolGroup, PriceBook
 from providers.model import CENT, CapacityType, JobSpec, Offering
 
 
@@ -332,18 +335,81 @@ def place(job: JobSpec, book: PriceBook, ctx: PlacementContext) -> Candidate | N
     for group in book.for_shape(job.accelerators, job.gpu_count):
         if not _group_may_fit(job, group.summary):
             continue
-        for item in group.items:
-            if item.hourly > max_hourly:
-                break  # sorted by price: every later pool is over the hourly ceiling too
-            floor = item.hourly * work  # no pool costs less than its price for the bare work
-            if floor > budget_bound:
-                break  # this and every later pool would break max_total_usd
-            if best is not None and floor - 0.005 > best.score:
-                break  # even with no overhead, transfer or wait this pool costs more than the best
-            verdict = judge(job, item.offering, ctx)
-            if isinstance(verdict, Candidate) and (best is None or _rank_key(verdict) < _rank_key(best)):
-                best = verdict
+        for items, extra, run_floor, transfer_floor in _parts(job, ctx, group, work):
+            for item in items:
+                hourly = item.hourly + extra
+                if hourly > max_hourly:
+                    break  # sorted by price: every later pool is over the hourly ceiling too
+                floor = hourly * run_floor + transfer_floor  # no pool of this part costs less
+                if floor > budget_bound:
+                    break  # this and every later pool would break max_total_usd
+                if best is not None and floor - 0.005 > best.score:
+                    break  # even with no wait this pool costs more than the best
+                verdict = judge(job, item.offering, ctx)
+                if isinstance(verdict, Candidate) and (best is None or _rank_key(verdict) < _rank_key(best)):
+                    best = verdict
     return best
+
+
+_Part = tuple[tuple[IndexedOffering, ...], float, float, float]
+
+
+def _parts(job: JobSpec, ctx: PlacementContext, group: PoolGroup, work: float) -> list[_Part]:
+    """The price-ordered parts of a group that may hold a pool for the job, each with lower bounds shared by its
+    pools (extra hourly cost, run hours, checkpoint transfer) for the price-ordered early stop: the allowed
+    regions' pools, else the lanes the job's filters do not rule out, else (no filter bites in this group and no
+    checkpoint transfer to price) the whole group. Every pool left out would be rejected by `judge` for a
+    permanent or launch reason, so the best pool is the same."""
+    p = ctx.params
+    overhead = p.checkpoint_interval_hours / 2 + p.restart_hours
+    s = group.summary
+    group_run = work * (1.0 + s.min_interruption_rate * overhead) + (0.0 if s.has_on_prem else p.cloud_startup_hours)
+    if job.allowed_regions:
+        return [
+            (group.by_region[r], 0.0, group_run, 0.0)
+            for r in dict.fromkeys(job.allowed_regions)
+            if r in group.by_region
+        ]
+    transfer = ctx.checkpoint_at is not None and job.checkpoint_size_gb > 0
+    if not (
+        transfer
+        or ctx.extra_hourly_usd
+        or job.allowed_providers
+        or not job.preemptible
+        or job.min_gpu_memory_gib > s.min_gpu_memory_gib
+        or job.cpus > s.min_vcpus
+        or float(job.memory_gib) > s.min_memory_gib
+        or (ctx.launchable is not None and not s.providers <= ctx.launchable)
+        or (ctx.no_checkpoint_store and not s.providers.isdisjoint(ctx.no_checkpoint_store))
+        or (ctx.blocklist and not s.providers.isdisjoint(ctx.blocklist))
+    ):
+        return [(group.items, 0.0, group_run, 0.0)]
+    egress = float(ctx.checkpoint_egress_usd_per_gb * job.checkpoint_size_gb) if transfer else 0.0
+    parts: list[_Part] = []
+    for lane in group.lanes:
+        if not _lane_may_fit(job, ctx, lane):
+            continue
+        extra = ctx.extra_hourly_usd.get(f"{lane.provider}/{lane.capacity_type}") if ctx.extra_hourly_usd else None
+        run = work * (1.0 + lane.min_interruption_rate * overhead)
+        if lane.capacity_type != CapacityType.ON_PREM.value:
+            run += p.cloud_startup_hours
+        # the checkpoint's own provider may hold it in the same region (no transfer); any other pays egress
+        moved = egress if ctx.checkpoint_at is not None and lane.provider != ctx.checkpoint_at[0] else 0.0
+        parts.append((lane.items, float(extra) if extra else 0.0, run, moved))
+    return parts
+
+
+def _lane_may_fit(job: JobSpec, ctx: PlacementContext, lane: Lane) -> bool:
+    return (
+        (not job.allowed_providers or lane.provider in job.allowed_providers)
+        and (job.preemptible or lane.capacity_type != CapacityType.SPOT.value)
+        and lane.gpu_memory_gib >= job.min_gpu_memory_gib
+        and lane.vcpus >= job.cpus
+        and lane.memory_gib >= float(job.memory_gib)
+        and (ctx.launchable is None or lane.provider in ctx.launchable)
+        and lane.provider not in ctx.no_checkpoint_store
+        and lane.provider not in ctx.blocklist
+    )
 
 
 def _group_may_fit(job: JobSpec, g: GroupSummary) -> bool:

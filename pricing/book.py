@@ -4,11 +4,17 @@ A snapshot is built once per refresh and then only read, so placement never sees
 Offerings are grouped by canonical accelerator name (and within it by GPU count) and sorted by hourly price,
 which lets placement skip pools too small for a job and stop scanning a group as soon as price alone rules out
 beating the best candidate found so far or fitting the job's remaining budget.
+
+Filters that price order cannot stop on (a provider or region allow-list, a job that must not be preempted, a
+CPU, memory or GPU-memory minimum) would otherwise make a decision walk thousands of cheap pools it must reject.
+So each group is also split two ways, each part still cheapest first: into lanes of one provider, capacity type
+and instance type (one shape: a lane is kept or skipped whole against those filters) and into its pools per
+region (a job with a region allow-list walks only those regions' pools).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -33,6 +39,11 @@ class GroupSummary:
     providers: frozenset[str]
     regions: frozenset[str]
     has_non_spot: bool
+    min_gpu_memory_gib: int = 0
+    min_vcpus: int = 0
+    min_memory_gib: float = 0.0
+    min_interruption_rate: float = 0.0
+    has_on_prem: bool = True
 
     @classmethod
     def of(cls, items: tuple[IndexedOffering, ...]) -> GroupSummary:
@@ -44,16 +55,69 @@ class GroupSummary:
             providers=frozenset(o.provider for o in offs),
             regions=frozenset(o.region for o in offs),
             has_non_spot=any(o.capacity_type.value != "spot" for o in offs),
+            min_gpu_memory_gib=min(o.gpu_memory_gib for o in offs),
+            min_vcpus=min(o.vcpus for o in offs),
+            min_memory_gib=min(float(o.memory_gib) for o in offs),
+            min_interruption_rate=min(o.interruption_rate_per_hour for o in offs),
+            has_on_prem=any(o.capacity_type.value == "on_prem" for o in offs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """The pools of one group with one provider, capacity type and instance type, cheapest first. The shape
+    fields are the largest in the lane (one instance type has one shape), so a lane whose maximum is too small
+    for a job holds no pool that fits it; `min_interruption_rate` is the lowest, a floor on the lane's overhead."""
+
+    provider: str
+    capacity_type: str
+    gpu_memory_gib: int
+    vcpus: int
+    memory_gib: float
+    min_interruption_rate: float
+    items: tuple[IndexedOffering, ...]
+
+    @classmethod
+    def of(cls, items: tuple[IndexedOffering, ...]) -> Lane:
+        first = items[0].offering
+        return cls(
+            provider=first.provider,
+            capacity_type=first.capacity_type.value,
+            gpu_memory_gib=max(i.offering.gpu_memory_gib for i in items),
+            vcpus=max(i.offering.vcpus for i in items),
+            memory_gib=max(float(i.offering.memory_gib) for i in items),
+            min_interruption_rate=min(i.offering.interruption_rate_per_hour for i in items),
+            items=items,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class PoolGroup:
-    """Pools of one accelerator and GPU count, cheapest first, with their summary."""
+    """Pools of one accelerator and GPU count, cheapest first, with their summary; the same pools split into
+    lanes (ordered by their cheapest pool) and by region, each part cheapest first."""
 
     accelerator_count: int
     items: tuple[IndexedOffering, ...]
     summary: GroupSummary
+    lanes: tuple[Lane, ...] = ()
+    by_region: Mapping[str, tuple[IndexedOffering, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, accelerator_count: int, items: tuple[IndexedOffering, ...]) -> PoolGroup:
+        """`items` must be cheapest first; every part keeps that order."""
+        lanes: dict[tuple[str, str, str], list[IndexedOffering]] = {}
+        regions: dict[str, list[IndexedOffering]] = {}
+        for item in items:
+            off = item.offering
+            lanes.setdefault((off.provider, off.capacity_type.value, off.instance_type), []).append(item)
+            regions.setdefault(off.region, []).append(item)
+        return cls(
+            accelerator_count,
+            items,
+            GroupSummary.of(items),
+            tuple(Lane.of(tuple(lane)) for lane in lanes.values()),  # dicts keep insertion: cheapest head first
+            {region: tuple(part) for region, part in regions.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -85,9 +149,7 @@ class PriceBook:
             counts: dict[int, list[IndexedOffering]] = {}
             for item in items:  # already in price order, so each count's list is too
                 counts.setdefault(item.offering.accelerator_count, []).append(item)
-            by_shape[acc] = tuple(
-                PoolGroup(n, tuple(counts[n]), GroupSummary.of(tuple(counts[n]))) for n in sorted(counts)
-            )
+            by_shape[acc] = tuple(PoolGroup.of(n, tuple(counts[n])) for n in sorted(counts))
         return cls(built_at, by_key, by_acc, dict(feed_observed_at or {}), by_shape)
 
     def __len__(self) -> int:

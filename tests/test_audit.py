@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
@@ -71,3 +72,28 @@ def test_audit_rows_hold_no_secret(client: TestClient, key_for: Callable[[str, R
     text = " ".join(repr(r) for r in rows)
     assert rows and created["key"] not in text and admin["Authorization"].split()[1] not in text
     assert created["key"].split("_", 2)[2] not in text
+
+
+def test_a_submitted_job_and_its_audit_row_commit_in_one_transaction(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POST /v1/jobs writes its audit row with the job (one row, one transaction): if the row cannot be written
+    the job is not stored either; a replay with the same Idempotency-Key stores no job and is audited once."""
+    import broker.routes.jobs as jobs_route
+    from broker.tables import Job
+
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    made = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": "k1"})
+    assert made.status_code == 202
+    replay = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": "k1"})
+    assert replay.json()["id"] == made.json()["id"] and replay.headers["Idempotent-Replayed"] == "true"
+    with Session(engine) as s:
+        assert [(r.route, r.status) for r in s.exec(select(AuditEntry)).all()] == [("/v1/jobs", 202)] * 2
+        assert len(s.exec(select(Job)).all()) == 1
+
+    real = jobs_route.entry_row
+    monkeypatch.setattr(jobs_route, "entry_row", lambda *a: {**(real(*a) or {}), "status": None})  # NOT NULL
+    broken = TestClient(client.app, raise_server_exceptions=False)
+    assert broken.post("/v1/jobs", json=job_body(), headers=dict(client.headers)).status_code == 500
+    with Session(engine) as s:
+        assert len(s.exec(select(Job)).all()) == 1, "the job rolled back with its audit row"

@@ -213,3 +213,114 @@ def test_what_an_instance_bills_beside_compute_counts_in_the_cost_and_the_hourly
     assert isinstance(
         evaluate(spec(max_hourly_usd=Decimal("10.25")), on_demand, ctx(extra_hourly_usd=extra)), Candidate
     )
+
+
+def test_indexed_fast_path_agrees_with_full_quote_under_every_filter() -> None:
+    """Region and provider allow-lists, non-preemptible jobs, CPU / memory / GPU-memory minimums, launchable and
+    checkpoint-store sets, blocklists, checkpoint transfer and extra hourly costs all go through the book's lanes
+    and region index; the pool chosen must stay the one the full, unpruned ranking puts first."""
+    import random
+
+    rng = random.Random(23)
+    accs = ["A100", "V100", "H100"]
+    providers = ["aws", "gcp", "azure", "lambda"]
+    regions = ["r1", "r2", "r3", "r4", "r5"]
+    for round_ in range(25):
+        offs = []
+        for i in range(150):
+            provider = rng.choice(providers)
+            capacity = rng.choice(["spot", "spot", "on_demand", "on_prem"])
+            vcpus = rng.choice([8, 16, 32, 64])
+            offs.append(
+                offering(
+                    provider=provider,
+                    region=rng.choice(regions),
+                    zone=f"z{i}",
+                    instance_type=rng.choice(["a", "b"]),  # one name, several shapes: lanes must not trust it
+                    accelerator=rng.choice(accs),
+                    count=rng.choice([1, 2, 4, 8]),
+                    gpu_memory=rng.choice([16, 40, 80]),
+                    vcpus=vcpus,
+                    memory=str(vcpus * rng.choice([2, 4, 8])),
+                    capacity=capacity,
+                    price=str(round(rng.uniform(0.5, 40), 4)),
+                    rate=0.0 if capacity != "spot" else rng.choice([0.0, 0.05, 0.5, 2.0]),
+                    egress=rng.choice(["0", "0.09"]),
+                    wait=rng.choice([0.0, 0.0, 3.0]) if capacity == "on_prem" else 0.0,
+                    available=rng.random() > 0.1,
+                )
+            )
+        book = PriceBook.build(offs, NOW)
+        for _ in range(40):
+            job = spec(
+                accelerators=tuple(rng.sample(accs, rng.randint(1, 3))),
+                gpu_count=rng.choice([1, 2, 4, 8]),
+                max_total_usd=Decimal(rng.choice([20, 100, 1000, 5000])),
+                max_hourly_usd=rng.choice([None, None, Decimal("10")]),
+                work_gpu_hours=Decimal(rng.randint(1, 40)),
+                allowed_regions=tuple(rng.sample(regions, rng.randint(1, 2))) if rng.random() < 0.3 else (),
+                allowed_providers=tuple(rng.sample(providers, rng.randint(1, 2))) if rng.random() < 0.3 else (),
+                preemptible=rng.random() < 0.7,
+                cpus=rng.choice([0, 0, 16, 64]),
+                memory_gib=Decimal(rng.choice([0, 0, 64, 256])),
+                min_gpu_memory_gib=rng.choice([0, 0, 40, 80]),
+                checkpoint_size_gb=Decimal(rng.choice([0, 50, 500])),
+            )
+            blocklist = set()
+            if rng.random() < 0.3:
+                blocklist.add(rng.choice(providers))
+            if rng.random() < 0.3:
+                blocklist.add(f"{rng.choice(providers)}/{rng.choice(regions)}")
+            c = ctx(
+                remaining_work_hours=job.work_hours,
+                spent_usd=Decimal(rng.choice([0, 10])),
+                blocklist=frozenset(blocklist),
+                checkpoint_at=(rng.choice(providers), rng.choice(regions)) if rng.random() < 0.5 else None,
+                checkpoint_egress_usd_per_gb=Decimal("0.09"),
+                checkpoint_interregion_usd_per_gb=Decimal("0.02"),
+                launchable=frozenset(rng.sample(providers, 3)) if rng.random() < 0.3 else None,
+                no_checkpoint_store=frozenset({rng.choice(providers)}) if rng.random() < 0.2 else frozenset(),
+                extra_hourly_usd={"aws/spot": Decimal("0.03"), "gcp/on_demand": Decimal("1.5")}
+                if rng.random() < 0.4
+                else {},
+                params=PlacementParams(wait_value_usd_per_gpu_hour=rng.choice([0.0, 2.0])),
+            )
+            fast = place(job, book, c)
+            full = quote(job, book, c).best
+            assert (fast.offering.key if fast else None) == (full.offering.key if full else None), round_
+
+
+def test_filters_that_defeat_price_order_do_not_make_place_walk_the_catalog(monkeypatch: object) -> None:
+    """2,000 cheap pools a job may not use ahead of the few it may: place() judges only the latter."""
+    import federation.placement as placement
+
+    cheap = [
+        offering(provider="gcp", region=f"g{i % 50}", zone=f"g{i}", price=str(1 + i / 1000), vcpus=8)
+        for i in range(2000)
+    ]
+    usable = [
+        offering(provider="aws", region="us-east-1", zone=f"a{i}", price=str(50 + i), capacity="on_demand")
+        for i in range(5)
+    ]
+    book = PriceBook.build(cheap + usable, NOW)
+    judged: list[str] = []
+    real_judge = placement.judge
+
+    def counting(job: object, off: object, c: object) -> object:
+        judged.append(off.key)  # type: ignore[attr-defined]
+        return real_judge(job, off, c)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placement, "judge", counting)  # type: ignore[attr-defined]
+    cases = {
+        "provider allow-list": (spec(allowed_providers=("aws",)), ctx()),
+        "region allow-list": (spec(allowed_regions=("us-east-1",)), ctx()),
+        "not preemptible": (spec(preemptible=False), ctx()),
+        "CPU minimum": (spec(cpus=64), ctx()),
+        "launchable": (spec(), ctx(launchable=frozenset({"aws"}))),
+        "blocklisted provider": (spec(), ctx(blocklist=frozenset({"gcp"}))),
+    }
+    for name, (job, c) in cases.items():
+        judged.clear()
+        best = place(job, book, c)
+        assert best is not None and best.offering.zone == "a0", name
+        assert len(judged) <= 5, (name, len(judged))

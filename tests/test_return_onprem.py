@@ -131,3 +131,35 @@ def test_cloud_work_stays_while_on_prem_is_busy_or_moving_saves_too_little(
     _run(rt, clock, 3)
     assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
     assert "returning_onprem" not in _events(rt, job_id)
+
+
+def test_the_return_check_never_explains_a_job_it_cannot_place(
+    rt: Runtime,
+    api: TestClient,
+    onprem: ScriptedCloud,
+    clock: MovableClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When no pool fits a running cloud job right now, the check moves on: it does not build the full `quote`
+    (every pool of the job's accelerators judged) whose explanation it would throw away, every tick, per job."""
+    from datetime import timedelta
+
+    import broker.loop.place as place_module
+    from broker.loop.common import block
+    from broker.loop.return_onprem import return_onprem
+
+    job_id = _submit(api, rt, clock)
+    _run(rt, clock, 1)
+    onprem.wait_hours = 0.0  # on-prem is open again, but now too dear for what is left of the ceiling
+    onprem.prices = {"dc1": Decimal("1000")}
+    _run(rt, clock, 1)  # the new on-prem price is in the catalog
+    with Session(rt.engine) as s:
+        block(s, "aws", clock() + timedelta(hours=1), "test: the cloud pool is out of the choice too")
+        s.commit()
+
+    def no_quote(*_: object) -> object:
+        raise AssertionError("quote() built for a job the return check only asks about")
+
+    monkeypatch.setattr(place_module, "quote", no_quote)
+    assert return_onprem(rt, clock()) == 0
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlmodel import Session, col, select
 
@@ -30,6 +31,59 @@ CORRECTION_MAX_FACTOR = Decimal("2")
 
 class LedgerError(ValueError):
     """A ledger write that would make the books wrong (unknown entry, mismatched job)."""
+
+
+def entry_values(
+    job: Job,
+    *,
+    kind: CostKind,
+    usd: Decimal,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    placement: Placement | None = None,
+    provider: str | None = None,
+    region: str | None = None,
+    capacity_type: str | None = None,
+    on_demand_usd: Decimal | None = None,
+    hourly_usd: Decimal = Decimal("0"),
+    quantity: Decimal = Decimal("0"),
+    unit: str = "Hours",
+    resource_id: str | None = None,
+    corrects_id: int | None = None,
+    note: str = "",
+) -> dict[str, Any]:
+    """The `cost_entry` columns of one entry, checked and rounded as `record_entry` writes them, as a plain dict
+    for a bulk insert (a caller writing many entries at once adds their `usd` to the job's spend itself)."""
+    if end < start:
+        raise LedgerError(f"entry period ends ({end}) before it starts ({start})")
+    if placement is not None and placement.job_id != job.id:
+        raise LedgerError(f"placement {placement.id} belongs to job {placement.job_id}, not {job.id}")
+    usd = usd.quantize(LEDGER_QUANTUM)
+    return {
+        "job_id": job.id,
+        "placement_id": placement.id if placement else None,
+        "tenant": job.tenant,
+        "team": job.team,
+        "project": job.project,
+        "provider": provider or (placement.provider if placement else ""),
+        "region": region if region is not None else (placement.region if placement else ""),
+        "zone": placement.zone if placement else "",
+        "instance_type": placement.instance_type if placement else "",
+        "resource_id": resource_id if resource_id is not None else ((placement.instance_id or "") if placement else ""),
+        "capacity_type": capacity_type or (placement.capacity_type if placement else ""),
+        "kind": kind.value,
+        "period_start_at": start,
+        "period_end_at": end,
+        "hourly_usd": hourly_usd,
+        "usd": usd,
+        "on_demand_usd": (on_demand_usd if on_demand_usd is not None else usd).quantize(LEDGER_QUANTUM),
+        "quantity": quantity,
+        "unit": unit,
+        "corrects_id": corrects_id,
+        "note": note[:500],
+        "created_at": now,
+    }
 
 
 def record_entry(
@@ -57,37 +111,28 @@ def record_entry(
     job; where it ran comes from `placement` unless given. `on_demand_usd` defaults to `usd` (no saving).
 
     For egress use `kind=CostKind.EGRESS, quantity=<GB>, unit="GB"`; for storage `unit="GB-Month"`."""
-    if end < start:
-        raise LedgerError(f"entry period ends ({end}) before it starts ({start})")
-    if placement is not None and placement.job_id != job.id:
-        raise LedgerError(f"placement {placement.id} belongs to job {placement.job_id}, not {job.id}")
-    usd = usd.quantize(LEDGER_QUANTUM)
-    entry = CostEntryRow(
-        job_id=job.id,
-        placement_id=placement.id if placement else None,
-        tenant=job.tenant,
-        team=job.team,
-        project=job.project,
-        provider=provider or (placement.provider if placement else ""),
-        region=region if region is not None else (placement.region if placement else ""),
-        zone=placement.zone if placement else "",
-        instance_type=placement.instance_type if placement else "",
-        resource_id=resource_id if resource_id is not None else ((placement.instance_id or "") if placement else ""),
-        capacity_type=capacity_type or (placement.capacity_type if placement else ""),
-        kind=kind.value,
-        period_start_at=start,
-        period_end_at=end,
-        hourly_usd=hourly_usd,
+    values = entry_values(
+        job,
+        kind=kind,
         usd=usd,
-        on_demand_usd=(on_demand_usd if on_demand_usd is not None else usd).quantize(LEDGER_QUANTUM),
+        start=start,
+        end=end,
+        now=now,
+        placement=placement,
+        provider=provider,
+        region=region,
+        capacity_type=capacity_type,
+        on_demand_usd=on_demand_usd,
+        hourly_usd=hourly_usd,
         quantity=quantity,
         unit=unit,
+        resource_id=resource_id,
         corrects_id=corrects_id,
-        note=note[:500],
-        created_at=now,
+        note=note,
     )
+    entry = CostEntryRow(**values)
     session.add(entry)
-    job.spent_usd = job.spent_usd + usd
+    job.spent_usd = job.spent_usd + values["usd"]
     session.add(job)
     return entry
 

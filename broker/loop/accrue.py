@@ -19,27 +19,51 @@ Infrastructure. The compute of lost work is reclassified as wasted; the disk and
 whatever the work).
 The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entries are written in one
 transaction under row locks, so a crash or a second replica can neither skip nor double-count a second.
-Placements are accrued `loop_batch_size` (a setting) to a transaction (one commit and a few statements per
-batch rather than per placement: with thousands of running jobs the step would otherwise dominate the tick).
+Placements are accrued `loop_batch_size` (a setting) to a transaction, set-based: the batch's rows are locked and
+read in two statements, every entry, event and new mark is computed in memory, and each kind of write is one
+statement for the whole batch (an executemany of the ledger entries, of the events, of the placements' marks and
+of the jobs' totals), so no ORM object is built or flushed per entry. Only a preempted placement's final
+accrual goes on through `record_wasted` (rare: once per preemption).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
+from sqlalchemy import bindparam, insert, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, or_, select
 
 from broker.crashpoints import crashpoint
-from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, record_entry, record_wasted
+from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
 from broker.loop.common import lock_batch
 from broker.runtime import Runtime
-from broker.services.jobs import add_event
-from broker.tables import Job, Placement
+from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook
 from pricing.extras import ExtraCharge
 from providers.model import CostKind, PlacementState, hours_between
+
+_P = Placement.__table__  # type: ignore[attr-defined]
+_J = Job.__table__  # type: ignore[attr-defined]
+_PLACEMENT_MARKS = (
+    update(_P)
+    .where(_P.c.id == bindparam("b_id"))
+    .values(
+        accrued_until=bindparam("b_accrued_until", type_=_P.c.accrued_until.type),
+        cost_usd=bindparam("b_cost_usd", type_=_P.c.cost_usd.type),
+        price_segment_started_at=bindparam("b_seg_start", type_=_P.c.price_segment_started_at.type),
+        price_segment_hourly_usd=bindparam("b_seg_hourly", type_=_P.c.price_segment_hourly_usd.type),
+    )
+)
+_JOB_SPENT = (
+    update(_J).where(_J.c.id == bindparam("b_id")).values(spent_usd=bindparam("b_spent", type_=_J.c.spent_usd.type))
+)
+_ENTRIES = insert(CostEntryRow.__table__)  # type: ignore[attr-defined]
+_EVENTS = insert(JobEvent.__table__)  # type: ignore[attr-defined]
 
 
 def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: datetime) -> Decimal:
@@ -77,6 +101,26 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
 Extras = dict[tuple[str, str], tuple[ExtraCharge, ...]]
 
 
+@dataclass
+class _Writes:
+    """What one batch writes, gathered in memory and sent as one statement per kind."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    marks: list[dict[str, Any]] = field(default_factory=list)
+    spent: dict[str, Decimal] = field(default_factory=dict)  # job id -> its new spent_usd
+
+    def send(self, session: Session) -> None:
+        if self.entries:
+            session.execute(_ENTRIES, self.entries)
+        if self.events:
+            session.execute(_EVENTS, self.events)
+        if self.marks:
+            session.execute(_PLACEMENT_MARKS, self.marks)
+        if self.spent:
+            session.execute(_JOB_SPENT, [{"b_id": job_id, "b_spent": usd} for job_id, usd in self.spent.items()])
+
+
 def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetime, extras: Extras) -> int:
     """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
@@ -84,13 +128,30 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
         placements, jobs = lock_batch(session, ids, lambda p: _unaccrued(p, now))
         if not placements:
             return 0
-        written = 0
+        writes = _Writes()
         for p in placements:
-            written += _accrue_one(session, p, jobs[p.job_id], book, now, extras.get((p.provider, p.capacity_type), ()))
+            _accrue_one(p, jobs[p.job_id], book, now, extras.get((p.provider, p.capacity_type), ()), writes)
+        writes.send(session)
+        _mirror(placements, jobs, writes)
+        for p in placements:
             crashpoint("accrue.before_commit")  # each placement's entries written, the batch not committed yet
+            if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and p.accrued_until == p.ended_at:
+                record_wasted(session, jobs[p.job_id], p, now)
         session.commit()
         crashpoint("accrue.after_commit")
-    return written
+    return len(writes.entries)
+
+
+def _mirror(placements: Sequence[Placement], jobs: dict[str, Job], writes: _Writes) -> None:
+    """Make the session's objects match the rows the batch statements wrote, without marking them changed (so
+    `record_wasted`, which works on them, starts from the right totals and nothing is written twice)."""
+    for p, mark in zip(placements, writes.marks, strict=True):
+        set_committed_value(p, "accrued_until", mark["b_accrued_until"])
+        set_committed_value(p, "cost_usd", mark["b_cost_usd"])
+        set_committed_value(p, "price_segment_started_at", mark["b_seg_start"])
+        set_committed_value(p, "price_segment_hourly_usd", mark["b_seg_hourly"])
+    for job_id, usd in writes.spent.items():
+        set_committed_value(jobs[job_id], "spent_usd", usd)
 
 
 def _accrual_end(p: Placement, now: datetime) -> datetime:
@@ -103,15 +164,15 @@ def _unaccrued(p: Placement, now: datetime) -> bool:
 
 
 def _accrue_one(
-    session: Session,
     p: Placement,
     job: Job,
     book: PriceBook,
     now: datetime,
-    extras: tuple[ExtraCharge, ...] = (),
-) -> int:
-    """Write `p`'s entries (compute, then each of `extras`) from `accrued_until` to now (or its end) and move its
-    marks; returns entries written."""
+    extras: tuple[ExtraCharge, ...],
+    writes: _Writes,
+) -> None:
+    """Add to `writes` `p`'s entries (compute, then each of `extras`) from `accrued_until` to now (or its end), its
+    `cost_accrued` event, its new marks and its job's new total. Reads `p` and `job`, changes neither."""
     assert p.started_at is not None
     start = p.accrued_until or p.started_at
     end = _accrual_end(p, now)
@@ -120,17 +181,15 @@ def _accrue_one(
     twin = book.on_demand_price(current) if current is not None else None
     # no on-demand twin priced (or the pool is its own twin: on-demand, on-prem): claim no saving
     od_hourly = None if twin is None or twin is current else twin.price.hourly_usd
-    seg_start = p.price_segment_started_at
-    if seg_start is None or p.price_segment_hourly_usd != hourly:
-        seg_start = p.price_segment_started_at = start
-        p.price_segment_hourly_usd = hourly
+    seg_start, seg_hourly = p.price_segment_started_at, p.price_segment_hourly_usd
+    if seg_start is None or seg_hourly != hourly:
+        seg_start, seg_hourly = start, hourly
     hours = hours_between(start, end)
+    spent = writes.spent.get(job.id, job.spent_usd)
     usd = Decimal("0")
-    written = 0
     for a, b in day_cuts(start, end):
         part = _telescoped(hourly, seg_start, a, b)
-        record_entry(
-            session,
+        entry = entry_values(
             job,
             kind=CostKind.COMPUTE,
             usd=part,
@@ -142,14 +201,14 @@ def _accrue_one(
             on_demand_usd=part if od_hourly is None else od_hourly * hours_between(a, b),
             quantity=hours_between(a, b),
         )
+        writes.entries.append(entry)
         usd += part
-        written += 1
+        spent += entry["usd"]
     extras_usd = Decimal("0")
     for charge in extras:
         for a, b in day_cuts(start, end):
             part = _telescoped(charge.hourly_usd, p.started_at, a, b)  # a constant rate since the start
-            record_entry(
-                session,
+            entry = entry_values(
                 job,
                 kind=charge.kind,
                 usd=part,
@@ -163,27 +222,35 @@ def _accrue_one(
                 unit=charge.unit,
                 note=charge.description,
             )
+            writes.entries.append(entry)
             extras_usd += part
-            written += 1
-    p.accrued_until = end
-    p.cost_usd = p.cost_usd + usd + extras_usd
-    session.add(p)
+            spent += entry["usd"]
+    writes.spent[job.id] = spent
+    writes.marks.append(
+        {
+            "b_id": p.id,
+            "b_accrued_until": end,
+            "b_cost_usd": p.cost_usd + usd + extras_usd,
+            "b_seg_start": seg_start,
+            "b_seg_hourly": seg_hourly,
+        }
+    )
     message = f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h"
     if extras:
         message += f" + ${extras_usd.quantize(Decimal('0.0001'))} " + " and ".join(c.description for c in extras)
-    add_event(
-        session,
-        job,
-        end,
-        "cost_accrued",
-        message,
-        placement_id=p.id,
-        usd=str(usd + extras_usd),
-        compute_usd=str(usd),
-        extras_usd=str(extras_usd),
-        spent_usd=str(job.spent_usd),
+    writes.events.append(
+        {
+            "job_id": job.id,
+            "tenant": job.tenant,
+            "at": end,
+            "kind": "cost_accrued",
+            "message": message[:1000],
+            "data": {
+                "placement_id": p.id,
+                "usd": str(usd + extras_usd),
+                "compute_usd": str(usd),
+                "extras_usd": str(extras_usd),
+                "spent_usd": str(spent),
+            },
+        }
     )
-    if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and end >= p.ended_at:
-        session.flush()
-        record_wasted(session, job, p, now)
-    return written

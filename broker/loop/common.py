@@ -48,13 +48,13 @@ def lock_batch(
 def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], keys: list[str]) -> None:
     """INSERT ... ON CONFLICT (keys) DO UPDATE on both backends, so concurrent refreshes never collide.
 
-    Only the columns present in the rows are updated on conflict."""
+    Every row must have the columns of the first; only those columns are updated on conflict. The statement is
+    built once per column set and sent as one executemany (the driver batches the rows), so its compiled form is
+    cached and reused instead of compiling one multi-row VALUES clause per call."""
     if not rows:
         return
     table = model.__table__  # type: ignore[attr-defined]
     dialect = session.get_bind().dialect.name
-    # an executemany of one parametrised statement, not one VALUES clause per row: the statement compiles once
-    # and is cached (a 1,000-row VALUES literal took most of a price refresh just to compile)
     stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
     updates = {name: stmt.excluded[name] for name in rows[0] if name not in keys}
     session.execute(stmt.on_conflict_do_update(index_elements=keys, set_=updates), rows)

@@ -45,9 +45,7 @@ def store_offerings(session: Session, feed: str, offerings: list[Offering], now:
         ).all()
     }
     record_availability(session, offerings, set(previous) - {o.key for o in offerings}, now)
-    rows = [offering_values(o, now, feed) for o in offerings]
-    for start in range(0, len(rows), 1000):
-        upsert(session, OfferingRow, rows[start : start + 1000], ["key"])
+    upsert(session, OfferingRow, [offering_values(o, now, feed) for o in offerings], ["key"])
     changes = [
         {
             "offering_key": o.key,
@@ -60,8 +58,8 @@ def store_offerings(session: Session, feed: str, offerings: list[Offering], now:
         for o in offerings
         if previous.get(o.key) != (o.price.hourly_usd, o.price.estimated)
     ]
-    for start in range(0, len(changes), 1000):
-        session.execute(insert(PriceChange), changes[start : start + 1000])
+    if changes:
+        session.execute(insert(PriceChange.__table__), changes)  # type: ignore[attr-defined]
     gone = set(previous) - {o.key for o in offerings}
     if gone:
         session.exec(delete(OfferingRow).where(col(OfferingRow.key).in_(gone)))  # type: ignore[call-overload]

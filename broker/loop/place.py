@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlmodel import Session, col, func, or_, select
 
@@ -232,12 +233,15 @@ def choose_pool(
     ctx: PlacementContext,
     now: datetime,
     budgets: HardBudgetGate | None = None,
+    *,
+    explain: bool = True,
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
     for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
     its team or project is spent. Returns (candidate, reason when none, pause?). Also asked by the
     return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
-    `budgets` gate for all of them."""
+    `budgets` gate for all of them; one that does not show the reason passes `explain=False` (explaining a
+    cheapest-cost miss is a full `quote`, every pool of the job's accelerators judged: skipped then)."""
     spec = spec_of(job)
     over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if over_budget:
@@ -250,7 +254,7 @@ def choose_pool(
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
-        reason = over_budget or reason or quote(spec, book, ctx).wait_reason()
+        reason = over_budget or reason or (quote(spec, book, ctx).wait_reason() if explain else "")
         if refused:
             reason = f"{reason}; {'; '.join(refused.values())}"[:500]
     return best, reason, pause
@@ -268,6 +272,17 @@ def tenant_refusals(rt: Runtime, tenant: str) -> dict[str, str]:
     return out
 
 
+def _refused(query: Any) -> Any:
+    """`query` (over Placement) narrowed to failed placements whose pool refused the launch request for good."""
+    return query.where(
+        Placement.state == PlacementState.FAILED.value,
+        or_(
+            col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
+            col(Placement.detail).startswith(f"{PolicyDenied.__name__}:"),
+        ),
+    )
+
+
 def refused_pools(session: Session, job: Job) -> frozenset[str]:
     """The pools that refused this job's launch request as invalid (`InvalidRequest`: a configuration the pool
     does not support, a pool no longer offered, a request the cloud rejects) or by policy (`PolicyDenied`: an
@@ -275,17 +290,24 @@ def refused_pools(session: Session, job: Job) -> frozenset[str]:
     so they are out of this job's choices for good; other jobs may still use them."""
     if job.attempts == 0:
         return frozenset()
-    keys = session.exec(
-        select(Placement.offering_key).where(
-            Placement.job_id == job.id,
-            Placement.state == PlacementState.FAILED.value,
-            or_(
-                col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
-                col(Placement.detail).startswith(f"{PolicyDenied.__name__}:"),
-            ),
+    keys = session.exec(_refused(select(Placement.offering_key).where(Placement.job_id == job.id))).all()
+    return frozenset(keys)
+
+
+def refused_pools_of_running_jobs(session: Session) -> dict[str, frozenset[str]]:
+    """`refused_pools` of every running job at once (one query, for steps that judge every running job): by job
+    id, only jobs with any refused pool."""
+    rows = session.exec(  # type: ignore[call-overload]
+        _refused(
+            select(Placement.job_id, Placement.offering_key)
+            .join(Job, col(Job.id) == Placement.job_id)
+            .where(Job.state == JobState.RUNNING.value, col(Job.attempts) > 0)
         )
     ).all()
-    return frozenset(keys)
+    out: dict[str, set[str]] = {}
+    for job_id, key in rows:
+        out.setdefault(job_id, set()).add(key)
+    return {job_id: frozenset(keys) for job_id, keys in out.items()}
 
 
 def _not_before_previous(session: Session, job: Job, now: datetime) -> datetime:

@@ -26,7 +26,7 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, locked
-from broker.loop.place import choose_pool, placement_context, refused_pools
+from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
@@ -45,7 +45,8 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     """Returns the number of cloud placements stopped to move their jobs on-prem.
 
     Scaling: most ticks nothing can return (every on-prem queue is longer than `return_max_wait_hours`), and then
-    the step costs one read of the cloud placements. The decision is taken first on an unlocked snapshot (the
+    the step costs one read of the cloud placements. The pools each job's launches were refused by are read for
+    all jobs in one query (not one per job). The decision is taken first on an unlocked snapshot (the
     placement, its job, the instance read in one batch per provider); only a job that would move is locked, read
     again and decided again before anything is stopped."""
     if not rt.settings.return_onprem:
@@ -67,7 +68,8 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
             )
         ).all()
         blocklist = active_blocklist(session, now)
-    rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
+        rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
+        refused = refused_pools_of_running_jobs(session) if rows else {}
     views = observe_instances(rt, [p for p, _ in rows])
     returned = 0
     budgets = HardBudgetGate(rt.engine, now)
@@ -77,7 +79,10 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
         if not isinstance(view, Instance) or current is None:
             continue
         with Session(rt.engine) as session:
-            if _decide(rt, session, p, job, view, current, blocklist, now, budgets) is None:
+            verdict = _decide(
+                rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset())
+            )
+            if verdict is None:
                 continue
         returned += _return_locked(rt, p.id, blocklist, now)
     return returned
@@ -137,8 +142,10 @@ def _decide(
     blocklist: frozenset[str],
     now: datetime,
     budgets: HardBudgetGate | None = None,
+    refused: frozenset[str] | None = None,
 ) -> _Return | None:
-    """Should `job` move on-prem now (module docstring)? Reads only; None when it stays."""
+    """Should `job` move on-prem now (module docstring)? Reads only; None when it stays. `refused` is the job's
+    `refused_pools` when the caller read them for every job at once (else they are read here)."""
     started = p.started_at is not None
     done = Decimal("0")
     if started and inst.checkpointed_work_hours is not None:
@@ -146,9 +153,10 @@ def _decide(
     remaining = max(Decimal("0"), p.work_hours_at_start - done)
     spec = spec_of(job)
     ctx = replace(
-        placement_context(rt, job, now, blocklist | refused_pools(session, job)), remaining_work_hours=remaining
+        placement_context(rt, job, now, blocklist | (refused if refused is not None else refused_pools(session, job))),
+        remaining_work_hours=remaining,
     )
-    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets)
+    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
     onprem = best.offering

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 
+from broker.audit import entry_row
 from broker.deps import RuntimeDep, Submitter
 from broker.errors import Unprocessable
 from broker.logging_setup import current_context
@@ -37,23 +38,28 @@ def submit_job(
     body: JobCreate,
     rt: RuntimeDep,
     principal: Submitter,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> JobPublic:
     """Queue a job. Retrying with the same `Idempotency-Key` returns the same job (never a second one)."""
+    now = rt.clock()
     job, created = svc.submit_job(
         rt.engine,
         rt.catalog,
         tenant=principal.tenant,
         create=body,
         idempotency_key=idempotency_key,
-        now=rt.clock(),
+        now=now,
         request_id=current_context().get("request_id"),
         checkpoints=rt.checkpoint_stores,
         settings=rt.settings,
+        audit=entry_row(request.scope, status.HTTP_202_ACCEPTED, now),
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    if not created:
+    if created:
+        request.state.audited = True  # the audit row committed with the job (broker.audit)
+    else:
         response.headers["Idempotent-Replayed"] = "true"
     return svc.job_public(job, None)
 

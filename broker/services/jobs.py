@@ -23,7 +23,7 @@ from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
 from broker.errors import Conflict, NotFoundError, Unprocessable
 from broker.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
 from broker.settings import Settings
-from broker.tables import Job, JobEvent, Placement
+from broker.tables import AuditEntry, Job, JobEvent, Placement
 from federation.placement import ever_feasible
 from providers.model import JobSpec, JobState, SecretReference, hours_between
 
@@ -138,8 +138,14 @@ def submit_job(
     request_id: str | None = None,
     checkpoints: CheckpointStores | None = None,
     settings: Settings | None = None,
+    audit: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
     """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
+
+    The job, its `submitted` event and `audit` (an `audit_log` row, if given) are inserted in one transaction.
+    Idempotency is the database's: a second job with the tenant's key cannot be inserted, so the transaction
+    fails and the earlier job is returned (nothing of this request is kept, `audit` included). A key is looked up
+    before the job is checked only when the check refuses it (a replay of an accepted job is answered as before).
 
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
     region or provider constraints...), the deadline has passed, `checkpoint_uri` is not under one of the
@@ -149,10 +155,59 @@ def submit_job(
     """
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
-    if idempotency_key:
+    try:
+        job = _checked_job(
+            catalog, tenant, create, payload, digest, idempotency_key, now, request_id, checkpoints, settings
+        )
+    except Unprocessable:
+        existing = _by_idempotency_key(engine, tenant, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _replayed(existing, digest), False  # accepted earlier: the answer stands, whatever changed since
+    event = {
+        "job_id": job.id,
+        "tenant": tenant,
+        "at": now,
+        "kind": "submitted",
+        "message": f"submitted with a ceiling of ${job.max_total_usd}",
+        "data": {},
+    }
+    try:
+        # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
+        with engine.begin() as conn:
+            conn.execute(_INSERT_JOB, [job.model_dump()])
+            conn.execute(_INSERT_EVENT, [event])
+            if audit is not None:
+                conn.execute(_INSERT_AUDIT, [audit])
+    except IntegrityError:
+        if not idempotency_key:
+            raise
         existing = _by_idempotency_key(engine, tenant, idempotency_key)
-        if existing is not None:
-            return _replayed(existing, digest), False
+        if existing is None:
+            raise
+        return _replayed(existing, digest), False
+    return job, True
+
+
+# inline(): no RETURNING of the generated ids, which nothing reads (the job's id is ours)
+_INSERT_JOB = insert(Job.__table__).inline()  # type: ignore[attr-defined]
+_INSERT_EVENT = insert(JobEvent.__table__).inline()  # type: ignore[attr-defined]
+_INSERT_AUDIT = insert(AuditEntry.__table__).inline()  # type: ignore[attr-defined]
+
+
+def _checked_job(
+    catalog: CatalogCache,
+    tenant: str,
+    create: JobCreate,
+    payload: dict[str, Any],
+    digest: str,
+    idempotency_key: str | None,
+    now: datetime,
+    request_id: str | None,
+    checkpoints: CheckpointStores | None,
+    settings: Settings | None,
+) -> Job:
+    """The new job of a submission, or Unprocessable naming the field that refuses it (see `submit_job`)."""
     if create.deadline is not None and create.deadline <= now:
         raise Unprocessable("deadline", "the deadline is in the past")
     check_checkpoint_uri(checkpoints, tenant, create.checkpoint_uri)
@@ -189,27 +244,7 @@ def submit_job(
             "no pool could ever run this job: check accelerators, gpu_count, min_gpu_memory_gib, cpus, "
             "memory_gib, allowed_providers, allowed_regions and preemptible (see POST /v1/quotes)",
         )
-    event = {
-        "job_id": job.id,
-        "tenant": tenant,
-        "at": now,
-        "kind": "submitted",
-        "message": f"submitted with a ceiling of ${job.max_total_usd}",
-        "data": {},
-    }
-    try:
-        # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
-        with engine.begin() as conn:
-            conn.execute(insert(Job), [job.model_dump()])
-            conn.execute(insert(JobEvent), [event])
-    except IntegrityError:
-        if not idempotency_key:
-            raise
-        existing = _by_idempotency_key(engine, tenant, idempotency_key)
-        if existing is None:
-            raise
-        return _replayed(existing, digest), False
-    return job, True
+    return job
 
 
 def _by_idempotency_key(engine: Engine, tenant: str, key: str) -> Job | None:
