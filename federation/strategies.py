@@ -587,6 +587,16 @@ def make_strategy(name: str, **params: Any) -> Strategy:
     return factory(**params)
 
 
+DEADLINE_POLICY = Overspill.name
+
+
+def deadline_strategy(restart_hours: float, name: str = DEADLINE_POLICY, **params: Any) -> Strategy:
+    """The deadline-aware policy: the one object the broker's placement step (`broker/loop/place.py`) asks for a
+    job with a deadline and the simulator replays (`federation.simulate.deadline`), built from the same inputs
+    (`restart_hours`: the changeover of a launch). `name` picks another registered strategy for experiments."""
+    return make_strategy(name, restart_hours=restart_hours, **params)
+
+
 def cheapest_finish_usd(state: RunState, book: PriceBook) -> tuple[Decimal, Offering] | None:
     """The least any fitting pool (available or not, blocklisted or not) could charge for the remaining work."""
     job = state.job

@@ -60,7 +60,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
-from federation.strategies import Move, Preemption, RunState, decide, make_strategy
+from federation.strategies import Move, Preemption, RunState, deadline_strategy, decide
 from pricing.book import PriceBook
 from pricing.extras import extra_hourly_table
 from providers.base import (
@@ -330,7 +330,7 @@ def _deadline_decision(
         tick_hours=rt.settings.tick_interval_seconds / 3600,
         outlook=pool_outlooks(session, _spot_keys(book, spec), now, rt.trace_runs),
     )
-    strategy = make_strategy("overspill", restart_hours=rt.settings.restart_hours)
+    strategy = deadline_strategy(rt.settings.restart_hours)
     plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
