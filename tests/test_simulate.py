@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -370,3 +371,43 @@ def test_run_simulation_on_the_shared_data_quick() -> None:
         assert by["overspill"].deadline_attainment == 1.0
         assert (by["overspill"].cost_vs_optimum or 0) >= 1.0
     assert BurstConfig().onprem_gpus == 1024
+
+
+def test_a_reclaim_loses_the_work_since_the_last_checkpoint_unless_the_notice_lets_the_job_save() -> None:
+    """One spot zone ($1) up for ticks 0-5, down 6-7, up again; on-demand $3; 1-hour ticks, no changeover, a
+    checkpoint every 4 ticks. 8 h of work due in 14 h. eager_next_region runs spot at t=0..5: 6 ticks of progress,
+    checkpointed after 4. Without a notice the reclaim at t=6 loses the 2 unsaved ticks (4 more to do from t=8:
+    done at t=12, $10); with AWS's 2-minute notice covering the 60 s save it loses none (done at t=10, $8)."""
+    t = trace({"us-east-1a": "111111001111111111111"}, {"us-east-1a": 1.0})
+    m = TraceMarket(t)
+    greedy = make_strategy("eager_next_region")
+    no_notice = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4), greedy, notice_seconds={})
+    assert no_notice.lost_hours == 2.0 and no_notice.preemptions == 1
+    assert no_notice.finish_hours == 12.0 and no_notice.cost_usd == 10.0  # 6 ticks before, 4 after the reclaim
+    saved = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4), greedy)  # AWS: 120 s >= 60 s
+    assert saved.lost_hours == 0.0 and saved.finish_hours == 10.0 and saved.cost_usd == 8.0
+    slow = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4, save_seconds=300), greedy)
+    assert slow.lost_hours == 2.0  # a 5-minute save does not fit in a 2-minute notice
+    free = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0), greedy, notice_seconds={})
+    assert free.lost_hours == 0.0 and free.cost_usd == 8.0  # no interval: progress saved as it is made
+
+
+def test_the_deadline_policy_keeps_the_slack_a_reclaim_can_lose() -> None:
+    """The policy knows the interval and the notice: the slack it needs before launching spot grows by the
+    checkpoint interval when a reclaim can lose that much work. 4 h of work due in 5 h (slack 1 h), 0.25 h
+    changeover, 15-minute ticks: margin 2 x 0.25 + 0.25 = 0.75 h <= 1 h -> spot; a 30-min interval without notice
+    needs 1.25 h -> on-demand; with AWS's notice nothing can be lost -> spot."""
+    t = SpotTrace.from_bits({"us-east-1a": "1" * 40}, {"us-east-1a": 1.0}, on_demand_usd=3.0, gap_seconds=900)
+    m = TraceMarket(t)
+    ours = make_strategy("overspill", restart_hours=0.25)
+    job = DeadlineJob("j", 0, 16, 20, 1, checkpoint_ticks=2)
+    first = {
+        name: run_deadline(m, job, ours, record=True, notice_seconds=notice).moves[0].split(":", 2)[2]
+        for name, notice in (("no_notice", {}), ("aws", {"aws": 120.0}))
+    }
+    assert first["no_notice"].endswith("/on_demand") and first["aws"].endswith("/spot")
+    assert (
+        run_deadline(m, replace(job, checkpoint_ticks=0), ours, record=True, notice_seconds={})
+        .moves[0]
+        .endswith("/spot")
+    )

@@ -23,7 +23,7 @@ from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import SpotTrace, TraceJob
-from federation.strategies import make_strategy
+from federation.strategies import NOTICE_SECONDS, make_strategy
 from pricing.book import PriceBook
 
 DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill", "overspill_no_history")
@@ -45,6 +45,9 @@ class DeadlineConfig:
     restart_hours: float = 0.25
     start_every_hours: float = 12.0
     policies: tuple[str, ...] = DEADLINE_POLICIES
+    checkpoint_hours: float = 0.5  # 0: progress saved as it is made (nothing lost to a reclaim)
+    save_seconds: float = 60.0  # time to write a checkpoint; a notice at least that long saves before a reclaim
+    notice: bool = True  # False: the cloud gives no interruption notice (every reclaim loses the unsaved work)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +83,18 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
     restart = round(cfg.restart_hours * per_hour)
     longest = round(max(cfg.deadlines_hours) * per_hour)
     step = max(1, round(cfg.start_every_hours * per_hour))
+    ckpt = round(cfg.checkpoint_hours * per_hour)
     starts = range(0, max(0, len(trace) - 2 * longest) + 1, step)
     return [
-        DeadlineJob(f"{dl:g}h@{s * trace.gap_hours:.0f}h", s, work, round(dl * per_hour), restart)
+        DeadlineJob(
+            f"{dl:g}h@{s * trace.gap_hours:.0f}h",
+            s,
+            work,
+            round(dl * per_hour),
+            restart,
+            checkpoint_ticks=ckpt,
+            save_seconds=cfg.save_seconds,
+        )
         for dl in cfg.deadlines_hours
         for s in starts
     ]
@@ -98,12 +110,16 @@ def run_deadline_chunk(
     """For each job: its optimum cost and every policy's run (one process's share of the work). A policy name
     ending in `_no_history` is that strategy run without the pools' availability history."""
     market = TraceMarket(trace)
+    notice = NOTICE_SECONDS if cfg.notice else {}
     base = {n: n.removesuffix(BLIND) for n in cfg.policies}
     strategies = {n: make_strategy(b, **_strategy_kwargs(b, cfg)) for n, b in base.items()}
     return [
         (
             optimum_cost(trace, job),
-            [run_deadline(market, job, strategies[n], n, outlook=not n.endswith(BLIND)) for n in cfg.policies],
+            [
+                run_deadline(market, job, strategies[n], n, outlook=not n.endswith(BLIND), notice_seconds=notice)
+                for n in cfg.policies
+            ],
         )
         for job in jobs
     ]
@@ -197,6 +213,7 @@ def summarize_deadline(
                     "worst_job_vs_optimum": max(ratios, default=0.0),
                     "mean_job_vs_optimum": sum(ratios) / len(ratios) if ratios else 0.0,
                     "on_demand_hours": round(sum(r.on_demand_hours for r in runs), 1),
+                    "lost_hours": round(sum(r.lost_hours for r in runs), 2),
                     "paused": sum(r.paused for r in runs),
                     "over_budget": sum(r.over_budget for r in runs),
                     **(

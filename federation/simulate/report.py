@@ -126,6 +126,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
         "deadlines",
         "preempt",
         "migr",
+        "lost h",
         "idle p50/p95 h",
     ]
     body = [
@@ -139,6 +140,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
             _pct(r.deadline_attainment),
             str(r.preemptions),
             str(r.migrations),
+            _fmt(float(r.extra["lost_hours"]), ".1f") if "lost_hours" in r.extra else "-",
             f"{r.wait_p50_hours:.2f}/{r.wait_p95_hours:.2f}",
         ]
         for r in rows
