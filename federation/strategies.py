@@ -33,6 +33,7 @@ Strategies:
   2.33, behind the line: on-demand. Spot is back at t=9, but hysteresis keeps on-demand while
   cp < ep(t + 2d) (3 < 3.67), so the job finishes on on-demand at t=10. Safety net: idle or on-demand with
   C + 2d >= time left -> on-demand to the end; on a running spot with C + d >= time left it keeps the spot.
+- `greedy_safety_net`: greedy spot that commits to on-demand once the slack is gone (see `GreedySafetyNet`).
 - `overspill`: ours (see `Overspill`).
 """
 
@@ -400,6 +401,44 @@ class UniformProgress:
         return wait(self.name, why)
 
 
+@dataclass(frozen=True, slots=True)
+class GreedySafetyNet:
+    """Greedy spot with a deadline safety net (the "greedy" baseline of Can't Be Late): the cheapest available spot
+    pool whenever there is one, kept until reclaimed, idle otherwise; it commits to the cheapest on-demand pool to
+    the end once one more tick off on-demand could miss the deadline, i.e. when finishing on on-demand from the
+    next tick would not fit: ticks(work + L + d) + one tick > time left (idle, or in a changeover), or
+    ticks(work + L + d) > time left (on a running spot, which makes a tick of progress meanwhile), with
+    d = `restart_hours` (the changeover to on-demand) and L the work a spot reclaim can lose
+    (`RunState.reclaim_loss_hours`). Without a deadline it never commits. Example (1 h ticks, d = 1 h, L = 0):
+    4 h of work due in 8 h, no spot: it waits while 4 + 1 + 1 <= time left, so through t = 2; at t = 3 (5 h
+    left) it launches on-demand and finishes at 8."""
+
+    name: ClassVar[str] = "greedy_safety_net"
+    restart_hours: float = 0.25
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        alive = current_alive(state)
+        if alive and state.on(NON_SPOT):
+            return keep(state, self.name, "committed to on-demand until done")
+        left = state.hours_to_deadline()
+        spots = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []
+        loss = max((state.reclaim_loss_hours(o) for o in spots), default=0.0)
+        if alive and state.current is not None:
+            loss = max(loss, state.reclaim_loss_hours(state.current))
+        # running spot past its changeover makes a tick of progress before the next decision; idle makes none
+        step = 0.0 if alive and state.restart_left_hours < EPS else state.tick_hours
+        if left is not None and state.ticks(state.work + loss + self.restart_hours) + step > left + EPS:
+            found = pools(state, book, NON_SPOT)
+            if not found:
+                return wait(self.name, "safety net: no on-demand pool available")
+            return launch(state, self.name, found[0], f"safety net: {left:.2f} h left, commit to on-demand")
+        if alive:
+            return keep(state, self.name, "greedy: keep the running spot until reclaimed")
+        if spots:
+            return launch(state, self.name, spots[0], f"greedy: cheapest spot ${spots[0].hourly_usd}/h")
+        return wait(self.name, "greedy: no spot capacity, slack left: wait")
+
+
 def _no_changeover_params(restart_hours: float) -> PlacementParams:
     return PlacementParams(checkpoint_interval_hours=0.0, restart_hours=restart_hours, cloud_startup_hours=0.0)
 
@@ -594,6 +633,7 @@ STRATEGIES: dict[str, StrategyFactory] = {
     EagerNextRegion.name: EagerNextRegion,
     NextCheapest.name: NextCheapest,
     UniformProgress.name: UniformProgress,
+    GreedySafetyNet.name: GreedySafetyNet,
     Overspill.name: Overspill,
 }
 

@@ -24,6 +24,7 @@ from federation.simulate.experiments import (
     deadline_experiment,
     deadline_jobs,
     halves,
+    job_records,
     matched_spend,
     percentile,
     summarize_cluster,
@@ -38,7 +39,8 @@ from pricing.book import PriceBook
 from tests.builders import offering
 from tests.data import shared_file
 
-POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+POLICIES = ("on_demand", "eager_next_region", "greedy_safety_net", "uniform_progress", "overspill")
+WITH_RESTART = ("uniform_progress", "overspill", "greedy_safety_net")
 
 
 def trace(zones: dict[str, str], prices: dict[str, float], od: float = 3.0) -> SpotTrace:
@@ -111,7 +113,7 @@ def test_every_policy_costs_at_least_the_optimum_and_on_demand_is_exact() -> Non
         job = DeadlineJob(f"d{deadline}", 3, 10, deadline, 1)
         opt = optimum_cost(t, job)
         for name in POLICIES:
-            kw = {"restart_hours": 1.0} if name in ("uniform_progress", "overspill") else {}
+            kw = {"restart_hours": 1.0} if name in WITH_RESTART else {}
             run = run_deadline(m, job, make_strategy(name, **kw))
             if name != "eager_next_region":  # SkyPilot's recovery ignores deadlines (and may be cheaper by missing)
                 assert run.met_deadline, (name, deadline)
@@ -136,7 +138,7 @@ def test_no_policy_beats_the_optimum_on_random_traces_with_price_changes(seed: i
             job = DeadlineJob("r", 2, 24, deadline, restart)
             opt = optimum_cost(t, job)
             for name in POLICIES:
-                kw = {"restart_hours": restart / 4} if name in ("uniform_progress", "overspill") else {}
+                kw = {"restart_hours": restart / 4} if name in WITH_RESTART else {}
                 run = run_deadline(m, job, make_strategy(name, **kw))
                 if run.met_deadline:
                     assert run.cost_usd >= opt - 1e-9, (name, restart, deadline)
@@ -198,6 +200,21 @@ def test_deadline_experiment_summaries() -> None:
     ]
     assert isinstance(by["overspill"].extra["second_half_vs_optimum"], float)
     assert by["on_demand"].extra["met_cost_usd"] == pytest.approx(by["on_demand"].cost_usd)
+    # the per-job export: every job, its window and work, and per policy the cost that sums to the table's
+    records = json.loads(json.dumps(job_records(t, cfg, results)))
+    assert [r["job"] for r in records] == [j.name for j in deadline_jobs(t, cfg)]
+    first = records[1]
+    assert (first["start"], first["deadline"], first["work_hours"]) == (
+        "2023-01-01T10:00:00+00:00",
+        "2023-01-01T20:00:00+00:00",
+        8.0,
+    )
+    assert first["half"] == "first" and records[6]["half"] == "neither"
+    for name in names[:-1]:
+        assert sum(r["policies"][name]["cost_usd"] for r in records) == pytest.approx(by[name].cost_usd)
+        met = sum(r["policies"][name]["deadline_met"] for r in records) / len(records)
+        assert met == by[name].deadline_attainment
+    assert sum(r["optimum_usd"] for r in records) == pytest.approx(by["optimum"].cost_usd)
 
 
 # --- the cluster simulator --------------------------------------------------------------------------------
@@ -366,6 +383,7 @@ def test_run_simulation_on_the_shared_data_quick() -> None:
     seg = shared_file("spot-probes-skynomad/aws_v100_p3.2xlarge_avail_price_segments_2023-02-15.csv")
     cfg = DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=240.0)
     report = run_simulation(seg.parent.parent, suite="deadline", deadline=cfg)
+    assert set(report.deadline_jobs) == set(report.deadline) and len(report.deadline) == 4  # 2 zone sets x notice
     for rows in report.deadline.values():
         by = {r.policy: r for r in rows}
         assert by["overspill"].deadline_attainment == 1.0
@@ -411,3 +429,22 @@ def test_the_deadline_policy_keeps_the_slack_a_reclaim_can_lose() -> None:
         .moves[0]
         .endswith("/spot")
     )
+
+
+def test_greedy_safety_net_takes_spot_while_it_can_and_commits_to_on_demand_in_time() -> None:
+    """1-hour ticks, 1 h changeover, 4 h of work due in 8 h, on-demand $3. No spot until t=5: it waits while
+    4 + 1 + 1 <= time left (t=0..2), commits to on-demand at t=3 and keeps it when spot comes back: 5 x $3.
+    Spot ($1) up from t=0, reclaimed at t=3 with 2 h done: back at t=4 with 2 + 1 + 1 <= 4 h left it takes spot
+    again, keeps it (running spot: 2 + 1 <= 3 left at t=5) and finishes at t=7 on spot. With a checkpoint every
+    2 h and no notice a reclaim may lose 2 h: after the reclaim at t=3 (nothing unsaved) it waits (idle risks no
+    loss), and when spot is back at t=4, 2 + 2 + 1 + 1 > 4 h left: on-demand, done at t=7."""
+    greedy = make_strategy("greedy_safety_net", restart_hours=1.0)
+    job = DeadlineJob("j", 0, 4, 8, 1)
+    late = run_deadline(TraceMarket(trace({"us-east-1a": "00000111111111111"}, {"us-east-1a": 1.0})), job, greedy)
+    assert late.met_deadline and late.cost_usd == 15.0 and late.on_demand_hours == 5.0 and late.idle_hours == 3.0
+    m = TraceMarket(trace({"us-east-1a": "11101111111111111"}, {"us-east-1a": 1.0}))
+    early = run_deadline(m, job, greedy, record=True)
+    assert early.met_deadline and early.on_demand_hours == 0.0 and early.finish_hours == 7.0
+    lossy = run_deadline(m, replace(job, checkpoint_ticks=2), greedy, record=True, notice_seconds={})
+    assert lossy.met_deadline and lossy.lost_hours == 0.0 and lossy.finish_hours == 7.0
+    assert lossy.moves[3] == "3:wait:" and lossy.moves[4].endswith("/on_demand")

@@ -25,6 +25,7 @@ from federation.simulate.experiments import (
     DeadlineConfig,
     burst_experiment,
     deadline_experiment,
+    job_records,
     load_aws_v100_trace,
     matched_spend,
 )
@@ -81,8 +82,9 @@ def run_simulation(
         for name, zones in SCENARIOS.items():
             trace = load_aws_v100_trace(str(base), gap_seconds, zones)
             for variant, cfg in checkpoint_variants(dcfg).items():
-                rows, _ = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
+                rows, results = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
                 report.deadline[f"{name}, {variant}"] = rows
+                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
         report.deadline_setup.update(asdict(dcfg), gap_seconds=gap_seconds, trace=trace.source)
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly

@@ -26,11 +26,19 @@ from federation.simulate.traces import SpotTrace, TraceJob
 from federation.strategies import NOTICE_SECONDS, make_strategy
 from pricing.book import PriceBook
 
-DEADLINE_POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill", "overspill_no_history")
+DEADLINE_POLICIES = (
+    "on_demand",
+    "eager_next_region",
+    "greedy_safety_net",
+    "uniform_progress",
+    "overspill",
+    "overspill_no_history",
+)
 BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
 POLICY_SOURCES = {
     "on_demand": "on-demand only",
     "eager_next_region": "greedy spot, SkyPilot EAGER_NEXT_REGION",
+    "greedy_safety_net": "greedy spot, commits to on-demand once the slack is gone",
     "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
     "overspill": "ours: cost model + slack accounting + availability history",
     "overspill_no_history": "ours without availability history (a broker with no availability feed)",
@@ -101,7 +109,9 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
 
 
 def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
-    return {"restart_hours": cfg.restart_hours} if name in ("uniform_progress", "overspill") else {}
+    return (
+        {"restart_hours": cfg.restart_hours} if name in ("uniform_progress", "overspill", "greedy_safety_net") else {}
+    )
 
 
 def run_deadline_chunk(
@@ -163,6 +173,40 @@ def deadline_experiment(
     else:
         results = run_deadline_chunk(trace, jobs, cfg)
     return summarize_deadline(results, cfg, halves(jobs, len(trace))), results
+
+
+def job_records(
+    trace: SpotTrace, cfg: DeadlineConfig, results: Sequence[tuple[float, Sequence[DeadlineRun]]]
+) -> list[dict[str, object]]:
+    """The per-job cost export (`--json`): for each job of `deadline_jobs(trace, cfg)` (in that order, as
+    `deadline_experiment` returns its results), its start, deadline and work, the half of the trace it belongs
+    to, the optimum's cost, and per policy its cost, whether it met the deadline, when it finished, the work it
+    lost to reclaims and its preemptions - enough for an outside evaluator to score the same jobs."""
+    jobs = deadline_jobs(trace, cfg)
+    split = halves(jobs, len(trace))
+    out: list[dict[str, object]] = []
+    for job, half, (opt, runs) in zip(jobs, split, results, strict=True):
+        out.append(
+            {
+                "job": job.name,
+                "start": trace.at(job.start_tick).isoformat(),
+                "deadline": trace.at(job.start_tick + job.deadline_ticks).isoformat(),
+                "work_hours": job.work_ticks * trace.gap_hours,
+                "half": half or "neither",
+                "optimum_usd": round(opt, 6) if math.isfinite(opt) else None,
+                "policies": {
+                    r.policy: {
+                        "cost_usd": round(r.cost_usd, 6),
+                        "deadline_met": r.met_deadline,
+                        "finish_hours": r.finish_hours,
+                        "lost_hours": r.lost_hours,
+                        "preemptions": r.preemptions,
+                    }
+                    for r in runs
+                },
+            }
+        )
+    return out
 
 
 def halves(jobs: Sequence[DeadlineJob], trace_ticks: int) -> list[str]:
