@@ -178,7 +178,7 @@ def test_deadline_experiment_summaries() -> None:
     cfg = DeadlineConfig(work_hours=8, deadlines_hours=(10, 14), restart_hours=0.5, start_every_hours=10)
     rows, results = deadline_experiment(t, cfg)
     names = [r.policy for r in rows]
-    assert names == [*POLICIES, "overspill_no_history", "optimum"]
+    assert names == [*POLICIES, "overspill_no_history", "forecast", "optimum"]
     by = {r.policy: r for r in rows}
     assert by["optimum"].cost_vs_optimum == 1.0
     assert by["on_demand"].cost_vs_on_demand == 1.0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import federation.forecast  # noqa: F401  (registers the forecasting strategy)
 from federation.burst import BurstParams
 from federation.simulate.cluster import BurstPolicy, ClusterRun, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
@@ -33,6 +34,7 @@ DEADLINE_POLICIES = (
     "uniform_progress",
     "overspill",
     "overspill_no_history",
+    "forecast",
 )
 BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
 POLICY_SOURCES = {
@@ -42,6 +44,7 @@ POLICY_SOURCES = {
     "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
     "overspill": "ours: cost model + slack accounting + availability history",
     "overspill_no_history": "ours without availability history (a broker with no availability feed)",
+    "forecast": "ours, forecasting: MPC over sampled availability futures (exact DP per future)",
     "optimum": "omniscient offline optimum (DP, lower bound)",
 }
 
@@ -110,7 +113,9 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
 
 def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
     return (
-        {"restart_hours": cfg.restart_hours} if name in ("uniform_progress", "overspill", "greedy_safety_net") else {}
+        {"restart_hours": cfg.restart_hours}
+        if name in ("uniform_progress", "overspill", "greedy_safety_net", "forecast")
+        else {}
     )
 
 
