@@ -203,7 +203,7 @@ def simulate(
     data: Annotated[Path, typer.Option(help="real traces and catalogs (the shared data folder)")] = Path(
         "../shared/data"
     ),
-    suite: Annotated[str, typer.Option(help="deadline, burst or all")] = "all",
+    suite: Annotated[str, typer.Option(help="deadline, markets, burst or all")] = "all",
     quick: Annotated[bool, typer.Option(help="a smaller run, for a first look")] = False,
     png: Annotated[Path | None, typer.Option(help="also draw the comparison chart here")] = None,
     as_json: JsonFlag = False,
@@ -211,8 +211,8 @@ def simulate(
     """Replay real spot availability, price and job traces through every policy (ours and the baselines)."""
     from federation.simulate import run_simulation
 
-    if suite not in ("deadline", "burst", "all"):
-        raise typer.BadParameter("suite must be deadline, burst or all", param_hint="--suite")
+    if suite not in ("deadline", "markets", "burst", "all"):
+        raise typer.BadParameter("suite must be deadline, markets, burst or all", param_hint="--suite")
     if not data.is_dir():
         raise typer.BadParameter(f"{data} is not a folder of traces", param_hint="--data")
     with console.status("replaying traces...") if not as_json else _nullcontext():

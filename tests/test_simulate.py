@@ -19,12 +19,14 @@ from federation.simulate import run_simulation
 from federation.simulate.cluster import BurstPolicy, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.experiments import (
+    EXTRA_MARKETS,
     BurstConfig,
     DeadlineConfig,
     deadline_experiment,
     deadline_jobs,
     halves,
     job_records,
+    load_extra_market,
     matched_spend,
     percentile,
     summarize_cluster,
@@ -448,3 +450,22 @@ def test_greedy_safety_net_takes_spot_while_it_can_and_commits_to_on_demand_in_t
     lossy = run_deadline(m, replace(job, checkpoint_ticks=2), greedy, record=True, notice_seconds={})
     assert lossy.met_deadline and lossy.lost_hours == 0.0 and lossy.finish_hours == 7.0
     assert lossy.moves[3] == "3:wait:" and lossy.moves[4].endswith("/on_demand")
+
+
+@pytest.mark.integration
+def test_every_extra_market_loads_from_the_shared_data_with_catalog_prices() -> None:
+    base = shared_file("catalog/skypilot_v8_aws_vms_pfamily_gpu_subset.csv").parent.parent
+    for name, (files, itype, gpus) in EXTRA_MARKETS.items():
+        t = load_extra_market(str(base), name)
+        assert [z.zone for z in t.zones] == list(files) and t.gap_seconds == 600 and len(t) > 27 * 24 * 5
+        assert (t.instance_type, t.gpus) == (itype, gpus)
+        assert t.on_demand_usd["us-west-2"] == (3.06 if gpus == 1 else 24.48)
+        assert all(0 < z.spot_usd[0] < t.on_demand_usd["us-west-2"] for z in t.zones)
+        assert all(any(z.available) and not all(z.available) for z in t.zones)
+    report = run_simulation(
+        base, suite="markets", deadline=DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=300.0)
+    )
+    assert len(report.deadline) == 2 * len(EXTRA_MARKETS)
+    for rows in report.deadline.values():
+        by = {r.policy: r for r in rows}
+        assert by["overspill"].deadline_attainment == by["greedy_safety_net"].deadline_attainment == 1.0

@@ -160,6 +160,40 @@ def _chunk_from_files(
     return run_deadline_chunk(load_aws_v100_trace(data_dir, gap, zones), jobs, cfg)
 
 
+SPOT_TRACES_2022 = Path("spot-traces") / "availability" / "1-node" / "aws-10-26-2022"
+# Other availability traces in the shared data that fit the deadline model (availability per zone, one instance
+# type): name -> (files by zone, instance type, GPUs). They carry no spot price: each zone's spot price is held at
+# the catalog's cheapest spot price for the type in the region (the zone letters cannot be matched to the
+# catalog's AZ ids).
+EXTRA_MARKETS: dict[str, tuple[dict[str, str], str, int]] = {
+    "AWS V100 x1 us-west-2a/b, 2022-10-26 (27 days, 10-min ticks)": (
+        {"us-west-2a": "us-west-2a_v100_1.json", "us-west-2b": "us-west-2b_v100_1.json"},
+        "p3.2xlarge",
+        1,
+    ),
+    "AWS V100 x8 us-west-2a/b, 2022-10-26 (27 days, 10-min ticks)": (
+        {"us-west-2a": "us-west-2a_v100_8.json", "us-west-2b": "us-west-2b_v100_8.json"},
+        "p3.16xlarge",
+        8,
+    ),
+}
+
+
+def load_extra_market(data_dir: str, name: str) -> SpotTrace:
+    """One of `EXTRA_MARKETS` from the shared data folder, priced from the AWS catalog (see its comment)."""
+    from dataclasses import replace as _replace
+
+    from federation.simulate.loaders import load_availability_json, load_on_demand_prices, load_spot_prices
+
+    files, itype, gpus = EXTRA_MARKETS[name]
+    base = Path(data_dir)
+    od = load_on_demand_prices(base / CATALOG, itype)
+    spot_by_region = load_spot_prices(base / CATALOG, itype)
+    paths = {z: base / SPOT_TRACES_2022 / f for z, f in files.items()}
+    trace = load_availability_json(paths, {z: spot_by_region[z[:-1]] for z in files}, od)
+    return _replace(trace, instance_type=itype, gpus=gpus, source=f"spot-traces aws-10-26-2022 ({itype})")
+
+
 def deadline_experiment(
     trace: SpotTrace,
     cfg: DeadlineConfig,
@@ -169,10 +203,13 @@ def deadline_experiment(
     """Summaries per policy (plus the optimum row) and the raw runs. With `files` = (data dir, gap, zones) the
     worker processes load the trace themselves instead of receiving it."""
     jobs = deadline_jobs(trace, cfg)
-    if workers > 1 and files is not None and len(jobs) > 1:
+    if workers > 1 and len(jobs) > 1:
         chunks = [jobs[i::workers] for i in range(workers)]
         with ProcessPoolExecutor(workers) as pool:
-            parts = list(pool.map(_chunk_from_files, *zip(*[(*files, c, cfg) for c in chunks], strict=True)))
+            if files is not None:
+                parts = list(pool.map(_chunk_from_files, *zip(*[(*files, c, cfg) for c in chunks], strict=True)))
+            else:
+                parts = list(pool.map(run_deadline_chunk, [trace] * workers, chunks, [cfg] * workers))
         order = {j.name: i for i, j in enumerate(jobs)}
         results = sorted((r for part in parts for r in part), key=lambda r: order[r[1][0].job])
     else:
