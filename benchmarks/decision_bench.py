@@ -16,6 +16,7 @@ Run (from the repository root):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,21 +62,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all-zones", action="store_true", help="all 9 zones instead of us-east-1's 4")
     ap.add_argument("--start-every", type=float, default=96.0, help="hours between job starts (default 96)")
     ap.add_argument("--policies", default="overspill,forecast")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     trace = load_aws_v100_trace(str(data_dir(args.data)), 300, None if args.all_zones else US_EAST_1)
     cfg = DeadlineConfig(start_every_hours=args.start_every)
     jobs = deadline_jobs(trace, cfg)
     market = TraceMarket(trace)
-    print(f"{len(jobs)} jobs, {'all 9 zones' if args.all_zones else 'us-east-1 (4 zones)'}, 5-minute ticks")
-    print(f"{'policy':<12} {'decisions':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    scenario = "all 9 zones" if args.all_zones else "us-east-1 (4 zones)"
+    out: dict[str, dict[str, float]] = {}
     for name in args.policies.split(","):
         timed = Timed(make_strategy(name, restart_hours=cfg.restart_hours))
         for job in jobs:
             run_deadline(market, job, timed)  # type: ignore[arg-type]
         ms = [t * 1000 for t in timed.times]
-        print(
-            f"{name:<12} {len(ms):>9} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} {max(ms, default=0):>8.2f}"
-        )
+        out[name] = {
+            "decisions": len(ms),
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
+            "max_ms": max(ms, default=0.0),
+        }
+    if args.json:
+        print(json.dumps({"jobs": len(jobs), "scenario": scenario, "policies": out}, indent=2))
+        return 0
+    print(f"{len(jobs)} jobs, {scenario}, 5-minute ticks")
+    print(f"{'policy':<12} {'decisions':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, r in out.items():
+        print(f"{name:<12} {r['decisions']:>9} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}")
     return 0
 
 

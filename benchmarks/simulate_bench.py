@@ -15,7 +15,12 @@ What it runs (`federation.simulate.run_simulation`, the code behind `overspill s
      of the trace (windows ending by its middle: the set Overspill's parameters were tuned on) and of the second
      half (held out), and a line ranking the policies that met every deadline. Everything is deterministic (no
      random seeds): the same command gives the same tables.
-  2. Bursting with the Philly job trace (10,000 jobs from the 300th, ~250 h of arrivals) on a 1,024-GPU on-prem
+  2. Other markets (`--suite markets`, also in `all`): every other spot availability trace in the shared data that
+     fits the deadline model - the 2022 AWS V100 windows (spot-traces aws-10-26-2022, us-west-2a/b, 10-minute
+     ticks, 1 GPU p3.2xlarge and 8 GPUs p3.16xlarge) - one table each (with and without notice), the same jobs;
+     those traces carry no price, so each zone's spot price is the catalog's cheapest us-west-2 spot price for
+     the type. Nothing was tuned on them (the policies' parameters come from the first half of the 2023 trace).
+  3. Bursting with the Philly job trace (10,000 jobs from the 300th, ~250 h of arrivals) on a 1,024-GPU on-prem
      cluster (FIFO + EASY backfill), cloud V100 on-demand from the catalog; every 10th job has a deadline of
      arrival + 2 x its runtime + 30 min. Policies: on-prem only; fixed timeout (SkyPilot's Slurm burst, 2 min,
      plus longer timeouts); fixed spill order with a cloud quota (Kueue MultiKueue); ours at several values of
@@ -31,6 +36,7 @@ Run (from the repository root):
     python benchmarks/simulate_bench.py
     python benchmarks/simulate_bench.py --json --png /tmp/simulate.png
     python benchmarks/simulate_bench.py --suite deadline --quick
+    python benchmarks/simulate_bench.py --suite markets --json > markets.json   # per-job export included
 """
 
 from __future__ import annotations
