@@ -1,11 +1,18 @@
 """A forecasting deadline policy: model-predictive control over sampled availability futures.
 
 Role: `Forecast` decides like `federation.strategies.Overspill` (its fallback and its safety net) but, when the job
-is idle or on a safe pool with slack to spare, picks the first action by sample-average approximation: it samples
-`samples` futures of every spot pool's availability from a per-pool model fitted on that pool's history before
-`now` only (`RunState.outlook`), solves the exact deadline DP (the one of `federation.simulate.optimum`, backward,
-on a coarser planning grid) in each future, and takes the first action (wait, on-demand, or a spot pool) whose
-mean cost-to-finish over the futures is least. It re-plans at every decision (the executor asks each tick).
+is idle or on a safe pool with slack to spare and (by default, `plan_with_spot` False) no spot pool is up, picks the
+first action by sample-average approximation: it samples `samples` futures of every spot pool's availability from
+a per-pool model fitted on that pool's history before `now` only (`RunState.outlook`), solves the exact deadline
+DP (the one of `federation.simulate.optimum`, backward, on a coarser planning grid) in each future, and takes the
+first action (wait, on-demand, or - with `plan_with_spot` - a spot pool) whose mean cost-to-finish over the
+futures is least. It re-plans at every decision (the executor asks each tick).
+
+Status (benchmarks/README.md): on the AWS V100 traces it is within 0.1-1% of `Overspill`, not below it. Each future
+is solved with hindsight (the DP knows that future), which overrates waiting; with `plan_with_spot` (choosing
+among spot pools and on-demand too, `wait_with_spot` False) it was worse (1.092x vs 1.068x on all 9 zones of
+the 2023 trace, `--quick`, both halves: this choice was not made on the first half alone), so the default plans
+only the wait-or-on-demand choice.
 
 Availability model (per spot pool): a semi-Markov process of up and down runs. The current run's remaining
 length is drawn from the pool's past runs of the same kind that lasted longer than its current age (age
