@@ -4,20 +4,31 @@ What it runs (`federation.simulate.run_simulation`, the code behind `overspill s
   1. Deadline jobs on the real AWS V100 (p3.2xlarge) availability + spot price traces (SkyNomad segments, 9 zones,
      2023-02-15 to 03-17, resampled to 5-minute ticks), on-demand $3.06/h from the SkyPilot AWS catalog: 48 h of
      work due in 52, 60 or 70 h, one job starting every 12 h of the trace per deadline, 15 minutes of changeover
-     per launch. Policies: on-demand only; greedy cheapest spot with EAGER_NEXT_REGION failover (SkyPilot managed
-     jobs); Uniform Progress (Can't Be Late, NSDI'24); ours (`overspill`), and ours without the pools'
-     availability history (`overspill_no_history`, as a broker without an availability feed runs it); the
-     omniscient optimum (exact DP). Two scenarios: all 9 zones, and us-east-1's 4 zones only (scarcer, pricier
-     spot). Each table also gives cost / optimum over the jobs of the first half of the trace (windows ending by
-     its middle: the set Overspill's parameters were tuned on) and of the second half (held out), and a line
-     ranking the policies that met every deadline.
-  2. Bursting with the Philly job trace (10,000 jobs from the 300th, ~250 h of arrivals) on a 1,024-GPU on-prem
+     per launch, a checkpoint every 30 minutes (60 s to save). Policies: on-demand only; greedy cheapest spot
+     with EAGER_NEXT_REGION failover (SkyPilot managed jobs); greedy spot with a deadline safety net (commits to
+     on-demand once the slack is gone); Uniform Progress (Can't Be Late, NSDI'24); ours (`overspill`), and ours
+     without the pools' availability history (`overspill_no_history`, as a broker without an availability feed
+     runs it); the omniscient optimum (exact DP). Two scenarios: all 9 zones, and us-east-1's 4 zones only
+     (scarcer, pricier spot), each twice: with AWS's 2-minute interruption notice (the job saves before every
+     reclaim: nothing is lost, the same as free checkpoints) and with no notice (a reclaim loses the work since
+     the last checkpoint; column "lost h"). Each table also gives cost / optimum over the jobs of the first half
+     of the trace (windows ending by its middle: the set Overspill's parameters were tuned on) and of the second
+     half (held out), and a line ranking the policies that met every deadline. Everything is deterministic (no
+     random seeds): the same command gives the same tables.
+  2. Other markets (`--suite markets`, also in `all`): every other spot availability trace in the shared data that
+     fits the deadline model - the 2022 AWS V100 windows (spot-traces aws-10-26-2022, us-west-2a/b, 10-minute
+     ticks, 1 GPU p3.2xlarge and 8 GPUs p3.16xlarge) - one table each (with and without notice), the same jobs;
+     those traces carry no price, so each zone's spot price is the catalog's cheapest us-west-2 spot price for
+     the type. Nothing was tuned on them (the policies' parameters come from the first half of the 2023 trace).
+  3. Bursting with the Philly job trace (10,000 jobs from the 300th, ~250 h of arrivals) on a 1,024-GPU on-prem
      cluster (FIFO + EASY backfill), cloud V100 on-demand from the catalog; every 10th job has a deadline of
      arrival + 2 x its runtime + 30 min. Policies: on-prem only; fixed timeout (SkyPilot's Slurm burst, 2 min,
      plus longer timeouts); fixed spill order with a cloud quota (Kueue MultiKueue); ours at several values of
      GPU time. Then, for each baseline point, ours' best p95 wait among our runs that spent no more.
 
-Output: the two tables (and the matched-spend lines), or one JSON object with `--json`; `--png PATH` also
+Output: the tables (and the matched-spend lines), or one JSON object with `--json` (summaries, and under
+deadline.jobs, per scenario, every job's start, deadline, work, optimum and per policy its cost, whether it met
+the deadline, finish time and work lost, for outside evaluators; plus the command line); `--png PATH` also
 writes a chart (needs matplotlib). Data is read in place from `--data`, `$OVERSPILL_SHARED_DATA`, or
 `../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2).
 
@@ -25,6 +36,7 @@ Run (from the repository root):
     python benchmarks/simulate_bench.py
     python benchmarks/simulate_bench.py --json --png /tmp/simulate.png
     python benchmarks/simulate_bench.py --suite deadline --quick
+    python benchmarks/simulate_bench.py --suite markets --json > markets.json   # per-job export included
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ def data_dir(given: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", help="shared data folder (default: $OVERSPILL_SHARED_DATA or ../shared/data)")
-    ap.add_argument("--suite", choices=("all", "deadline", "burst"), default="all")
+    ap.add_argument("--suite", choices=("all", "deadline", "markets", "burst"), default="all")
     ap.add_argument("--quick", action="store_true", help="smaller experiments (a smoke run)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
@@ -63,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = report.to_json()
         doc["elapsed_seconds"] = round(elapsed, 1)
+        doc["command"] = " ".join(
+            ["python", "benchmarks/simulate_bench.py", *(argv if argv is not None else sys.argv[1:])]
+        )
         json.dump(doc, sys.stdout, indent=2, default=str)
         print()
     else:

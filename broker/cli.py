@@ -264,7 +264,7 @@ def simulate(
         Path | None,
         typer.Option(help="folder of real traces and catalogs (default: OVERSPILL_SHARED_DATA, else ../shared/data)"),
     ] = None,
-    suite: Annotated[str, typer.Option(help="deadline, burst or all")] = "all",
+    suite: Annotated[str, typer.Option(help="deadline, markets, burst or all")] = "all",
     quick: Annotated[bool, typer.Option(help="a smaller run, for a first look")] = False,
     png: Annotated[Path | None, typer.Option(help="also draw the comparison chart here")] = None,
     as_json: JsonFlag = False,
@@ -273,10 +273,12 @@ def simulate(
     from federation.simulate import run_simulation
     from federation.simulate.experiments import CATALOG, PHILLY, SEGMENTS
 
-    if suite not in ("deadline", "burst", "all"):
-        usage_error(f"--suite: {suite!r} is not a suite; use deadline, burst or all")
+    if suite not in ("deadline", "markets", "burst", "all"):
+        usage_error(f"--suite: {suite!r} is not a suite; use deadline, markets, burst or all")
     folder, source = _traces_folder(data)
-    needed = [CATALOG] + ([SEGMENTS] if suite != "burst" else []) + ([PHILLY] if suite != "deadline" else [])
+    needed = [CATALOG]
+    needed += [SEGMENTS] if suite in ("deadline", "all") else []
+    needed += [PHILLY] if suite in ("burst", "all") else []
     if not folder.is_dir():
         usage_error(f"traces folder {folder} (from {source}) does not exist; set OVERSPILL_SHARED_DATA or --data")
     missing = [str(rel) for rel in needed if not (folder / rel).is_file()]

@@ -255,7 +255,10 @@ def judge(job: JobSpec, off: Offering, ctx: PlacementContext) -> Candidate | Rej
     finish = ctx.now + timedelta(hours=wait + run_hours)
     if job.deadline_at is not None and finish > job.deadline_at:
         return RejectReason.MISSES_DEADLINE
-    score = float(cost) + wait * job.gpu_count * ctx.params.wait_value_usd_per_gpu_hour
+    # ranked on the unrounded cost: two pools whose expected costs round to the same cent still differ (a risk
+    # that adds a fraction of a cent must not lose to the key's alphabetical order)
+    exact = float(hourly) * run_hours + float(transfer)
+    score = exact + wait * job.gpu_count * ctx.params.wait_value_usd_per_gpu_hour
     return Candidate(off, cost, run_hours, wait, finish, transfer, score)
 
 

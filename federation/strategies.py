@@ -33,6 +33,7 @@ Strategies:
   2.33, behind the line: on-demand. Spot is back at t=9, but hysteresis keeps on-demand while
   cp < ep(t + 2d) (3 < 3.67), so the job finishes on on-demand at t=10. Safety net: idle or on-demand with
   C + 2d >= time left -> on-demand to the end; on a running spot with C + d >= time left it keeps the spot.
+- `greedy_safety_net`: greedy spot that commits to on-demand once the slack is gone (see `GreedySafetyNet`).
 - `overspill`: ours (see `Overspill`).
 """
 
@@ -60,6 +61,7 @@ from pricing.book import PriceBook
 from providers.model import ZERO_USD, CapacityType, JobSpec, Offering
 
 EPS = 1e-9
+NOTICE_SECONDS: Mapping[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # spot interruption notice
 NON_SPOT = frozenset({CapacityType.ON_DEMAND, CapacityType.RESERVED})
 CLOUD_ANY = frozenset({CapacityType.SPOT, CapacityType.ON_DEMAND, CapacityType.RESERVED})
 ANY_POOL = CLOUD_ANY | {CapacityType.ON_PREM}
@@ -138,7 +140,9 @@ class RunState:
     preempted); `restart_left_hours` is the changeover still to go on it (launch, restore, lost work);
     `started_at` is when the job's deadline window opened (the origin of the uniform progress line);
     `tick_hours` is the time until the executor asks again; `outlook` is each spot pool's availability history
-    by pool key (empty when the executor has none: strategies then go by interruption rates alone)."""
+    by pool key (empty when the executor has none: strategies then go by interruption rates alone);
+    `checkpoint_interval_hours`, `save_seconds` and `notice_seconds` say what a reclaim costs in lost work
+    (`reclaim_loss_hours`)."""
 
     job: JobSpec
     now: datetime
@@ -151,6 +155,22 @@ class RunState:
     preemptions: tuple[Preemption, ...] = ()
     tick_hours: float = 0.1
     outlook: Mapping[str, PoolOutlook] = field(default_factory=dict)
+    checkpoint_interval_hours: float = 0.0
+    save_seconds: float = 60.0
+    notice_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    def reclaim_loss_hours(self, off: Offering) -> float:
+        """The most work a reclaim of `off` can cost: the work since the last checkpoint (up to
+        `checkpoint_interval_hours`) unless its cloud's interruption notice (`notice_seconds` by provider) gives
+        the job the `save_seconds` it needs to save first. 0 for non-spot pools and with an interval of 0 (work
+        saved continuously, the model before checkpoints were costed)."""
+        return self.spot_loss_hours(off.provider) if off.capacity_type is CapacityType.SPOT else 0.0
+
+    def spot_loss_hours(self, provider: str) -> float:
+        """`reclaim_loss_hours` of any spot pool of `provider`."""
+        if self.checkpoint_interval_hours <= 0 or self.notice_seconds.get(provider, 0.0) >= self.save_seconds:
+            return 0.0
+        return self.checkpoint_interval_hours
 
     @property
     def budget_left_usd(self) -> Decimal:
@@ -381,6 +401,44 @@ class UniformProgress:
         return wait(self.name, why)
 
 
+@dataclass(frozen=True, slots=True)
+class GreedySafetyNet:
+    """Greedy spot with a deadline safety net (the "greedy" baseline of Can't Be Late): the cheapest available spot
+    pool whenever there is one, kept until reclaimed, idle otherwise; it commits to the cheapest on-demand pool to
+    the end once one more tick off on-demand could miss the deadline, i.e. when finishing on on-demand from the
+    next tick would not fit: ticks(work + L + d) + one tick > time left (idle, or in a changeover), or
+    ticks(work + L + d) > time left (on a running spot, which makes a tick of progress meanwhile), with
+    d = `restart_hours` (the changeover to on-demand) and L the work a spot reclaim can lose
+    (`RunState.reclaim_loss_hours`). Without a deadline it never commits. Example (1 h ticks, d = 1 h, L = 0):
+    4 h of work due in 8 h, no spot: it waits while 4 + 1 + 1 <= time left, so through t = 2; at t = 3 (5 h
+    left) it launches on-demand and finishes at 8."""
+
+    name: ClassVar[str] = "greedy_safety_net"
+    restart_hours: float = 0.25
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        alive = current_alive(state)
+        if alive and state.on(NON_SPOT):
+            return keep(state, self.name, "committed to on-demand until done")
+        left = state.hours_to_deadline()
+        spots = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []
+        loss = max((state.reclaim_loss_hours(o) for o in spots), default=0.0)
+        if alive and state.current is not None:
+            loss = max(loss, state.reclaim_loss_hours(state.current))
+        # running spot past its changeover makes a tick of progress before the next decision; idle makes none
+        step = 0.0 if alive and state.restart_left_hours < EPS else state.tick_hours
+        if left is not None and state.ticks(state.work + loss + self.restart_hours) + step > left + EPS:
+            found = pools(state, book, NON_SPOT)
+            if not found:
+                return wait(self.name, "safety net: no on-demand pool available")
+            return launch(state, self.name, found[0], f"safety net: {left:.2f} h left, commit to on-demand")
+        if alive:
+            return keep(state, self.name, "greedy: keep the running spot until reclaimed")
+        if spots:
+            return launch(state, self.name, spots[0], f"greedy: cheapest spot ${spots[0].hourly_usd}/h")
+        return wait(self.name, "greedy: no spot capacity, slack left: wait")
+
+
 def _no_changeover_params(restart_hours: float) -> PlacementParams:
     return PlacementParams(checkpoint_interval_hours=0.0, restart_hours=restart_hours, cloud_startup_hours=0.0)
 
@@ -414,6 +472,11 @@ class Overspill:
     safe pool it returns to spot once slack >= margin + `hysteresis` x d + reserve and the spot pool passes the
     test above. Slack below margin means on-demand to the end, which still meets the deadline.
 
+    Checkpoints (`RunState.checkpoint_interval_hours`, the job's save time and each cloud's interruption notice):
+    when a reclaim can lose the work since the last checkpoint (no notice long enough to save first), the margin
+    grows by the interval, L (2d + L + one tick), and a spot pool's changeover counts d + L/2 (its expected loss)
+    in its price per hour of progress and in the test for leaving a safe pool.
+
     Example (d = 0.25 h, 15-minute ticks so margin = 0.75 h, pace 0.75, no spot anywhere): 2 h of work due in
     10 h -> slack 8 h, reserve 0.75 x 8 x 2/2 = 6 h, 7.75 >= 0.75 + 0.25 + 6: wait. Due in 3 h instead -> slack
     1 h, reserve 0.75 h, 0.75 < 1.75: on-demand now. 4 h of work due in 10 h, on on-demand ($3/h) after 1 h with
@@ -441,7 +504,8 @@ class Overspill:
         big, small = float(state.current.price.hourly_usd), float(spot.price.hourly_usd)
         if big <= small:
             return False
-        return self.expected_up_hours(state, spot) * (big - small) >= self.return_factor * 2 * self.restart_hours * big
+        lost = 2 * self.restart_hours + state.reclaim_loss_hours(spot) / 2
+        return self.expected_up_hours(state, spot) * (big - small) >= self.return_factor * lost * big
 
     def expected_up_hours(self, state: RunState, off: Offering) -> float:
         """How much longer spot pool `off` is expected to stay up: the mean residual of its past up runs at the
@@ -459,9 +523,9 @@ class Overspill:
         out. Without one: the placement ranking unchanged."""
         if not state.outlook:
             return spot
-        d = self.restart_hours
         scored = []
         for c in spot:
+            d = self.restart_hours + state.reclaim_loss_hours(c.offering) / 2  # changeover + expected lost work
             e = self.expected_up_hours(state, c.offering)
             if e <= d:  # not expected to outlast its own changeover
                 continue
@@ -528,7 +592,9 @@ class Overspill:
         d, g = self.restart_hours, state.tick_hours
         left = state.hours_to_deadline() or 0.0
         slack = left - state.work - state.restart_left_hours
-        margin = state.ticks(2 * d) + g
+        # a reclaim may also lose the work since the last checkpoint: spot needs that much more slack
+        loss = max((state.spot_loss_hours(c.offering.provider) for c in ranked), default=0.0)
+        margin = state.ticks(2 * d + loss) + g
         spot = self._spot_order(state, [c for c in ranked if c.offering.capacity_type is CapacityType.SPOT])
         safe = [c for c in ranked if c.offering.capacity_type is not CapacityType.SPOT]
         safe = [c for c in safe if state.ticks(c.expected_wait_hours + d + state.work) <= left + EPS] or safe[:0]
@@ -567,6 +633,7 @@ STRATEGIES: dict[str, StrategyFactory] = {
     EagerNextRegion.name: EagerNextRegion,
     NextCheapest.name: NextCheapest,
     UniformProgress.name: UniformProgress,
+    GreedySafetyNet.name: GreedySafetyNet,
     Overspill.name: Overspill,
 }
 
@@ -585,6 +652,16 @@ def make_strategy(name: str, **params: Any) -> Strategy:
     except KeyError as exc:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}") from exc
     return factory(**params)
+
+
+DEADLINE_POLICY = Overspill.name
+
+
+def deadline_strategy(restart_hours: float, name: str = DEADLINE_POLICY, **params: Any) -> Strategy:
+    """The deadline-aware policy: the one object the broker's placement step (`broker/loop/place.py`) asks for a
+    job with a deadline and the simulator replays (`federation.simulate.deadline`), built from the same inputs
+    (`restart_hours`: the changeover of a launch). `name` picks another registered strategy for experiments."""
+    return make_strategy(name, restart_hours=restart_hours, **params)
 
 
 def cheapest_finish_usd(state: RunState, book: PriceBook) -> tuple[Decimal, Offering] | None:

@@ -28,7 +28,9 @@ Decisions on the catalogs' traps:
   part of a GCP VM: a4-highgpu-8g hosts are listed at 0 and their B200 row carries the whole VM price.
 - Rows without an accelerator (CPU-only), TPU rows and fractional GPUs (Azure's 1/6 A10) are skipped.
 - Empty AvailabilityZone (Azure, Lambda) means the region is the zone. A duplicate pool keeps its first row.
-- Catalogs carry no interruption data: spot offerings get rate 0 and say so in `interruption_basis`.
+- Catalogs carry no interruption data: spot offerings get the prior of `pricing.risk.spot_prior` (AWS: the Spot
+  Advisor band of the `advisor` passed in, or the assumed default band; GCP and Azure: their documented defaults),
+  named in `interruption_basis`; the broker's own reclaims update it when the pools are stored.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from pricing.advisor import SpotAdvisor
 from pricing.feeds import FeedError
+from pricing.risk import spot_prior
 from pricing.transfer import internet_egress_usd_per_gb
 from providers.accelerators import canonical, memory_gib
 from providers.model import CapacityType, Offering, Price
@@ -149,7 +153,12 @@ def infer_provider(path: Path) -> str | None:
 
 
 def import_catalog(
-    path: Path, *, provider: str | None = None, observed_at: datetime, max_malformed: int = 0
+    path: Path,
+    *,
+    provider: str | None = None,
+    observed_at: datetime,
+    max_malformed: int = 0,
+    advisor: SpotAdvisor | None = None,
 ) -> ImportResult:
     """Read one catalog file into offerings (see the module docstring for every rule)."""
     feed = f"catalog:{path.name}"
@@ -158,7 +167,7 @@ def import_catalog(
         raise FeedError(feed, f"cannot tell the provider from the file name {path}; pass provider=")
     if observed_at.tzinfo is None:
         raise ValueError("observed_at must be timezone-aware (UTC)")
-    importer = _Importer(path, chosen, observed_at, max_malformed)
+    importer = _Importer(path, chosen, observed_at, max_malformed, advisor)
     try:
         with _open_text(path) as fh:
             importer.read(csv.reader(fh))
@@ -181,7 +190,10 @@ def _open_text(path: Path) -> TextIO:
 class _Importer:
     """State of one import: parses rows, holds GCP hosts and accelerator rows for the join, emits offerings."""
 
-    def __init__(self, path: Path, provider: str, observed_at: datetime, max_malformed: int) -> None:
+    def __init__(
+        self, path: Path, provider: str, observed_at: datetime, max_malformed: int, advisor: SpotAdvisor | None = None
+    ) -> None:
+        self.advisor = advisor
         self.path = path
         self.feed = f"catalog:{path.name}"
         self.provider = provider
@@ -392,6 +404,7 @@ class _Importer:
 
     def _offering(self, r: _Row, itype: str, capacity: CapacityType, hourly: Decimal) -> Offering:
         spot = capacity is CapacityType.SPOT
+        prior = spot_prior(self.provider, r.region, itype, self.advisor) if spot else None
         return Offering(
             provider=self.provider,
             region=r.region,
@@ -405,7 +418,8 @@ class _Importer:
             capacity_type=capacity,
             price=Price(hourly, self.feed, self.observed_at),
             egress_usd_per_gb=self.egress,
-            interruption_basis="catalog: no interruption data" if spot else "",
+            interruption_rate_per_hour=prior.rate_per_hour if prior else 0.0,
+            interruption_basis=f"catalog prior: {prior.basis}"[:200] if prior else "",
         )
 
     def _skip(self, reason: str, detail: str = "", *, count: bool = True) -> None:

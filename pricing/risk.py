@@ -22,7 +22,10 @@ from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
+from pricing.advisor import Band, SpotAdvisor
 from providers.model import CapacityType, Offering
+
+AWS_DEFAULT_BAND = 2  # the advisor band assumed for a pool the advisor does not list (as the live AWS feed does)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,30 @@ class PoolExperience:
 class RiskEstimate:
     rate_per_hour: float
     basis: str
+
+
+# GCP and Azure publish no per-pool rate: the same documented defaults as their live feeds
+DEFAULT_SPOT_PRIORS: dict[str, RiskEstimate] = {
+    "gcp": RiskEstimate(0.05, "gcp default (no public rate)"),
+    "azure": RiskEstimate(0.05, "azure default prior (no public rate)"),
+}
+OTHER_SPOT_PRIOR = RiskEstimate(0.05, "default spot prior (no public rate)")
+
+
+def spot_prior(provider: str, region: str, instance_type: str, advisor: SpotAdvisor | None = None) -> RiskEstimate:
+    """The interruption prior of a spot pool nothing has been observed in yet: for AWS its Spot Advisor band
+    (`advisor`), or the assumed band `AWS_DEFAULT_BAND` when the advisor has no entry (or none is given); for GCP
+    and Azure their documented defaults (`DEFAULT_SPOT_PRIORS`), for any other provider `OTHER_SPOT_PRIOR`. The
+    basis says which."""
+    if provider == "aws":
+        band = advisor.band(region, instance_type) if advisor is not None else None
+        if band is not None and advisor is not None:
+            return RiskEstimate(band.rate_per_hour, band.describe(advisor.source))
+        assumed = Band.of(AWS_DEFAULT_BAND)
+        return RiskEstimate(
+            assumed.rate_per_hour, f"no spot advisor data for {instance_type} in {region}: assumed {assumed.describe()}"
+        )
+    return DEFAULT_SPOT_PRIORS.get(provider, OTHER_SPOT_PRIOR)
 
 
 def decay_weight(age_hours: float, half_life_hours: float) -> float:

@@ -4,6 +4,7 @@ vms catalog in ../shared/data/catalog (integration: skipped with a reason when t
 from __future__ import annotations
 
 import gzip
+import math
 from collections import Counter
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from federation.placement import PlacementContext, place
+from pricing.advisor import Band, SpotAdvisor
 from pricing.book import PriceBook
 from pricing.catalog_import import MAX_WARNINGS, ImportResult, import_catalog, infer_provider
 from pricing.feeds import FeedError
+from pricing.risk import RiskEstimate, spot_prior
 from providers.accelerators import ACCELERATORS, OTHER_ACCELERATORS, canonical
 from providers.model import CapacityType, Offering
 from tests.builders import spec
@@ -81,7 +84,9 @@ def test_direct_rows_prices_zones_and_provenance(tmp_path: Path) -> None:
     )
     assert od.price.source == "catalog:aws_vms.csv" and od.price.observed_at == NOW and not od.price.estimated
     assert od.egress_usd_per_gb == D("0.09") and od.interruption_rate_per_hour == 0.0
-    assert sp.capacity_type is CapacityType.SPOT and "no interruption data" in sp.interruption_basis
+    # catalogs carry no interruption data: an AWS spot pool gets the assumed advisor band (10-15%/month)
+    assert sp.capacity_type is CapacityType.SPOT and "assumed aws-spot-advisor band 2" in sp.interruption_basis
+    assert sp.interruption_rate_per_hour == pytest.approx(-math.log(1 - 0.125) / 720)
     # empty AvailabilityZone: the region is the zone; aliases resolve to canonical names
     a10g = offs["aws/us-east-1/us-east-1/g5.xlarge/on_demand"]
     assert a10g.accelerator == "A10G" and a10g.gpu_memory_gib == 24
@@ -379,3 +384,22 @@ def test_real_lambda_has_no_spot_and_reads_gpu_memory_from_gpu_info() -> None:
     assert (gh200.gpu_memory_gib, gh200.hourly_usd, gh200.egress_usd_per_gb) == (96, D("1.99"), D("0"))
     h100 = offs["lambda/europe-central-1/europe-central-1/gpu_8x_h100_sxm5/on_demand"]
     assert (h100.accelerator_count, h100.gpu_memory_gib, h100.hourly_usd) == (8, 80, D("27.52"))
+
+
+def test_spot_pools_get_the_advisor_band_when_one_is_given(tmp_path: Path) -> None:
+    """With Spot Advisor data the band of the pool's region and type is its prior; types it does not list keep
+    the assumed band; on-demand pools stay at 0."""
+    advisor = SpotAdvisor({("us-east-1", "Linux", "p4d.24xlarge"): Band.of(0)}, as_of="2026-04-01")
+    offs = by_key(import_catalog(aws_file(tmp_path), observed_at=NOW, advisor=advisor))
+    sp = offs["aws/us-east-1/use1-az2/p4d.24xlarge/spot"]
+    assert sp.interruption_rate_per_hour == pytest.approx(Band.of(0).rate_per_hour)
+    assert "aws-spot-advisor band 0 (<5%/month)" in sp.interruption_basis and "assumed" not in sp.interruption_basis
+    other = offs["aws/ap-northeast-2/apne2-az1/p3.16xlarge/spot"]
+    assert other.interruption_rate_per_hour == pytest.approx(Band.of(2).rate_per_hour)
+    assert offs["aws/us-east-1/use1-az2/p4d.24xlarge/on_demand"].interruption_rate_per_hour == 0.0
+
+
+def test_gcp_and_azure_spot_priors_are_their_documented_defaults() -> None:
+    assert spot_prior("gcp", "us-central1", "a2-highgpu-1g") == RiskEstimate(0.05, "gcp default (no public rate)")
+    assert spot_prior("azure", "eastus", "Standard_NC24ads_A100_v4").rate_per_hour == 0.05
+    assert spot_prior("lambda", "us-east-1", "gpu_1x_a100").basis.startswith("default spot prior")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -15,11 +16,14 @@ from sqlmodel import Session, select
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.runtime import Runtime
 from broker.services.prices import import_catalog_files
-from broker.tables import FeedStatus, OfferingRow, PressureRow
+from broker.tables import FeedStatus, OfferingRow, Placement, PressureRow
 from federation.pressure import QueueModel
+from pricing.advisor import Band
 from pricing.feeds import FeedError
 from providers.slurm import PartitionInfo, SlurmProvider
+from tests.builders import job_body
 from tests.conftest import MovableClock
+from tests.scripted import admin_api
 from tests.slurm_cluster import SlurmCluster
 
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone,Arch"
@@ -110,3 +114,46 @@ def test_broken_slurm_output_keeps_the_last_good_pools_and_pressure(
         assert status[feed].last_error_at == clock(), feed
         assert "JSON" in status[feed].last_error or "json" in status[feed].last_error, status[feed].last_error
         assert status[feed].last_success_at is not None and status[feed].last_success_at < clock()
+
+
+def test_imported_spot_pools_carry_a_prior_that_the_brokers_own_reclaims_update(
+    tmp_path: Path, make_runtime: Callable[..., Runtime], clock: MovableClock
+) -> None:
+    """A catalog has no interruption data: its AWS spot pool gets the assumed Spot Advisor band. Once the broker
+    has seen that pool reclaim an instance of its own after 2 h, the next import blends that in (gamma-Poisson,
+    50 h of prior: (prior x 50 + 1) / (50 + 2) per hour)."""
+    rt = make_runtime(f"sqlite:///{tmp_path / 'b.db'}", simulated=False)
+    path = tmp_path / "aws_vms.csv"
+    path.write_text(HEADER + "\n" + GOOD + "\n")
+    import_catalog_files(rt, [path], clock())
+    [spot] = [r for r in _rows(rt, "catalog:aws_vms.csv") if r.capacity_type == "spot"]
+    prior = Band.of(2).rate_per_hour
+    assert spot.interruption_rate_per_hour == pytest.approx(prior) and "band 2" in spot.interruption_basis
+    start = clock()
+    job = admin_api(rt).post("/v1/jobs", json=job_body(accelerators=["V100"])).json()
+    with Session(rt.engine) as s:
+        s.add(
+            Placement(
+                id="plc-1",
+                job_id=job["id"],
+                tenant="t",
+                offering_key=spot.key,
+                provider="aws",
+                region=spot.region,
+                zone=spot.zone,
+                instance_type=spot.instance_type,
+                capacity_type="spot",
+                accelerator="V100",
+                accelerator_count=1,
+                launch_token="tok-1",
+                state="preempted",
+                created_at=start,
+                started_at=start,
+                ended_at=start + timedelta(hours=2),
+            )
+        )
+        s.commit()
+    import_catalog_files(rt, [path], clock.advance(hours=2))
+    [after] = [r for r in _rows(rt, "catalog:aws_vms.csv") if r.capacity_type == "spot"]
+    assert after.interruption_rate_per_hour == pytest.approx((prior * 50 + 1) / 52)
+    assert "observed 1.0 reclaims in 2.0 h" in after.interruption_basis

@@ -394,16 +394,18 @@ def test_reported_exit_status_decides_the_verdict(
 def test_preempted_twice_falls_back_to_on_demand_and_meets_the_deadline(
     srt: Runtime, api: TestClient, cloud: ScriptedCloud, clock: MovableClock
 ) -> None:
-    """4 h of work due in 5 h, spot at $3 in z1 and z2, on-demand at $8 in z3 (10-minute ticks, 0.1 h restart).
+    """4 h of work due in 5 h 30 min, spot at $3 in z1 and z2, on-demand at $8 in z3 (10-minute ticks, 0.1 h
+    restart, 30-minute checkpoints, and this cloud gives no interruption notice: a reclaim can lose 30 min).
 
-    t=0: slack 1 h >= the 0.5 h margin -> spot z1. Reclaimed at 50 min (30 min saved, 3.5 h left): slack 0.67 h
-    -> spot again, in z2 (z1 was just reclaimed). Reclaimed at 100 min (3 h left): slack 0.33 h < margin -> the
-    on-demand pool, which finishes at 4 h 40 min, before the deadline, for $5 of spot + $24 on-demand <= $60.
+    The margin for spot is 2 x 0.1 h + 0.5 h (the work a reclaim can lose) rounded up to ticks, plus a tick: 1 h.
+    t=0: slack 1.5 h -> spot z1. Reclaimed at 50 min (30 min saved, 3.5 h left): slack 1.17 h -> spot again, in
+    z2 (z1 was just reclaimed). Reclaimed at 100 min (3 h left): slack 0.83 h < margin -> the on-demand pool,
+    which finishes at 4 h 40 min, before the deadline, for $5 of spot + $24 on-demand <= $60.
     """
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3")}
     cloud.on_demand = {"z3": Decimal("8")}
     tick(srt, clock())
-    deadline = clock() + timedelta(hours=5)
+    deadline = clock() + timedelta(hours=5, minutes=30)
     job_id = api.post(
         "/v1/jobs", json=job_body(work_gpu_hours="4", max_total_usd="60", deadline=deadline.isoformat())
     ).json()["id"]

@@ -324,3 +324,15 @@ def test_filters_that_defeat_price_order_do_not_make_place_walk_the_catalog(monk
         best = place(job, book, c)
         assert best is not None and best.offering.zone == "a0", name
         assert len(judged) <= 5, (name, len(judged))
+
+
+def test_pools_are_ranked_on_the_unrounded_cost() -> None:
+    """1 h of work (+ 3 min start-up): us-east-1a at $10.004/h and us-east-1b at $10.001/h both quote $10.50 to the
+    cent, with the same finish time; 1b is cheaper and wins (ranked on rounded cents, the tie went to 1a by name)."""
+    a = offering(zone="us-east-1a", price="10.004")
+    b = offering(zone="us-east-1b", price="10.001")
+    c = ctx(remaining_work_hours=Decimal("1"))
+    best = place(spec(), PriceBook.build([a, b], NOW), c)
+    assert best is not None and best.offering.zone == "us-east-1b"
+    other = evaluate(spec(), a, c)
+    assert isinstance(other, Candidate) and other.expected_cost_usd == best.expected_cost_usd == Decimal("10.50")

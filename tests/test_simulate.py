@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -18,11 +19,14 @@ from federation.simulate import run_simulation
 from federation.simulate.cluster import BurstPolicy, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.experiments import (
+    EXTRA_MARKETS,
     BurstConfig,
     DeadlineConfig,
     deadline_experiment,
     deadline_jobs,
     halves,
+    job_records,
+    load_extra_market,
     matched_spend,
     percentile,
     summarize_cluster,
@@ -37,7 +41,8 @@ from pricing.book import PriceBook
 from tests.builders import offering
 from tests.data import shared_file
 
-POLICIES = ("on_demand", "eager_next_region", "uniform_progress", "overspill")
+POLICIES = ("on_demand", "eager_next_region", "greedy_safety_net", "uniform_progress", "overspill")
+WITH_RESTART = ("uniform_progress", "overspill", "greedy_safety_net")
 
 
 def trace(zones: dict[str, str], prices: dict[str, float], od: float = 3.0) -> SpotTrace:
@@ -110,7 +115,7 @@ def test_every_policy_costs_at_least_the_optimum_and_on_demand_is_exact() -> Non
         job = DeadlineJob(f"d{deadline}", 3, 10, deadline, 1)
         opt = optimum_cost(t, job)
         for name in POLICIES:
-            kw = {"restart_hours": 1.0} if name in ("uniform_progress", "overspill") else {}
+            kw = {"restart_hours": 1.0} if name in WITH_RESTART else {}
             run = run_deadline(m, job, make_strategy(name, **kw))
             if name != "eager_next_region":  # SkyPilot's recovery ignores deadlines (and may be cheaper by missing)
                 assert run.met_deadline, (name, deadline)
@@ -135,7 +140,7 @@ def test_no_policy_beats_the_optimum_on_random_traces_with_price_changes(seed: i
             job = DeadlineJob("r", 2, 24, deadline, restart)
             opt = optimum_cost(t, job)
             for name in POLICIES:
-                kw = {"restart_hours": restart / 4} if name in ("uniform_progress", "overspill") else {}
+                kw = {"restart_hours": restart / 4} if name in WITH_RESTART else {}
                 run = run_deadline(m, job, make_strategy(name, **kw))
                 if run.met_deadline:
                     assert run.cost_usd >= opt - 1e-9, (name, restart, deadline)
@@ -175,7 +180,7 @@ def test_deadline_experiment_summaries() -> None:
     cfg = DeadlineConfig(work_hours=8, deadlines_hours=(10, 14), restart_hours=0.5, start_every_hours=10)
     rows, results = deadline_experiment(t, cfg)
     names = [r.policy for r in rows]
-    assert names == [*POLICIES, "overspill_no_history", "optimum"]
+    assert names == [*POLICIES, "overspill_no_history", "forecast", "optimum"]
     by = {r.policy: r for r in rows}
     assert by["optimum"].cost_vs_optimum == 1.0
     assert by["on_demand"].cost_vs_on_demand == 1.0
@@ -197,6 +202,21 @@ def test_deadline_experiment_summaries() -> None:
     ]
     assert isinstance(by["overspill"].extra["second_half_vs_optimum"], float)
     assert by["on_demand"].extra["met_cost_usd"] == pytest.approx(by["on_demand"].cost_usd)
+    # the per-job export: every job, its window and work, and per policy the cost that sums to the table's
+    records = json.loads(json.dumps(job_records(t, cfg, results)))
+    assert [r["job"] for r in records] == [j.name for j in deadline_jobs(t, cfg)]
+    first = records[1]
+    assert (first["start"], first["deadline"], first["work_hours"]) == (
+        "2023-01-01T10:00:00+00:00",
+        "2023-01-01T20:00:00+00:00",
+        8.0,
+    )
+    assert first["half"] == "first" and records[6]["half"] == "neither"
+    for name in names[:-1]:
+        assert sum(r["policies"][name]["cost_usd"] for r in records) == pytest.approx(by[name].cost_usd)
+        met = sum(r["policies"][name]["deadline_met"] for r in records) / len(records)
+        assert met == by[name].deadline_attainment
+    assert sum(r["optimum_usd"] for r in records) == pytest.approx(by["optimum"].cost_usd)
 
 
 # --- the cluster simulator --------------------------------------------------------------------------------
@@ -365,8 +385,87 @@ def test_run_simulation_on_the_shared_data_quick() -> None:
     seg = shared_file("spot-probes-skynomad/aws_v100_p3.2xlarge_avail_price_segments_2023-02-15.csv")
     cfg = DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=240.0)
     report = run_simulation(seg.parent.parent, suite="deadline", deadline=cfg)
+    assert set(report.deadline_jobs) == set(report.deadline) and len(report.deadline) == 4  # 2 zone sets x notice
     for rows in report.deadline.values():
         by = {r.policy: r for r in rows}
         assert by["overspill"].deadline_attainment == 1.0
         assert (by["overspill"].cost_vs_optimum or 0) >= 1.0
     assert BurstConfig().onprem_gpus == 1024
+
+
+def test_a_reclaim_loses_the_work_since_the_last_checkpoint_unless_the_notice_lets_the_job_save() -> None:
+    """One spot zone ($1) up for ticks 0-5, down 6-7, up again; on-demand $3; 1-hour ticks, no changeover, a
+    checkpoint every 4 ticks. 8 h of work due in 14 h. eager_next_region runs spot at t=0..5: 6 ticks of progress,
+    checkpointed after 4. Without a notice the reclaim at t=6 loses the 2 unsaved ticks (4 more to do from t=8:
+    done at t=12, $10); with AWS's 2-minute notice covering the 60 s save it loses none (done at t=10, $8)."""
+    t = trace({"us-east-1a": "111111001111111111111"}, {"us-east-1a": 1.0})
+    m = TraceMarket(t)
+    greedy = make_strategy("eager_next_region")
+    no_notice = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4), greedy, notice_seconds={})
+    assert no_notice.lost_hours == 2.0 and no_notice.preemptions == 1
+    assert no_notice.finish_hours == 12.0 and no_notice.cost_usd == 10.0  # 6 ticks before, 4 after the reclaim
+    saved = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4), greedy)  # AWS: 120 s >= 60 s
+    assert saved.lost_hours == 0.0 and saved.finish_hours == 10.0 and saved.cost_usd == 8.0
+    slow = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0, checkpoint_ticks=4, save_seconds=300), greedy)
+    assert slow.lost_hours == 2.0  # a 5-minute save does not fit in a 2-minute notice
+    free = run_deadline(m, DeadlineJob("j", 0, 8, 14, 0), greedy, notice_seconds={})
+    assert free.lost_hours == 0.0 and free.cost_usd == 8.0  # no interval: progress saved as it is made
+
+
+def test_the_deadline_policy_keeps_the_slack_a_reclaim_can_lose() -> None:
+    """The policy knows the interval and the notice: the slack it needs before launching spot grows by the
+    checkpoint interval when a reclaim can lose that much work. 4 h of work due in 5 h (slack 1 h), 0.25 h
+    changeover, 15-minute ticks: margin 2 x 0.25 + 0.25 = 0.75 h <= 1 h -> spot; a 30-min interval without notice
+    needs 1.25 h -> on-demand; with AWS's notice nothing can be lost -> spot."""
+    t = SpotTrace.from_bits({"us-east-1a": "1" * 40}, {"us-east-1a": 1.0}, on_demand_usd=3.0, gap_seconds=900)
+    m = TraceMarket(t)
+    ours = make_strategy("overspill", restart_hours=0.25)
+    job = DeadlineJob("j", 0, 16, 20, 1, checkpoint_ticks=2)
+    first = {
+        name: run_deadline(m, job, ours, record=True, notice_seconds=notice).moves[0].split(":", 2)[2]
+        for name, notice in (("no_notice", {}), ("aws", {"aws": 120.0}))
+    }
+    assert first["no_notice"].endswith("/on_demand") and first["aws"].endswith("/spot")
+    assert (
+        run_deadline(m, replace(job, checkpoint_ticks=0), ours, record=True, notice_seconds={})
+        .moves[0]
+        .endswith("/spot")
+    )
+
+
+def test_greedy_safety_net_takes_spot_while_it_can_and_commits_to_on_demand_in_time() -> None:
+    """1-hour ticks, 1 h changeover, 4 h of work due in 8 h, on-demand $3. No spot until t=5: it waits while
+    4 + 1 + 1 <= time left (t=0..2), commits to on-demand at t=3 and keeps it when spot comes back: 5 x $3.
+    Spot ($1) up from t=0, reclaimed at t=3 with 2 h done: back at t=4 with 2 + 1 + 1 <= 4 h left it takes spot
+    again, keeps it (running spot: 2 + 1 <= 3 left at t=5) and finishes at t=7 on spot. With a checkpoint every
+    2 h and no notice a reclaim may lose 2 h: after the reclaim at t=3 (nothing unsaved) it waits (idle risks no
+    loss), and when spot is back at t=4, 2 + 2 + 1 + 1 > 4 h left: on-demand, done at t=7."""
+    greedy = make_strategy("greedy_safety_net", restart_hours=1.0)
+    job = DeadlineJob("j", 0, 4, 8, 1)
+    late = run_deadline(TraceMarket(trace({"us-east-1a": "00000111111111111"}, {"us-east-1a": 1.0})), job, greedy)
+    assert late.met_deadline and late.cost_usd == 15.0 and late.on_demand_hours == 5.0 and late.idle_hours == 3.0
+    m = TraceMarket(trace({"us-east-1a": "11101111111111111"}, {"us-east-1a": 1.0}))
+    early = run_deadline(m, job, greedy, record=True)
+    assert early.met_deadline and early.on_demand_hours == 0.0 and early.finish_hours == 7.0
+    lossy = run_deadline(m, replace(job, checkpoint_ticks=2), greedy, record=True, notice_seconds={})
+    assert lossy.met_deadline and lossy.lost_hours == 0.0 and lossy.finish_hours == 7.0
+    assert lossy.moves[3] == "3:wait:" and lossy.moves[4].endswith("/on_demand")
+
+
+@pytest.mark.integration
+def test_every_extra_market_loads_from_the_shared_data_with_catalog_prices() -> None:
+    base = shared_file("catalog/skypilot_v8_aws_vms_pfamily_gpu_subset.csv").parent.parent
+    for name, (files, itype, gpus) in EXTRA_MARKETS.items():
+        t = load_extra_market(str(base), name)
+        assert [z.zone for z in t.zones] == list(files) and t.gap_seconds == 600 and len(t) > 27 * 24 * 5
+        assert (t.instance_type, t.gpus) == (itype, gpus)
+        assert t.on_demand_usd["us-west-2"] == (3.06 if gpus == 1 else 24.48)
+        assert all(0 < z.spot_usd[0] < t.on_demand_usd["us-west-2"] for z in t.zones)
+        assert all(any(z.available) and not all(z.available) for z in t.zones)
+    report = run_simulation(
+        base, suite="markets", deadline=DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=300.0)
+    )
+    assert len(report.deadline) == 2 * len(EXTRA_MARKETS)
+    for rows in report.deadline.values():
+        by = {r.policy: r for r in rows}
+        assert by["overspill"].deadline_attainment == by["greedy_safety_net"].deadline_attainment == 1.0

@@ -61,7 +61,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
-from federation.strategies import Move, Preemption, RunState, decide, make_strategy
+from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, deadline_strategy, decide
 from pricing.book import PriceBook
 from pricing.extras import extra_hourly_table
 from providers.base import (
@@ -351,8 +351,10 @@ def _deadline_decision(
         preemptions=tuple(Preemption(p.ended_at or now, p.provider, p.region, p.zone) for p in history),
         tick_hours=rt.settings.tick_interval_seconds / 3600,
         outlook=pool_outlooks(session, _spot_keys(book, spec), now, rt.trace_runs),
+        checkpoint_interval_hours=rt.settings.checkpoint_interval_hours,
+        notice_seconds=_notice_seconds(rt),
     )
-    strategy = make_strategy("overspill", restart_hours=rt.settings.restart_hours)
+    strategy = deadline_strategy(rt.settings.restart_hours)
     plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
@@ -363,6 +365,14 @@ def _deadline_decision(
     if isinstance(verdict, Candidate):
         return verdict, "", False
     return None, f"{verdict.reason.value}: {verdict.message} ({plan.offering.key})", False
+
+
+def _notice_seconds(rt: Runtime) -> dict[str, float]:
+    """Each provider's spot interruption notice, by the notice its adapter's agent watches (none: 0)."""
+    return {
+        name: NOTICE_SECONDS.get(str(getattr(prov, "notice_source", "none")), 0.0)
+        for name, prov in rt.providers.items()
+    }
 
 
 def _spot_keys(book: PriceBook, spec: JobSpec) -> list[str]:

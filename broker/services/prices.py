@@ -9,9 +9,10 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from broker.loop.feeds import record_feed_status, store_offerings
+from broker.loop.feeds import pool_experience, record_feed_status, store_offerings
 from broker.runtime import Runtime
 from pricing.catalog_import import import_catalog
+from pricing.risk import apply_experience, apply_trace_priors
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,11 @@ def import_catalog_files(
         result = import_catalog(path, provider=provider, observed_at=now)
         feed = f"catalog:{path.name}"
         with Session(rt.engine) as session:
-            changes = store_offerings(session, feed, result.offerings, now)
+            # spot priors, as a live feed's: a configured trace replaces the catalog's, the broker's reclaims update it
+            offerings = apply_experience(
+                apply_trace_priors(result.offerings, rt.trace_priors), pool_experience(session, now)
+            )
+            changes = store_offerings(session, feed, offerings, now)
             record_feed_status(session, feed, now, len(result.offerings))
             session.commit()
         summary = ImportSummary(

@@ -7,6 +7,9 @@ Entry point: `run_simulation(data_dir, ...)` -> `SimulationReport` (`.tables()`,
 - deadline experiment: AWS V100 p3.2xlarge availability + spot price segments (SkyNomad, 9 zones, 2023-02-15 to
   03-17) on a `gap_seconds` grid, on-demand prices from the SkyPilot AWS catalog; scenarios: all 9 zones, and
   us-east-1's 4 zones (scarcer, pricier spot).
+- other markets (`suite="markets"`): every other availability trace in the shared data that fits the deadline
+  model (`experiments.EXTRA_MARKETS`: the 2022 AWS V100 windows, 1 and 8 GPUs), one table each, spot priced
+  from the catalog (those traces carry no price); nothing was tuned on them.
 - burst experiment: the Philly job trace (jobs `skip_jobs` .. `+ jobs`) on an on-prem cluster of
   `onprem_gpus`, cloud V100 on-demand pools from the same catalog.
 """
@@ -20,12 +23,15 @@ from typing import Literal
 
 from federation.simulate.experiments import (
     CATALOG,
+    EXTRA_MARKETS,
     PHILLY,
     BurstConfig,
     DeadlineConfig,
     burst_experiment,
     deadline_experiment,
+    job_records,
     load_aws_v100_trace,
+    load_extra_market,
     matched_spend,
 )
 from federation.simulate.report import SimulationReport
@@ -39,10 +45,24 @@ SCENARIOS: dict[str, tuple[str, ...] | None] = {
 }
 
 
+def checkpoint_variants(cfg: DeadlineConfig) -> dict[str, DeadlineConfig]:
+    """The checkpoint models each deadline scenario runs under: `cfg` as given (by default a checkpoint every
+    30 minutes, saved within the cloud's notice when it is long enough: AWS's 2 minutes cover the 60 s save, so
+    no AWS reclaim loses work), and the same without any notice (every reclaim loses the work since the last
+    checkpoint, as on a cloud whose notice is shorter than the save). With no checkpoint interval, only `cfg`."""
+    label = f"{cfg.checkpoint_hours * 60:g}-min checkpoints" if cfg.checkpoint_hours > 0 else "free checkpoints"
+    if cfg.checkpoint_hours <= 0:
+        return {label: cfg}
+    return {
+        f"{label}, cloud's notice" if cfg.notice else f"{label}, no notice": cfg,
+        **({f"{label}, no notice": replace(cfg, notice=False)} if cfg.notice else {}),
+    }
+
+
 def run_simulation(
     data_dir: Path | str,
     *,
-    suite: Literal["deadline", "burst", "all"] = "all",
+    suite: Literal["deadline", "markets", "burst", "all"] = "all",
     quick: bool = False,
     workers: int = 1,
     png: Path | None = None,
@@ -54,7 +74,7 @@ def run_simulation(
     chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
     over processes. Raises ValueError when a data file is missing or malformed."""
     base = Path(data_dir)
-    for rel in [CATALOG] + ([PHILLY] if suite != "deadline" else []):
+    for rel in [CATALOG] + ([PHILLY] if suite in ("burst", "all") else []):
         if not (base / rel).exists():
             raise ValueError(f"data file missing: {base / rel}")
     dcfg = deadline or DeadlineConfig()
@@ -66,9 +86,19 @@ def run_simulation(
     if suite in ("deadline", "all"):
         for name, zones in SCENARIOS.items():
             trace = load_aws_v100_trace(str(base), gap_seconds, zones)
-            rows, _ = deadline_experiment(trace, dcfg, workers, (str(base), gap_seconds, zones))
-            report.deadline[name] = rows
+            for variant, cfg in checkpoint_variants(dcfg).items():
+                rows, results = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
+                report.deadline[f"{name}, {variant}"] = rows
+                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
         report.deadline_setup.update(asdict(dcfg), gap_seconds=gap_seconds, trace=trace.source)
+    if suite in ("markets", "all"):
+        for name in EXTRA_MARKETS:
+            trace = load_extra_market(str(base), name)
+            for variant, cfg in checkpoint_variants(dcfg).items():
+                rows, results = deadline_experiment(trace, cfg, workers)
+                report.deadline[f"{name}, {variant}"] = rows
+                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
+        report.deadline_setup.update(asdict(dcfg), extra_markets=list(EXTRA_MARKETS))
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly
         from pricing.book import PriceBook

@@ -6,7 +6,11 @@ The model is the one of "Can't Be Late" (NSDI'24) and its simulator, so the omni
   `federation.strategies.decide`, the same code the broker runs) and the decision holds for the tick;
 - a spot pool whose zone is unavailable at a tick is reclaimed at that tick (recorded as a preemption);
 - every launch (a new pool, or the same zone again after a reclaim) costs `restart_ticks` of changeover paid at
-  the new pool's price without progress (launch, restore, and the work lost since the last checkpoint);
+  the new pool's price without progress (launch, restore);
+- with a checkpoint interval (`DeadlineJob.checkpoint_ticks`), a reclaim also loses the progress made since the
+  last checkpoint, unless the cloud's interruption notice is long enough to save first (AWS 2 min, GCP and Azure
+  30 s, `federation.strategies.NOTICE_SECONDS`, against the job's `save_seconds`); a move the policy chooses
+  saves first; with no interval, progress is saved as it is made (the model of "Can't Be Late");
 - every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover;
 - the policy sees the tick's `PriceBook` and each spot pool's availability history up to the tick
   (`TraceMarket.outlook`), nothing later.
@@ -15,18 +19,21 @@ The executor never bills beyond what a plan allowed: `decide` pauses a job whose
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from federation.simulate.market import TraceMarket
-from federation.strategies import Move, Preemption, RunState, Strategy, decide
+from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, Strategy, decide
 from providers.model import CapacityType, JobSpec, Offering
 
 
 @dataclass(frozen=True, slots=True)
 class DeadlineJob:
     """A job of `work_ticks` of work due `deadline_ticks` after `start_tick`, with a changeover of
-    `restart_ticks` per launch."""
+    `restart_ticks` per launch, a checkpoint every `checkpoint_ticks` of progress (0: progress is saved as it is
+    made, nothing is ever lost) and `save_seconds` to write one (an interruption notice at least that long lets
+    the job save before the reclaim)."""
 
     name: str
     start_tick: int
@@ -34,6 +41,8 @@ class DeadlineJob:
     deadline_ticks: int
     restart_ticks: int
     max_total_usd: Decimal = Decimal("1000000")
+    checkpoint_ticks: int = 0
+    save_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,7 @@ class DeadlineRun:
     spot_hours: float
     on_demand_hours: float
     idle_hours: float = 0.0
+    lost_hours: float = 0.0
     paused: bool = False
     pause_reason: str = ""
     over_budget: bool = False
@@ -84,11 +94,14 @@ def run_deadline(
     overrun_ticks: int | None = None,
     record: bool = False,
     outlook: bool = True,
+    notice_seconds: Mapping[str, float] = NOTICE_SECONDS,
 ) -> DeadlineRun:
     """Run `job` under `strategy`; a job not done by its deadline keeps going for `overrun_ticks` more (default:
     as long again as its deadline window, within the trace) so late finishes are still costed. With `outlook`
     False the policy is not shown the pools' availability history (`RunState.outlook`), as a broker without an
-    availability feed."""
+    availability feed. `notice_seconds` is each provider's spot interruption notice: a reclaim of a job with a
+    checkpoint interval loses the work since its last checkpoint unless the notice covers `job.save_seconds`. A
+    stop the policy chooses (a migration, or waiting) saves first and loses nothing."""
     trace = market.trace
     gap_h = trace.gap_hours
     gap = Decimal(trace.gap_seconds) / Decimal(3600)
@@ -97,6 +110,7 @@ def run_deadline(
     extra = job.deadline_ticks if overrun_ticks is None else overrun_ticks
     end = min(len(trace), job.start_tick + job.deadline_ticks + extra)
     remaining = job.work_ticks
+    unsaved = lost = 0  # ticks of progress since the last checkpoint; ticks of progress lost to reclaims
     current: Offering | None = None
     restart_left = 0
     spent = Decimal(0)
@@ -115,7 +129,9 @@ def run_deadline(
             if live is None or not live.available:
                 preemptions += 1
                 history.append(Preemption.of(current, now))
-                current, restart_left = None, 0
+                if notice_seconds.get(current.provider, 0.0) < job.save_seconds:
+                    remaining, lost = remaining + unsaved, lost + unsaved
+                current, restart_left, unsaved = None, 0, 0
             else:
                 current = live
         state = RunState(
@@ -130,6 +146,9 @@ def run_deadline(
             preemptions=tuple(history),
             tick_hours=gap_h,
             outlook=market.outlook(tick) if outlook else {},
+            checkpoint_interval_hours=job.checkpoint_ticks * gap_h,
+            save_seconds=job.save_seconds,
+            notice_seconds=notice_seconds,
         )
         plan = decide(strategy, state, book)
         if record:
@@ -138,8 +157,9 @@ def run_deadline(
             paused, reason = True, plan.reason
             break
         if plan.move is Move.WAIT:
-            current, restart_left = None, 0
+            current, restart_left, unsaved = None, 0, 0
         elif plan.move is Move.LAUNCH and plan.offering is not None:
+            unsaved = 0  # a chosen move saves first
             if current is not None:
                 migrations += 1
             current, restart_left = plan.offering, job.restart_ticks
@@ -155,6 +175,7 @@ def run_deadline(
                 restart_left -= 1
             else:
                 remaining -= 1
+                unsaved = (unsaved + 1) % job.checkpoint_ticks if job.checkpoint_ticks else 0
         tick += 1
     finished = remaining == 0
     elapsed = tick - job.start_tick
@@ -171,6 +192,7 @@ def run_deadline(
         spot_hours=spot_ticks * gap_h,
         on_demand_hours=od_ticks * gap_h,
         idle_hours=(elapsed - spot_ticks - od_ticks) * gap_h,
+        lost_hours=lost * gap_h,
         paused=paused,
         pause_reason=reason,
         over_budget=spent > job.max_total_usd,

@@ -85,6 +85,22 @@ def load_availability_json(
     return SpotTrace(EPOCH, gap, zones, dict(on_demand_usd), source="spot-traces")
 
 
+def load_spot_prices(path: Path, instance_type: str) -> dict[str, float]:
+    """Region -> the cheapest spot USD/h of `instance_type` over its zones in a SkyPilot-format `vms.csv`."""
+    prices: dict[str, float] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row.get("InstanceType") != instance_type or not row.get("SpotPrice"):
+                continue
+            try:
+                value = float(row["SpotPrice"])
+            except ValueError:
+                continue
+            region = row["Region"]
+            prices[region] = min(value, prices.get(region, value))
+    return prices
+
+
 def load_on_demand_prices(path: Path, instance_type: str) -> dict[str, float]:
     """Region -> on-demand USD/h of `instance_type` in a SkyPilot-format `vms.csv` (first priced row wins)."""
     prices: dict[str, float] = {}

@@ -20,6 +20,7 @@ from federation.simulate.experiments import PolicySummary
 class SimulationReport:
     deadline: dict[str, list[PolicySummary]] = field(default_factory=dict)
     deadline_setup: dict[str, Any] = field(default_factory=dict)
+    deadline_jobs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # per scenario: `job_records`
     burst: list[PolicySummary] = field(default_factory=list)
     burst_setup: dict[str, Any] = field(default_factory=dict)
     matched: list[dict[str, Any]] = field(default_factory=list)
@@ -50,6 +51,7 @@ class SimulationReport:
             "deadline": {
                 "setup": self.deadline_setup,
                 "scenarios": {k: [asdict(r) for r in rows] for k, rows in self.deadline.items()},
+                "jobs": self.deadline_jobs,
             },
             "burst": {"setup": self.burst_setup, "policies": [asdict(r) for r in self.burst], "matched": self.matched},
         }
@@ -126,6 +128,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
         "deadlines",
         "preempt",
         "migr",
+        "lost h",
         "idle p50/p95 h",
     ]
     body = [
@@ -139,6 +142,7 @@ def deadline_table(rows: Sequence[PolicySummary]) -> str:
             _pct(r.deadline_attainment),
             str(r.preemptions),
             str(r.migrations),
+            _fmt(float(r.extra["lost_hours"]), ".1f") if "lost_hours" in r.extra else "-",
             f"{r.wait_p50_hours:.2f}/{r.wait_p95_hours:.2f}",
         ]
         for r in rows

@@ -1,0 +1,95 @@
+"""Decision time of the deadline policies: how long one `decide` call takes per job per tick.
+
+What it runs: the deadline jobs of the deadline suite (48 h of work due in 52, 60 or 70 h, 15-minute changeover,
+30-minute checkpoints) on the real AWS V100 trace (us-east-1's 4 zones, or all 9 with `--all-zones`, 5-minute
+ticks), one job starting every `--start-every` hours, through `run_deadline` with each policy wrapped in a timer:
+every call of the policy's `decide` (through `federation.strategies.decide`, as the broker's placement step
+calls it) is timed with `time.perf_counter`. It prints, per policy, the number of decisions and their p50, p99
+and maximum in milliseconds. This is the policy's own time on prebuilt books and outlooks (the simulator's
+market); the live loop adds its database reads (availability history, placements) around it.
+
+Run (from the repository root):
+    python benchmarks/decision_bench.py
+    python benchmarks/decision_bench.py --all-zones --start-every 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import federation.forecast  # noqa: F401  (registers the forecasting strategy)
+from federation.simulate import US_EAST_1
+from federation.simulate.deadline import run_deadline
+from federation.simulate.experiments import DeadlineConfig, deadline_jobs, load_aws_v100_trace, percentile
+from federation.simulate.market import TraceMarket
+from federation.strategies import make_strategy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def data_dir(given: str | None) -> Path:
+    for candidate in (given, os.environ.get("OVERSPILL_SHARED_DATA"), str(REPO_ROOT.parent / "shared" / "data")):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    raise SystemExit("shared data folder not found: pass --data or set OVERSPILL_SHARED_DATA")
+
+
+@dataclass
+class Timed:
+    inner: Any
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    def decide(self, state: Any, book: Any) -> Any:
+        t0 = time.perf_counter()
+        plan = self.inner.decide(state, book)
+        self.times.append(time.perf_counter() - t0)
+        return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="shared data folder (default: $OVERSPILL_SHARED_DATA or ../shared/data)")
+    ap.add_argument("--all-zones", action="store_true", help="all 9 zones instead of us-east-1's 4")
+    ap.add_argument("--start-every", type=float, default=96.0, help="hours between job starts (default 96)")
+    ap.add_argument("--policies", default="overspill,forecast")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    trace = load_aws_v100_trace(str(data_dir(args.data)), 300, None if args.all_zones else US_EAST_1)
+    cfg = DeadlineConfig(start_every_hours=args.start_every)
+    jobs = deadline_jobs(trace, cfg)
+    market = TraceMarket(trace)
+    scenario = "all 9 zones" if args.all_zones else "us-east-1 (4 zones)"
+    out: dict[str, dict[str, float]] = {}
+    for name in args.policies.split(","):
+        timed = Timed(make_strategy(name, restart_hours=cfg.restart_hours))
+        for job in jobs:
+            run_deadline(market, job, timed)  # type: ignore[arg-type]
+        ms = [t * 1000 for t in timed.times]
+        out[name] = {
+            "decisions": len(ms),
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
+            "max_ms": max(ms, default=0.0),
+        }
+    if args.json:
+        print(json.dumps({"jobs": len(jobs), "scenario": scenario, "policies": out}, indent=2))
+        return 0
+    print(f"{len(jobs)} jobs, {scenario}, 5-minute ticks")
+    print(f"{'policy':<12} {'decisions':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, r in out.items():
+        print(f"{name:<12} {r['decisions']:>9} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
