@@ -28,7 +28,7 @@ from broker.errors import BrokerError
 from broker.logging_setup import configure_logging
 from broker.ratelimit import RateLimit, SharedBuckets
 from broker.request_id import RequestIdMiddleware
-from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
+from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, logs, metrics, placements, reports, whoami
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -224,6 +224,7 @@ def create_app(
 
     for router in (
         jobs.router,
+        logs.router,
         catalog.router,
         keys.router,
         placements.router,

@@ -64,9 +64,12 @@ class ReportRefused(Exception):
 def parse_report(data: bytes | str) -> proto.Report:
     """Parse a report's JSON; ReportRefused(422) naming the field when it does not follow the contract."""
     try:
-        return proto.Report.from_json(data)
+        report = proto.Report.from_json(data)
     except proto.ProtocolError as exc:
         raise ReportRefused(422, f"report: {exc}") from None
+    if not 0 < report.seq < 2**63:
+        raise ReportRefused(422, "report.seq must be a positive 63-bit integer")
+    return report
 
 
 def check_report(
