@@ -77,6 +77,13 @@ class Launched:
             assert job is not None
             return p, job
 
+    def ec2_state(self) -> str:
+        assert self.placement.instance_id is not None
+        ec2_id = self.placement.instance_id.split(":")[-1]
+        return str(
+            self.ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        )
+
     def events(self, kind: str) -> list[JobEvent]:
         with Session(self.rt.engine) as s:
             return list(s.exec(select(JobEvent).where(JobEvent.job_id == self.job_id, JobEvent.kind == kind)).all())
@@ -150,6 +157,13 @@ def test_progress_reports_set_real_progress_once_and_never_go_back(
     at.post_mailbox(beat)
     assert read_mailboxes(at.rt, later) == 1
     assert at.row()[0].last_report_at == later
+    # an instance whose agent still reports is never swept, even with its placement ended on paper; once it has
+    # been silent for two heartbeats (20 s here), it is an orphan like any other
+    _set_state(at, "stopped")
+    sweep_orphans(at.rt, later + timedelta(seconds=19))
+    assert at.ec2_state() == "running"
+    sweep_orphans(at.rt, later + timedelta(seconds=21))
+    assert at.ec2_state() in ("shutting-down", "terminated")
 
 
 def test_a_final_report_applies_once_whichever_path_brings_it_first(
@@ -167,10 +181,7 @@ def test_a_final_report_applies_once_whichever_path_brings_it_first(
     assert p.state == "succeeded" and job.state == "succeeded" and p.outcome == "succeeded"
     assert len(at.events("attempt_reported")) == 1 and len(at.events("finished")) == 1
     # the instance is deleted once the agent reported, success included
-    assert p.instance_id is not None
-    ec2_id = p.instance_id.split(":")[-1]
-    state = at.ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]
-    assert state["Name"] in ("shutting-down", "terminated")
+    assert at.ec2_state() in ("shutting-down", "terminated")
 
 
 def test_forged_unsigned_and_other_tenant_reports_are_refused_and_never_applied(
@@ -237,19 +248,10 @@ def test_a_notice_leaves_the_instance_alone_until_the_final_checkpoint_lands(
     assert p.state == "running" and job.state == "running" and p.notice_deadline_at == deadline
     assert len(at.events("interruption_notice")) == 1
     # the placement ended on paper elsewhere would not matter: the sweep never kills a warned instance
-    with Session(at.rt.engine) as s:
-        row = s.get(Placement, p.id)
-        assert row is not None
-        row.state = "stopped"
-        s.add(row)
-        s.commit()
-    assert sweep_orphans(at.rt, at.now + timedelta(seconds=6)) == 0
-    with Session(at.rt.engine) as s:
-        row = s.get(Placement, p.id)
-        assert row is not None
-        row.state = "running"
-        s.add(row)
-        s.commit()
+    _set_state(at, "stopped")
+    sweep_orphans(at.rt, at.now + timedelta(minutes=1))
+    assert at.ec2_state() == "running"
+    _set_state(at, "running")
     # the agent's final report: preempted, with the checkpoint the workload saved on the signal
     at.post_mailbox(
         at.report(proto.ReportKind.FINAL, 3, outcome=proto.Outcome.PREEMPTED, checkpointed=0.75, notice=notice)
@@ -280,6 +282,15 @@ def test_a_warned_instance_is_replaced_from_its_last_checkpoint_once_the_deadlin
     tick(at.rt, deadline + timedelta(seconds=61))
     p, job = at.row()
     assert p.state == "preempted" and job.remaining_work_hours == job.work_hours / 2
+
+
+def _set_state(at: Launched, state: str) -> None:
+    with Session(at.rt.engine) as s:
+        row = s.get(Placement, at.placement.id)
+        assert row is not None
+        row.state = state
+        s.add(row)
+        s.commit()
 
 
 def _body(report: proto.Report) -> dict[str, Any]:
