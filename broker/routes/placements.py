@@ -22,6 +22,7 @@ from sqlmodel import Session
 
 from broker.auth import callback_token
 from broker.deps import RuntimeDep
+from broker.errors import Unprocessable
 from broker.runtime import Runtime
 from broker.services.agent_reports import ReportRefused, check_report, parse_report, take_report
 from broker.services.jobs import add_event
@@ -96,6 +97,8 @@ def take_agent_report(
             taken = take_report(session, p, job, parsed, "callback", rt.clock())
             session.commit()
     except ReportRefused as exc:
+        if exc.status == 422:
+            raise Unprocessable("report", str(exc)) from None
         raise HTTPException(exc.status, str(exc)) from None
     return {"taken": taken}
 
