@@ -115,8 +115,10 @@ def test_logs_are_readable_while_running_followed_to_the_end_and_after_the_insta
         steps = [int(ln.split()[1]) for ln in lines]
         assert steps == sorted(steps) and steps[-1] == 400
         assert followed["exit"] == 0 and early.content + followed["out"] == stored  # type: ignore[operator]
-        tail = c.api.get(f"/v1/jobs/{job_id}/logs", params={"offset": 100})
-        assert tail.content == stored[100:]
+        rest = c.api.get(f"/v1/jobs/{job_id}/logs", params={"offset": 100})
+        assert rest.content == stored[100:]
+        tail = c.api.get(f"/v1/jobs/{job_id}/logs", params={"tail": 4096})  # what the console's job page shows
+        assert tail.content == stored[-4096:] and b"step 400 loss" in tail.content
         printed = runner.invoke(cli, ["logs", job_id], env=cli_env)
         assert printed.exit_code == 0 and printed.stdout_bytes == stored
         # another tenant sees no such job; an attempt of another job is no attempt of this one

@@ -142,6 +142,7 @@ def _warn(
         deadline=action_at.isoformat(),
         via=provider,
     )
+    crashpoint("preempt.before_commit")  # a crash here leaves the notice unacknowledged: it is delivered again
     session.commit()
     return 1
 

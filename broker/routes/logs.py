@@ -1,8 +1,9 @@
 """GET /v1/jobs/{id}/logs: a job's output, read from the log chunks its instance agent stored (see
 broker.services.job_logs), while the attempt runs and after its instance is gone.
 
-Query: `attempt` (a placement id of the job; default its latest attempt), `offset` (the byte to start at), `follow`
-(true: stream the log as it grows until the attempt ends). The answer is the log's bytes as text/plain, with
+Query: `attempt` (a placement id of the job; default its latest attempt), `offset` (the byte to start at), `tail`
+(start at most this many bytes before the end: the console's log tail), `follow` (true: stream the log as it grows
+until the attempt ends). The answer is the log's bytes as text/plain, with
 `X-Overspill-Attempt` (the placement read), `X-Overspill-Next-Offset` (where to read on from) and
 `X-Overspill-Attempt-Ended` (true once the attempt is over: nothing more will come). A job none of whose attempts
 has run on an agent yet (or ever will: simulated clouds, Slurm) answers an empty log without `X-Overspill-Attempt`.
@@ -42,6 +43,9 @@ def job_logs_route(
     ] = None,
     offset: Annotated[int, Query(ge=0, le=2**53, description="the byte of the log to start at")] = 0,
     follow: Annotated[bool, Query(description="stream the log as it grows until the attempt ends")] = False,
+    tail: Annotated[
+        int | None, Query(ge=1, le=job_logs.READ_LIMIT, description="start at most this many bytes before the end")
+    ] = None,
 ) -> Response:
     """The job's output (stdout and stderr, merged in arrival order) from `offset`."""
     p, ended = job_logs.attempt_of(rt.engine, principal.tenant, job_id, attempt)
@@ -53,6 +57,13 @@ def job_logs_route(
         return job_logs.read_log(rt.checkpoint_stores, uri, at)
 
     headers = {"X-Overspill-Attempt": p.id}
+    if tail is not None:
+        try:
+            offset = max(offset, job_logs.log_size(rt.checkpoint_stores, uri) - tail)
+        except StorageError as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"reading the log at {uri}logs/ failed: {exc}"
+            ) from None
     if follow:
 
         def over() -> bool:

@@ -8,6 +8,7 @@ The agent writes the workload's stdout and stderr, merged in arrival order, as c
 - `read_log(stores, attempt_uri, offset, limit)`: the bytes from `offset`, at most `limit`, from the chunks in
   order, stopping at a gap (a chunk the agent has not stored yet: the next read gets it), and the offset to read
   from next. Readable while the attempt runs and after its instance is gone: the chunks stay in the store.
+- `log_size(stores, attempt_uri)`: how much of the log is stored from the start (for reading its tail).
 - `follow_log(...)`: yields the log as it grows, until the attempt has ended and everything is read.
 """
 
@@ -47,14 +48,29 @@ def attempt_of(engine: Engine, tenant: str, job_id: str, attempt: str | None) ->
     return p, p.state not in LIVE
 
 
-def read_log(stores: CheckpointStores, attempt_uri: str, offset: int, limit: int = READ_LIMIT) -> tuple[bytes, int]:
-    """(up to `limit` bytes of the log from `offset`, the offset after them). Raises StorageError."""
+def log_size(stores: CheckpointStores, attempt_uri: str) -> int:
+    """How many bytes of the log are stored without a gap from the start. Raises StorageError."""
+    size = 0
+    for start, _, length in _chunks(stores, attempt_uri):
+        if start > size:
+            break
+        size = max(size, start + length)
+    return size
+
+
+def _chunks(stores: CheckpointStores, attempt_uri: str) -> list[tuple[int, str, int]]:
     store = stores.store(attempt_uri + proto.LOGS_DIR)
-    chunks = sorted(
+    return sorted(
         (start, info.key, info.size)
         for info in store.list("")
         if (start := proto.parse_log_chunk_name(info.key)) is not None
     )
+
+
+def read_log(stores: CheckpointStores, attempt_uri: str, offset: int, limit: int = READ_LIMIT) -> tuple[bytes, int]:
+    """(up to `limit` bytes of the log from `offset`, the offset after them). Raises StorageError."""
+    store = stores.store(attempt_uri + proto.LOGS_DIR)
+    chunks = _chunks(stores, attempt_uri)
     out = bytearray()
     position = offset
     for start, key, size in chunks:
