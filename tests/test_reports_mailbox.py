@@ -200,6 +200,7 @@ def test_forged_unsigned_and_other_tenant_reports_are_refused_and_never_applied(
     at.post_mailbox(tampered, name=proto.mailbox_entry_name(genuine))
     at.post_mailbox(renamed, name=f"{pid}-{5:020d}-final.json")  # the name says another seq than the body
     at.post_mailbox(genuine, name="junk.json")
+    at.s3.put_object(Bucket=BUCKET, Key=f"tenants/demo/mailbox/{pid}-{6:020d}-final.json", Body=b" " * 70_000)
     # a genuine report copied into another tenant's mailbox, which is read because that tenant runs a job too
     other_key = create_key(at.rt.engine, tenant="rival", role=Role.ADMIN, name="t", now=at.now)
     other = at.api.post(

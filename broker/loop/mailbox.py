@@ -31,7 +31,6 @@ from broker.services.agent_reports import LIVE, ReportRefused, check_report, par
 from broker.tables import Job, Placement
 from providers.storage import StorageError
 from providers.storage.base import ObjectStore
-from providers.storage.small import read_object
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,12 @@ def _take(rt: Runtime, store: ObjectStore, prefix: str, tenant: str, name: str, 
     if parsed is None:
         return _refuse(store, prefix, name, "not a report name this contract makes")
     placement_id, seq, _ = parsed
-    data = read_object(store, name, MAX_REPORT_BYTES)
-    if data is None:
+    info = store.stat(name)
+    if info is None:
         return 0  # deleted meanwhile (another replica took it)
+    if info.size > MAX_REPORT_BYTES:
+        return _refuse(store, prefix, name, f"{info.size} bytes, over the {MAX_REPORT_BYTES} byte limit of a report")
+    data = b"".join(store.open_read(name, version=info.version))
     try:
         report = parse_report(data)
         if report.seq != seq:
