@@ -14,10 +14,13 @@ that ended without a final report.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from agent import protocol as proto
+from agent.checkpoints import parse_manifest
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
 from broker.tables import Job, JobEvent, Placement
@@ -32,7 +37,7 @@ from providers.base import NotFound
 from tests.agent_fixtures import azure_container
 from tests.azure_compute_fake import AzureComputeFake
 from tests.gcp_compute_fake import GcpComputeFake
-from tests.instance_boot import aws_user_data, azure_custom_data, boot, gcp_startup_script
+from tests.instance_boot import Booted, aws_user_data, azure_custom_data, boot, gcp_startup_script
 from tests.metadata_server import MetadataServer
 from tests.moto_server import moto_client, running_moto_server
 from tests.storage_emulators import AZURITE_ACCOUNT, AZURITE_KEY
@@ -70,7 +75,7 @@ class Cloud:
         assert live[0].instance_id and live[0].attempt_uri
         return live[0]
 
-    def run(self, p: Placement, *, gpus: int | None = None) -> None:
+    def run(self, p: Placement, *, gpus: int | None = None) -> Booted:
         """Boot the instance for real: its start-up script, the real agent, the workload; wait for the agent."""
         assert p.instance_id is not None
         script = self.script_of(p.instance_id)
@@ -81,6 +86,7 @@ class Cloud:
             env = {"OVERSPILL_METADATA_URL": metadata.url, **self.boot_env}
             booted = boot(script, root, env, gpus=self.gpus if gpus is None else gpus)
             booted.wait()
+        return booted
 
     def verdict(self, job_id: str, p: Placement) -> tuple[Job, Placement, list[JobEvent]]:
         tick(self.rt, datetime.now(UTC))
@@ -273,3 +279,82 @@ def test_an_instance_that_ends_without_a_final_report_is_never_a_success(
         assert job is not None and placement is not None
         assert placement.state == "failed" and "without the agent's final report" in placement.detail
         assert job.state == "failed"
+
+
+def test_a_notice_mid_run_checkpoints_and_the_job_resumes_on_a_new_instance_bit_identical(
+    moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole attempt for real: AWS's documented spot notice reaches the running agent (tests/metadata_server.py),
+    the workload checkpoints on the signal, the agent reports `preempted` with that checkpoint, the broker re-places
+    the job with exactly the work the checkpoint did not save, and a second instance's agent resumes it to the
+    weights of an uninterrupted run."""
+    steps = 600
+    env = {"TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": "100", "TRAIN_STEP_SECONDS": "0.02"}
+    s3 = moto_client("s3", "us-east-1", moto_url)
+
+    def final_weights(job_id: str) -> str:
+        key = f"tenants/demo/jobs/{job_id}/checkpoint/{proto.MANIFEST_NAME}"
+        manifest = parse_manifest(s3.get_object(Bucket="ckpt-use1", Key=key)["Body"].read())
+        [final] = [f for f in manifest.files if f.path == "final.npy"]
+        return final.sha256
+
+    with aws(moto_url, tmp_path, monkeypatch) as c:
+        # the reference: the same job run once, uninterrupted, under the agent
+        reference_job = c.submit(env={**env, "TRAIN_STEP_SECONDS": "0"})
+        reference_run = c.launched(reference_job)
+        booted = c.run(reference_run)
+        assert c.verdict(reference_job, reference_run)[0].state == "succeeded", booted.agent_log()
+        reference = final_weights(reference_job)
+
+        job_id = c.submit(env=env)
+        first = c.launched(job_id)
+        assert first.instance_id is not None and first.attempt_uri is not None
+        logs = first.attempt_uri.removeprefix("s3://ckpt-use1/") + "logs/"
+
+        def stored_log() -> bytes:
+            keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt-use1", Prefix=logs).get("Contents", []))
+            return b"".join(s3.get_object(Bucket="ckpt-use1", Key=k)["Body"].read() for k in keys)
+
+        root = Path(c.rt.settings.agent_root)
+        with MetadataServer() as metadata:
+            booted = boot(c.script_of(first.instance_id), root, {"OVERSPILL_METADATA_URL": metadata.url}, gpus=1)
+            deadline = time.monotonic() + 60
+            while b"step 50 loss" not in stored_log():
+                assert time.monotonic() < deadline, booted.agent_log()
+                time.sleep(0.2)
+            metadata.issue_aws_interruption(in_seconds=120)
+            booted.wait()
+        tick(c.rt, datetime.now(UTC))  # the mailbox's final report: preempted, from the checkpoint it names
+        with Session(c.rt.engine) as s:
+            warned, job = s.get(Placement, first.id), s.get(Job, job_id)
+            kinds = [e.kind for e in s.exec(select(JobEvent).where(JobEvent.job_id == job_id)).all()]
+        assert warned is not None and job is not None
+        assert warned.outcome == "preempted" and warned.state == "preempted", booted.agent_log()
+        assert "interruption_notice" in kinds and "attempt_reported" in kinds
+        # the last checkpoint the agent stored (the one the workload wrote on the signal, or a later periodic one
+        # before the agent stopped it): what its final report names and the next attempt resumes from
+        saved_steps = int(re.findall(rb"the workload checkpointed at ([0-9]+)\.0", stored_log())[-1])
+        assert 50 <= saved_steps < steps
+        expected_left = (job.work_hours * (Decimal(1) - Decimal(saved_steps) / Decimal(steps))).quantize(
+            Decimal("0.000001")
+        )
+        assert job.remaining_work_hours == expected_left, "re-budgeted on the reported progress"
+        assert warned.saved_work_hours == warned.work_hours_at_start - expected_left
+        assert c.instance_gone(warned)
+        second = c.launched(job_id)
+        assert second.id != first.id and second.work_hours_at_start == expected_left
+        c.run(second)
+        job, placement, _ = c.verdict(job_id, second)
+        assert placement.outcome == "succeeded" and job.state == "succeeded"
+    second_log = b"".join(
+        s3.get_object(Bucket="ckpt-use1", Key=o["Key"])["Body"].read()
+        for o in sorted(
+            s3.list_objects_v2(
+                Bucket="ckpt-use1",
+                Prefix=second.attempt_uri.removeprefix("s3://ckpt-use1/") + "logs/",  # type: ignore[union-attr]
+            )["Contents"],
+            key=lambda o: o["Key"],
+        )
+    )
+    assert f"resumed at step {saved_steps}".encode() in second_log
+    assert final_weights(job_id) == reference, "the resumed run ends bit-identical to an uninterrupted one"
