@@ -22,11 +22,13 @@ from sqlmodel import Session, select
 
 from agent import protocol as proto
 from broker.auth import Role, callback_token, create_key
+from broker.loop import sync as sync_module
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.mailbox import read_mailboxes
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
 from broker.tables import Job, JobEvent, Placement, PlacementReport
+from providers.base import NotFound
 from tests.agent_harness import TRAIN
 from tests.builders import job_body
 from tests.moto_server import moto_client, running_moto_server
@@ -182,6 +184,26 @@ def test_a_final_report_applies_once_whichever_path_brings_it_first(
     assert len(at.events("attempt_reported")) == 1 and len(at.events("finished")) == 1
     # the instance is deleted once the agent reported, success included
     assert at.ec2_state() in ("shutting-down", "terminated")
+
+
+def test_the_agents_verdict_stands_when_the_instance_is_already_gone(
+    moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = launch(moto_url, tmp_path, monkeypatch)
+    at.post_mailbox(at.report(proto.ReportKind.FINAL, 7, outcome=proto.Outcome.SUCCEEDED, exit_code=0))
+    assert read_mailboxes(at.rt, at.now) == 1
+    # the VM is gone by the time sync looks (deleted by its own shutdown, or long terminated): the cloud answers
+    # NotFound, which for an unreported instance means "disappeared"; the agent's report decides
+    real = sync_module.observe_instances
+
+    def gone(rt: Runtime, placements: list[Placement]) -> dict[str, Any]:
+        views = real(rt, placements)
+        return {**views, at.placement.instance_id: NotFound("no such instance", provider="aws")}
+
+    monkeypatch.setattr(sync_module, "observe_instances", gone)
+    sync_module.sync_instances(at.rt, at.now + timedelta(seconds=5))
+    p, job = at.row()
+    assert p.state == "succeeded" and job.state == "succeeded"
 
 
 def test_forged_unsigned_and_other_tenant_reports_are_refused_and_never_applied(

@@ -176,7 +176,12 @@ def _sync_one(
         stop_placement(session, provider, p, job, now, "job cancelled")
         return
     if isinstance(view, NotFound):
-        _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
+        if p.attempt_uri is not None and p.outcome is not None:  # the agent's verdict stands, the VM gone or not
+            _reported_outcome(rt, session, p, job, None, now)
+        elif p.attempt_uri is not None and p.notice_deadline_at is not None:
+            _preempted(session, p, job, now, None, "reclaimed after an interruption notice")
+        else:
+            _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
         return
     if isinstance(view, ProviderError):
         raise view
@@ -269,7 +274,9 @@ def _agent_verdict(
 REPORT_GRACE = timedelta(minutes=2)
 
 
-def _reported_outcome(rt: Runtime, session: Session, p: Placement, job: Job, inst: Instance, now: datetime) -> None:
+def _reported_outcome(
+    rt: Runtime, session: Session, p: Placement, job: Job, inst: Instance | None, now: datetime
+) -> None:
     outcome, detail = p.outcome, p.detail
     if outcome == "succeeded":
         _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished (the agent reports success)")
@@ -290,7 +297,7 @@ def _log_tail(session: Session, p: Placement) -> str:
     return str(rows[0].get("log_tail", ""))[-LOG_TAIL_CHARS:] if rows else ""
 
 
-def _preempted(session: Session, p: Placement, job: Job, now: datetime, inst: Instance, message: str) -> None:
+def _preempted(session: Session, p: Placement, job: Job, now: datetime, inst: Instance | None, message: str) -> None:
     _ended(session, p, job, now, PlacementState.PREEMPTED, inst, message)
     record_reclaim(session, p.offering_key, p.ended_at or now)
     block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
