@@ -30,7 +30,7 @@ from broker.logging_setup import configure_logging
 from broker.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem, problem_bytes
 from broker.ratelimit import RateLimit, SharedBuckets
 from broker.request_id import RequestIdMiddleware
-from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, metrics, placements, reports, whoami
+from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, logs, metrics, placements, reports, whoami
 from broker.runtime import Runtime, build_runtime
 from broker.settings import Settings
 
@@ -222,6 +222,7 @@ def create_app(
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     for router in (
         jobs.router,
+        logs.router,
         catalog.router,
         keys.router,
         placements.router,

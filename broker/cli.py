@@ -1,4 +1,4 @@
-"""The `overspill` command line: run the broker (serve, tick, demo), use it (submit, jobs, quote, pools) and
+"""The `overspill` command line: run the broker (serve, tick, demo), use it (submit, jobs, logs, quote, pools) and
 administer it (keys create). Tables for people, `--json` for scripts."""
 
 from __future__ import annotations
@@ -365,6 +365,37 @@ def cancel(
     _job_command(
         lambda: BrokerClient(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
     )
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until it ends")
+    ] = False,
+    attempt: Annotated[str | None, typer.Option(help="a placement id of the job (default: its latest attempt)")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="the byte of the log to start at")] = 0,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Print a job's output (stdout and stderr as its instance agent stored them), while it runs or after."""
+    client = BrokerClient(url, api_key)
+    out = sys.stdout.buffer
+    try:
+        if follow:
+            for piece in client.follow_logs(job_id, attempt, offset):
+                out.write(piece)
+                out.flush()
+        else:
+            while True:
+                data, offset, _ = client.logs(job_id, attempt, offset)
+                if not data:
+                    break
+                out.write(data)
+            out.flush()
+    except ApiError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command(name="jobs")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -65,14 +65,7 @@ class BrokerClient:
         except httpx.ConnectError as exc:
             raise ApiError(0, f"cannot reach the broker at {self.url} (is `overspill serve` running?)") from exc
         if resp.status_code >= 400:
-            errors: list[dict[str, Any]] = []
-            try:
-                body = resp.json()
-                message = body.get("detail") or body.get("message") or resp.text
-                errors = body.get("errors") or []
-            except (ValueError, AttributeError):
-                message = resp.text
-            raise ApiError(resp.status_code, str(message), errors)
+            raise _error(resp)
         if resp.status_code == 204:
             return None
         return resp.json()
@@ -133,6 +126,34 @@ class BrokerClient:
         """Where the job could run, at what expected cost and finish time, and why other pools are rejected."""
         return self._call("POST", "/v1/quotes", json=spec, params={"limit": limit})  # type: ignore[no-any-return]
 
+    def logs(self, job_id: str, attempt: str | None = None, offset: int = 0) -> tuple[bytes, int, bool]:
+        """(the job's log from `offset`, the offset to read on from, whether the attempt has ended)."""
+        params: dict[str, Any] = {"offset": offset} | ({"attempt": attempt} if attempt else {})
+        resp = self._raw("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        ended = resp.headers.get("X-Overspill-Attempt-Ended") == "true"
+        return resp.content, int(resp.headers.get("X-Overspill-Next-Offset", offset + len(resp.content))), ended
+
+    def follow_logs(self, job_id: str, attempt: str | None = None, offset: int = 0) -> Iterator[bytes]:
+        """The job's log from `offset` as it grows, until its attempt ends."""
+        params: dict[str, Any] = {"offset": offset, "follow": "true"} | ({"attempt": attempt} if attempt else {})
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _error(resp)
+                yield from resp.iter_bytes()
+        except httpx.ConnectError as exc:
+            raise ApiError(0, f"cannot reach the broker at {self.url} (is `overspill serve` running?)") from exc
+
+    def _raw(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise ApiError(0, f"cannot reach the broker at {self.url} (is `overspill serve` running?)") from exc
+        if resp.status_code >= 400:
+            raise _error(resp)
+        return resp
+
     def pools(self, **params: Any) -> list[dict[str, Any]]:
         """Every pool with its current price (filters: accelerator, provider, capacity_type, limit)."""
         page = self._call("GET", "/v1/pools", params={k: v for k, v in params.items() if v})
@@ -145,3 +166,15 @@ class BrokerClient:
 
 
 Client = BrokerClient
+
+
+def _error(resp: httpx.Response) -> ApiError:
+    """The `ApiError` of an error answer (problem details: `detail` and the fields at fault)."""
+    errors: list[dict[str, Any]] = []
+    try:
+        body = resp.json()
+        message = body.get("detail") or body.get("message") or resp.text
+        errors = body.get("errors") or []
+    except (ValueError, AttributeError):
+        message = resp.text
+    return ApiError(resp.status_code, str(message), errors)

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from broker.db import Money, UTCDateTime
@@ -115,6 +115,27 @@ class Placement(SQLModel, table=True):
     # the start-up script the instance boots with, rendered once so a retried launch sends the same bytes (EC2
     # ClientToken, Azure's PUT refuse a changed UserData/customData); holds no secret (tests/test_attempt_secrets.py)
     user_data: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # from the instance agent's reports (broker.services.agent_reports): the outcome of its `final` report (the
+    # sync step turns it into the verdict), the work its last durable checkpoint holds (hours of this placement's
+    # work), when it last reported, and the deadline of an interruption notice it is working to
+    outcome: str | None = Field(default=None, max_length=16)
+    checkpointed_work_hours: Decimal | None = _money(None, nullable=True)
+    last_report_at: datetime | None = _at()
+    notice_deadline_at: datetime | None = _at()
+
+
+class PlacementReport(SQLModel, table=True):
+    """One agent report the broker took, by (placement, seq): a report arriving again, by the mailbox or the
+    callback, finds its row and is not applied twice. `data` is the report as parsed (signature dropped)."""
+
+    __tablename__ = "placement_report"
+
+    placement_id: str = Field(primary_key=True, max_length=40)
+    seq: int = Field(primary_key=True, sa_type=BigInteger)
+    kind: str = Field(max_length=16)
+    via: str = Field(max_length=16)
+    received_at: datetime = _at(nullable=False)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 
 
 class JobEvent(SQLModel, table=True):

@@ -232,10 +232,15 @@ def _submit(engine: Any, jobs: int) -> list[str]:
 
 
 def _warnings_acted_on(engine: Any, job_ids: list[str]) -> list[str]:
-    """After the restart every warned job was moved off its warned instance: no warning lost in the crash."""
+    """After the restart every warned job was moved off its warned instance, or (an instance running the agent,
+    which saves a final checkpoint first) has the warning's deadline recorded: no warning lost in the crash."""
     with Session(engine) as s:
-        preempted = {p.job_id for p in s.exec(select(Placement)).all() if p.state == PlacementState.PREEMPTED.value}
-    return [f"the reclaim warning for job {j} was lost in the crash" for j in job_ids if j not in preempted]
+        acted = {
+            p.job_id
+            for p in s.exec(select(Placement)).all()
+            if p.state == PlacementState.PREEMPTED.value or p.notice_deadline_at is not None
+        }
+    return [f"the reclaim warning for job {j} was lost in the crash" for j in job_ids if j not in acted]
 
 
 def _warn_interruptions(engine: Any, events: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -82,13 +82,21 @@ def test_spot_job_interrupted_and_replaced_on_aws(
             }
         ]
     )
-    tick(rt, datetime.now(UTC))
+    warned_at = datetime.now(UTC)
+    tick(rt, warned_at)
+    # the instance runs the agent: it is left alone (the sweep included) to save its final checkpoint until the
+    # notice's deadline (two minutes), then the job is re-placed from the checkpoint the agent last reported
+    with Session(rt.engine) as s:
+        [warned] = s.exec(select(Placement).where(Placement.job_id == job["id"])).all()
+    assert warned.state == "running" and warned.notice_deadline_at is not None
+    assert ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
+    tick(rt, warned.notice_deadline_at + timedelta(seconds=61))
     with Session(rt.engine) as s:
         placements = s.exec(select(Placement).where(Placement.job_id == job["id"]).order_by(Placement.id)).all()
     assert placements[0].state == "preempted"
     assert len(placements) == 2 and placements[1].zone != placements[0].zone  # the warned zone is avoided
     kinds = [e["kind"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()["items"]]
     assert "interruption_notice" in kinds
-    tick(rt, datetime.now(UTC))
+    tick(rt, warned.notice_deadline_at + timedelta(seconds=62))
     state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("shutting-down", "terminated")

@@ -8,6 +8,7 @@ owns is deleted by the orphan sweep, once."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from agent import protocol as proto
 from broker.app import create_app
 from broker.auth import callback_token
 from broker.loop.interrupts import sweep_orphans
@@ -118,7 +120,11 @@ def test_a_finished_jobs_vm_is_deleted_not_left_stopped(fake: GcpComputeFake, tm
     [p] = _placements(rt, job["id"])
     assert p.state == "running" and p.instance_id
     headers = {"X-Overspill-Callback-Token": callback_token(rt.settings, p.id)}
-    assert api.post(f"/v1/placements/{p.id}/exit", json={"exit_code": 0}, headers=headers).status_code == 204
+    final = proto.Report(
+        p.id, 1, proto.ReportKind.FINAL, datetime.now(UTC).isoformat(), outcome=proto.Outcome.SUCCEEDED, exit_code=0
+    ).signed(callback_token(rt.settings, p.id))  # the agent's final report, by the callback
+    taken = api.post(f"/v1/placements/{p.id}/reports", json=json.loads(final.to_json()), headers=headers)
+    assert taken.status_code == 200 and taken.json() == {"taken": True}
     fake.guest_shutdown(p.instance_id)  # the start-up script's `shutdown -h now`: the VM is stopped, disk and all
     tick(rt, datetime.now(UTC))
     [done] = _placements(rt, job["id"])

@@ -43,10 +43,15 @@ RESOURCES: dict[str, Callable[[dict[str, str]], str]] = {
 }
 FOCUS_SAMPLE = Path(__file__).parent / "fixtures" / "aws_focus_1_0_sample.csv"
 # routes that authenticate an instance's per-placement callback token instead of an API key
-CALLBACK_ROUTES = {"/v1/placements/{placement_id}/exit", "/v1/placements/{placement_id}/scheduled-events"}
+CALLBACK_ROUTES = {
+    "/v1/placements/{placement_id}/exit",
+    "/v1/placements/{placement_id}/scheduled-events",
+    "/v1/placements/{placement_id}/reports",
+}
 # a body per route that takes one, so the call reaches the ownership check instead of stopping at validation
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/placements/{placement_id}/exit"): {"exit_code": 0},
+    ("POST", "/v1/placements/{placement_id}/reports"): {"placement_id": "x", "seq": 1, "kind": "final", "at": "now"},
     ("POST", "/v1/placements/{placement_id}/scheduled-events"): {"DocumentIncarnation": 1, "Events": []},
     ("POST", "/v1/jobs"): job_body(name="b-job"),
     ("POST", "/v1/quotes"): job_body(name="b-quote"),

@@ -266,8 +266,10 @@ def test_spot_warning_from_sqs_replaces_the_job_and_failed_records_are_reported(
     result = call(sqs_event(records))
     assert result == {"batchItemFailures": []}  # handled, or malformed (no retry can fix it): all acknowledged
 
+    # the instance runs the agent: the warning is recorded and the instance left to save its final checkpoint; the
+    # tick after the deadline (or the agent's final report) re-places the job (tests/test_reports_mailbox.py)
     after = body_of(call(http_event("GET", f"/v1/jobs/{job['id']}", headers=AUTH)))
-    assert after["state"] == "pending" and "reclaim notice" in after["wait_reason"], after
+    assert after["state"] == "running", after
     kinds = [e["kind"] for e in body_of(call(http_event("GET", f"/v1/jobs/{job['id']}/events", headers=AUTH)))["items"]]
     assert "rebalance_notice" in kinds and "interruption_notice" in kinds
 

@@ -11,20 +11,27 @@
   That includes an ended instance that still exists (`Instance.lingering`: a stopped GCP VM holding its disk, an
   Azure VM stopped or deallocated, a VM left Failed by its create). An instance that is `released` (gone, or being
   deleted) is skipped, so the sweep converges: each orphan is terminated once, and the next passes find nothing.
+  An instance warned of an interruption (until its deadline) or whose agent still reports (within two heartbeats)
+  is never swept.
+- A notice ahead of time for an instance that runs the agent only records its deadline (`notice_deadline_at`): the
+  agent signals the workload and uploads its final checkpoint, and the sync step re-places the job from it once the
+  agent's final report lands or the deadline passes (broker.loop.sync).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
+from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
+from broker.services.agent_reports import NOTICE_GRACE
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
 from providers.base import InterruptionNotice, InterruptionSource, NotFound, ProviderError
@@ -79,6 +86,8 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
             )
             session.commit()
             return 0
+        if p.attempt_uri is not None and action_at > now:  # the agent saves a final checkpoint first: wait for it
+            return _warn(session, p, job, provider, instance_id, action_at, now)
         saved = _checkpointed(rt, provider, instance_id)
         p.state = PlacementState.PREEMPTED.value
         p.ended_at = max(action_at, p.started_at or action_at)
@@ -113,6 +122,31 @@ def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: d
         return 1
 
 
+def _warn(
+    session: Session, p: Placement, job: Job, provider: str, instance_id: str, action_at: datetime, now: datetime
+) -> int:
+    """A notice ahead of time for an instance that runs the agent: record its deadline and leave it alone; the sync
+    step re-places the job from the final checkpoint once the agent reports it, or once the deadline passes."""
+    if p.notice_deadline_at is not None and p.notice_deadline_at <= action_at:
+        return 0  # a repeat
+    p.notice_deadline_at = action_at
+    session.add(p)
+    add_event(
+        session,
+        job,
+        now,
+        "interruption_notice",
+        f"{provider} will reclaim {instance_id} at {action_at.isoformat(timespec='seconds')}; the agent is saving a "
+        "final checkpoint, the job is re-placed from it",
+        placement_id=p.id,
+        deadline=action_at.isoformat(),
+        via=provider,
+    )
+    crashpoint("preempt.before_commit")  # a crash here leaves the notice unacknowledged: it is delivered again
+    session.commit()
+    return 1
+
+
 def _release(rt: Runtime, provider: str, instance_id: str) -> None:
     adapter = rt.provider(provider)
     if adapter is None:
@@ -131,6 +165,11 @@ def _checkpointed(rt: Runtime, provider: str, instance_id: str) -> Decimal | Non
         return adapter.get(instance_id).checkpointed_work_hours
     except ProviderError:
         return None
+
+
+def reporting_window(rt: Runtime) -> timedelta:
+    """How long after its last report an instance's agent counts as still at work: two heartbeats."""
+    return timedelta(seconds=2 * rt.settings.agent_heartbeat_seconds)
 
 
 def sweep_orphans(rt: Runtime, now: datetime) -> int:
@@ -153,6 +192,21 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
         # a launch not yet recorded (crash or lost answer between the request and the record) is known by its token;
         # once the placement records its instance, another instance with the same token is a duplicate (a cloud
         # that forgot the token's first launch) and is swept like any orphan
+        # an instance warned of an interruption keeps until its deadline (its agent uploads the final checkpoint),
+        # and one whose agent still reports is still at work: neither is swept, whatever its placement's state
+        busy = {
+            (prov, iid)
+            for prov, iid in session.exec(  # type: ignore[call-overload]
+                select(Placement.provider, Placement.instance_id).where(
+                    col(Placement.instance_id).is_not(None),
+                    or_(
+                        col(Placement.notice_deadline_at) > now - NOTICE_GRACE,
+                        col(Placement.last_report_at) > now - reporting_window(rt),
+                    ),
+                )
+            ).all()
+        }
+        live |= busy
         unrecorded_tokens = set(
             session.exec(
                 select(Placement.launch_token).where(

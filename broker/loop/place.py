@@ -58,6 +58,7 @@ from broker.loop.common import (
 )
 from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, transfer_rate
 from broker.runtime import Runtime
+from broker.services.agent_reports import INFRA_FAILED
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
@@ -273,12 +274,14 @@ def tenant_refusals(rt: Runtime, tenant: str) -> dict[str, str]:
 
 
 def _refused(query: Any) -> Any:
-    """`query` (over Placement) narrowed to failed placements whose pool refused the launch request for good."""
+    """`query` (over Placement) narrowed to failed placements whose pool refused the launch request for good, or
+    where the job's attempt failed for infrastructure reasons (retried elsewhere)."""
     return query.where(
         Placement.state == PlacementState.FAILED.value,
         or_(
             col(Placement.detail).startswith(f"{InvalidRequest.__name__}:"),
             col(Placement.detail).startswith(f"{PolicyDenied.__name__}:"),
+            col(Placement.detail).startswith(f"{INFRA_FAILED}:"),
         ),
     )
 
@@ -287,7 +290,9 @@ def refused_pools(session: Session, job: Job) -> frozenset[str]:
     """The pools that refused this job's launch request as invalid (`InvalidRequest`: a configuration the pool
     does not support, a pool no longer offered, a request the cloud rejects) or by policy (`PolicyDenied`: an
     organisation, IAM or Azure policy refused this request): placing the job there again would be refused again,
-    so they are out of this job's choices for good; other jobs may still use them."""
+    so they are out of this job's choices for good; other jobs may still use them. So are the pools where the
+    job's attempt failed for infrastructure reasons (the agent's `infra_failed`: an image the pool's registry
+    cannot serve, no GPU driver), retried elsewhere."""
     if job.attempts == 0:
         return frozenset()
     keys = session.exec(_refused(select(Placement.offering_key).where(Placement.job_id == job.id))).all()

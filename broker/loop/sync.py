@@ -43,8 +43,9 @@ from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
-from broker.services.jobs import add_event
-from broker.tables import Job, Placement
+from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
+from broker.services.jobs import add_event, spec_of
+from broker.tables import Job, Placement, PlacementReport
 from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError, describe
 from providers.model import JobState, Outcome, PlacementState, hours_between
 
@@ -117,6 +118,8 @@ def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError
         return True
     if job.state == JobState.CANCELLED.value or isinstance(view, NotFound):
         return False
+    if p.outcome is not None or p.notice_deadline_at is not None:
+        return False  # the agent reported its outcome, or works to an interruption notice's deadline
     if isinstance(view, ProviderError):
         return True
     if view.state is InstanceState.PENDING:
@@ -175,7 +178,12 @@ def _sync_one(
         stop_placement(session, provider, p, job, now, "job cancelled")
         return
     if isinstance(view, NotFound):
-        _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
+        if p.attempt_uri is not None and p.outcome is not None:  # the agent's verdict stands, the VM gone or not
+            _reported_outcome(rt, session, p, job, None, now)
+        elif p.attempt_uri is not None and p.notice_deadline_at is not None:
+            _preempted(session, p, job, now, None, "reclaimed after an interruption notice")
+        else:
+            _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
         return
     if isinstance(view, ProviderError):
         raise view
@@ -195,6 +203,8 @@ def _sync_one(
         p.accrued_until = inst.started_at
         session.add(p)
         add_event(session, job, inst.started_at, "started", f"running on {p.offering_key}", placement_id=p.id)
+    if p.attempt_uri is not None and _agent_verdict(rt, session, provider, p, job, inst, now):
+        return
     if inst.state is InstanceState.RUNNING:
         _guard_ceiling(rt, session, provider, p, job, inst, now)
         return
@@ -222,6 +232,108 @@ def _sync_one(
         _release(provider, p)
 
 
+def _agent_verdict(
+    rt: Runtime,
+    session: Session,
+    provider: ComputeProvider,
+    p: Placement,
+    job: Job,
+    inst: Instance,
+    now: datetime,
+) -> bool:
+    """The verdict on a placement whose instance runs the agent, from what the agent reported: True when this
+    decided (ended the placement, or holds it for a notice or a late report), False to sync it as any other.
+
+    - A `final` report's outcome decides, whatever the cloud says: succeeded, user_failed (final for the job, the
+      log tail in the event), infra_failed (re-placed elsewhere, that pool no longer tried for the job, until
+      `max_infra_retries` such failures: then the job fails with the reason), preempted (re-placed from the
+      checkpoint the agent reported). The instance is then deleted.
+    - Warned of an interruption (the agent's `notice` report, or the cloud's notice, `notice_deadline_at`): left
+      alone until its final report lands or the deadline (plus `NOTICE_GRACE` for the upload) passes; then the job
+      goes back to pending from the last checkpoint the agent reported.
+    - The instance ended with no final report: reclaimed by the provider -> preempted; otherwise, once
+      `REPORT_GRACE` has passed for a late report, an infrastructure failure (the agent never said the workload
+      succeeded, so it is never counted as a success; a lost callback cannot turn a failure into one).
+    """
+    if p.outcome is not None:
+        _reported_outcome(rt, session, p, job, inst, now)
+    elif p.notice_deadline_at is not None:
+        if now < p.notice_deadline_at + NOTICE_GRACE and inst.state in (InstanceState.RUNNING, InstanceState.PREEMPTED):
+            return True  # its final checkpoint is on the way: leave it alone
+        _preempted(session, p, job, now, inst, "reclaimed after an interruption notice")
+    elif inst.state is InstanceState.RUNNING:
+        return False
+    elif inst.state is InstanceState.PREEMPTED:
+        _preempted(session, p, job, now, inst, "preempted by the provider")
+    else:
+        since = inst.ended_at or p.last_report_at
+        if since is not None and now < since + REPORT_GRACE:
+            return True  # the final report may still be on its way to the mailbox
+        _infra_failed(
+            rt, session, p, job, now, inst, f"the instance ended ({inst.state.value}) without the agent's final report"
+        )
+    if not inst.released:
+        _release(provider, p)
+    return True
+
+
+REPORT_GRACE = timedelta(minutes=2)
+
+
+def _reported_outcome(
+    rt: Runtime, session: Session, p: Placement, job: Job, inst: Instance | None, now: datetime
+) -> None:
+    outcome, detail = p.outcome, p.detail
+    if outcome == "succeeded":
+        _ended(session, p, job, now, PlacementState.SUCCEEDED, inst, "finished (the agent reports success)")
+    elif outcome == "user_failed":
+        tail = _log_tail(session, p)
+        message = f"the job failed (exit code {p.exit_code}){': ' + detail if detail else ''}"
+        _ended(session, p, job, now, PlacementState.FAILED, inst, message, job_failed=True, log_tail=tail)
+    elif outcome == "preempted":
+        _preempted(session, p, job, now, inst, "preempted (the agent saved its final checkpoint)")
+    else:
+        _infra_failed(rt, session, p, job, now, inst, detail or "the agent reports an infrastructure failure")
+
+
+def _log_tail(session: Session, p: Placement) -> str:
+    rows = session.exec(
+        select(PlacementReport.data).where(PlacementReport.placement_id == p.id, PlacementReport.kind == "final")
+    ).all()
+    return str(rows[0].get("log_tail", ""))[-LOG_TAIL_CHARS:] if rows else ""
+
+
+def _preempted(session: Session, p: Placement, job: Job, now: datetime, inst: Instance | None, message: str) -> None:
+    _ended(session, p, job, now, PlacementState.PREEMPTED, inst, message)
+    record_reclaim(session, p.offering_key, p.ended_at or now)
+    block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
+
+
+def _infra_failed(
+    rt: Runtime, session: Session, p: Placement, job: Job, now: datetime, inst: Instance | None, why: str
+) -> None:
+    """An attempt that could not run through no fault of the workload: the pool is out of the job's choices
+    (`place.refused_pools`), and the job is re-placed unless it has used up `max_infra_retries`."""
+    p.detail = f"{INFRA_FAILED}: {why}"[:500]
+    failures = 1 + len(
+        session.exec(
+            select(Placement.id).where(
+                Placement.job_id == job.id,
+                Placement.id != p.id,
+                Placement.state == PlacementState.FAILED.value,
+                col(Placement.detail).startswith(f"{INFRA_FAILED}:"),
+            )
+        ).all()
+    )
+    allowed = spec_of(job).max_infra_retries
+    if failures > allowed:
+        message = f"failed: {failures} infrastructure failures, over max_infra_retries {allowed}; the last: {why}"
+        _ended(session, p, job, now, PlacementState.FAILED, inst, message, job_failed=True, infra_failures=failures)
+    else:
+        message = f"infrastructure failure ({why}); retrying elsewhere, {failures} of max_infra_retries {allowed}"
+        _ended(session, p, job, now, PlacementState.FAILED, inst, message, infra_failures=failures)
+
+
 def _release(provider: ComputeProvider, p: Placement) -> None:
     """Delete what an ended instance leaves behind, whatever the verdict: a finished, reclaimed or failed VM that
     is only stopped (GCP, Azure) keeps its disk and quota, an Azure VM stopped without deallocation bills full
@@ -235,10 +347,17 @@ def _release(provider: ComputeProvider, p: Placement) -> None:
         )
 
 
+def _saved(p: Placement, inst: Instance | None) -> Decimal | None:
+    """The work of `p` its last durable checkpoint holds: the provider's figure or the agent's, the larger."""
+    known = [h for h in (inst.checkpointed_work_hours if inst else None, p.checkpointed_work_hours) if h is not None]
+    return max(known) if known else None
+
+
 def _remaining_after(p: Placement, inst: Instance | None) -> Decimal:
-    if inst is None or inst.checkpointed_work_hours is None:
+    saved = _saved(p, inst)
+    if saved is None:
         return p.work_hours_at_start
-    return max(Decimal("0"), p.work_hours_at_start - inst.checkpointed_work_hours)
+    return max(Decimal("0"), p.work_hours_at_start - saved)
 
 
 def _ended(
@@ -251,6 +370,7 @@ def _ended(
     message: str,
     *,
     job_failed: bool = False,
+    **data: object,
 ) -> None:
     """Record a placement's end and move its job on: succeeded, failed (its own command failed: not retried),
     or back to pending with the work its last checkpoint saved."""
@@ -268,6 +388,7 @@ def _ended(
         f"{message} on {p.offering_key}",
         placement_id=p.id,
         remaining_work_hours=str(remaining),
+        **data,
     )
     if job.current_placement_id != p.id or JobState(job.state).terminal:
         return
@@ -285,7 +406,7 @@ def _ended(
     elif job.state == JobState.RUNNING.value:
         job.state = JobState.PENDING.value
         job.wait_reason = f"{message}; re-placing with {remaining} h of work left"
-        if inst is not None and inst.checkpointed_work_hours is not None and job.checkpoint_uri:
+        if _saved(p, inst) is not None and job.checkpoint_uri:
             job.checkpoint_provider = p.provider
             job.checkpoint_region = p.region
     session.add(job)
@@ -323,7 +444,10 @@ def _projected_spend(rt: Runtime, p: Placement, job: Job, now: datetime) -> tupl
     price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
     accrued_until = p.accrued_until or p.started_at
     unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
-    run_left = p.work_hours_at_start - hours_between(p.started_at, now)
+    if p.checkpointed_work_hours is not None:  # the agent reports real progress: what its checkpoint has not saved
+        run_left = p.work_hours_at_start - p.checkpointed_work_hours
+    else:
+        run_left = p.work_hours_at_start - hours_between(p.started_at, now)
     guard = hours_between(now, now + timedelta(seconds=guard_horizon_seconds(rt)))
     return job.spent_usd + price * (unaccrued + max(Decimal("0"), min(run_left, guard))), price
 

@@ -1,10 +1,10 @@
 """The control loop: one `tick(rt, now)` runs every step once, in order, each guarded and timed.
 
 Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
--> sync instances (cancellations, ceilings, finishes, preemptions) -> return cloud work on-prem when its queue
-drained -> place pending jobs -> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due
-reports -> deliver reports (queued by the API and by scheduled runs; each within a total deadline, the step
-within `delivery_step_seconds`).
+-> read the instance agents' reports from the mailboxes -> sync instances (the agents' verdicts, cancellations,
+ceilings, finishes, preemptions) -> return cloud work on-prem when its queue drained -> place pending jobs
+-> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due reports -> deliver reports (queued
+by the API and by scheduled runs; each within a total deadline, the step within `delivery_step_seconds`).
 Providers with `begin_tick(now)` / `end_tick()` (the Slurm provider) are told where a tick starts and ends, so
 they read their scheduler once per tick for every step. Every step is idempotent and safe with several replicas
 ticking at once against PostgreSQL, so `overspill tick` can run from cron or a serverless schedule as well as
@@ -26,6 +26,7 @@ from broker.logging_setup import log_context, log_scope
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
+from broker.loop.mailbox import read_mailboxes
 from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
@@ -40,6 +41,7 @@ STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("sample_pressure", sample_pressure),
     ("burst_onprem_queue", burst_onprem_queue),
     ("handle_interruptions", handle_interruptions),
+    ("read_mailboxes", read_mailboxes),
     ("sync_instances", sync_instances),
     ("return_onprem", return_onprem),
     ("place_pending", place_pending),

@@ -1,20 +1,32 @@
-"""/v1/placements/{id}/exit: an instance reports its container's exit status (no API key: the instance proves
-itself with the per-placement token its start-up script was given)."""
+"""/v1/placements/{id}/...: what instances send the broker (no API key: an instance proves itself with its
+placement's token).
+
+- `POST /v1/placements/{id}/reports`: the instance agent's signed report (agent/protocol.py `Report`), the callback
+  path beside the tenant mailbox; signed with the placement's report key, the same secret as the callback token,
+  so the signature proves the sender (an `X-Overspill-Callback-Token` header, when sent, must match too). Taken
+  once by (placement, seq) whichever path brings it first (broker.services.agent_reports); answers
+  `{"taken": true|false}` (false: already taken). 403 for a bad signature or token, 404 for an unknown placement,
+  422 naming the field of a report that does not follow the contract.
+- `POST /v1/placements/{id}/exit`: the older start-up scripts' exit status.
+- `POST /v1/placements/{id}/scheduled-events`: an Azure VM's relayed Scheduled Events."""
 
 from __future__ import annotations
 
 import hmac
+import json
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Security, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Request, Security, status
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
 from broker.auth import callback_token
 from broker.deps import RuntimeDep
+from broker.errors import Unprocessable
 from broker.runtime import Runtime
+from broker.services.agent_reports import ReportRefused, check_report, parse_report, take_report
 from broker.services.jobs import add_event
 from broker.tables import Job, Placement
 
@@ -53,6 +65,67 @@ def _check_token(rt: Runtime, placement_id: str, token: str) -> None:
     expected = callback_token(rt.settings, placement_id).encode()
     if not hmac.compare_digest(expected, token.encode("utf-8", "surrogateescape")):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "X-Overspill-Callback-Token: bad token for this placement")
+
+
+async def optional_callback_token(request: Request, _: Annotated[Any, Security(CALLBACK_SCHEME)] = None) -> str | None:
+    """The callback token when one is sent (403 when it cannot be one), else None: on the reports route the
+    report's signature proves the sender, and a token, when sent, must be the placement's too."""
+    raw = request.headers.getlist("x-overspill-callback-token")
+    if not raw:
+        return None
+    if len(raw) > 1 or not _TOKEN.fullmatch(raw[0]):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "X-Overspill-Callback-Token: bad token for this placement")
+    return raw[0]
+
+
+OptionalCallbackToken = Annotated[str | None, Depends(optional_callback_token)]
+
+
+class ReportTaken(BaseModel):
+    """Whether this request took the report (false: the mailbox or an earlier request already had)."""
+
+    taken: bool
+
+
+REPORT_EXAMPLE = {
+    "placement_id": "pl_0123",
+    "seq": 1764270000000000,
+    "kind": "progress",
+    "at": "2026-11-27T19:40:00+00:00",
+    "progress": {"done": 1200, "total": 5000, "checkpoint": 1000},
+    "checkpointed": 0.2,
+    "signature": "<hex HMAC-SHA256 of the other fields, as sorted compact JSON>",
+}
+
+
+@router.post("/{placement_id}/reports", operation_id="placements.take_report", response_model=ReportTaken)
+def take_agent_report(
+    request: Request,
+    placement_id: str,
+    rt: RuntimeDep,
+    report: Annotated[dict[str, Any], Body(examples=[REPORT_EXAMPLE])],
+    x_overspill_callback_token: OptionalCallbackToken,
+) -> ReportTaken:
+    """Take one signed agent report (see the module docstring)."""
+    if x_overspill_callback_token is not None:
+        _check_token(rt, placement_id, x_overspill_callback_token)
+    try:
+        parsed = parse_report(json.dumps(report))
+        with Session(rt.engine, expire_on_commit=False) as session:
+            p = session.get(Placement, placement_id, with_for_update=True)
+            check_report(rt.settings, p, parsed, placement_id=placement_id)
+            assert p is not None
+            request.state.audit_tenant = p.tenant
+            job = session.get(Job, p.job_id, with_for_update=True)
+            if job is None:
+                raise ReportRefused(404, f"no job for placement {placement_id!r}")
+            taken = take_report(session, p, job, parsed, "callback", rt.clock())
+            session.commit()
+    except ReportRefused as exc:
+        if exc.status == 422:
+            raise Unprocessable("report", str(exc)) from None
+        raise HTTPException(exc.status, str(exc)) from None
+    return ReportTaken(taken=taken)
 
 
 class ExitReport(BaseModel):

@@ -407,6 +407,29 @@ async function renderJobs() {
   if (!cursors.length) every(3000, () => load().catch(() => {}));
 }
 
+// The last 4 KiB of the job's latest attempt's output (GET /v1/jobs/{id}/logs?tail=4096), as plain text; nothing
+// when no attempt ran on an instance agent (simulated clouds, Slurm). `overspill logs JOB -f` follows it whole.
+async function showLogTail(id, box) {
+  const headers = { Accept: "text/plain" };
+  if (state.key) headers.Authorization = `Bearer ${state.key}`;
+  let response;
+  try {
+    response = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs?tail=4096`, { headers });
+  } catch {
+    return;
+  }
+  const attempt = response.headers.get("X-Overspill-Attempt");
+  if (!response.ok || !attempt) {
+    box.replaceChildren();
+    return;
+  }
+  const text = await response.text();
+  box.replaceChildren(
+    h("h2", {}, "Log ", h("span", { class: "muted small" }, `(last 4 KiB of attempt ${attempt}; overspill logs ${id} -f follows it)`)),
+    h("pre", { class: "log", "data-testid": "log-tail" }, text || "(nothing yet)"),
+  );
+}
+
 function collapseEvents(events) {
   // The API folds each placement's run of cost accruals into one item (data.accruals, data.from); runs split
   // by a page boundary or another placement's accruals are joined here so the timeline stays readable.
@@ -431,7 +454,8 @@ async function renderJob(id) {
   const head = h("div", { class: "title" });
   const cards = h("div", { class: "cards" });
   const timeline = h("ol", { class: "timeline", "data-testid": "timeline" });
-  mount(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), head, cards, h("h2", {}, "Timeline"), timeline);
+  const logBox = h("section", { "data-testid": "log-section" });
+  mount(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), head, cards, logBox, h("h2", {}, "Timeline"), timeline);
   let job;
   async function load() {
     let events;
@@ -517,6 +541,7 @@ async function renderJob(id) {
         ),
       ),
     );
+    await showLogTail(id, logBox);
     ready("job");
     // An ended job's last accrual may land a moment after its state changes: poll until the spend settles too.
     const settled = TERMINAL.has(job.state) && job.spent_usd === lastSpent;

@@ -1,0 +1,118 @@
+"""Tick step: read the instance agents' reports from the tenants' mailboxes in the checkpoint stores.
+
+The agent writes every signed report to `<store>tenants/<tenant>/mailbox/<placement>-<seq>-<kind>.json`
+(agent/protocol.py), the one path to the broker that needs no inbound reachability. Each tick, `read_mailboxes`:
+1. finds the mailboxes that matter: one per (store, tenant) of the live placements that run the agent (those with
+   an `attempt_uri`), so one list call per store and tenant, however many placements share it;
+2. lists each, in name order (one placement's reports in the order they were made), and for each entry reads it,
+   checks it (`broker.services.agent_reports.check_report`: a known placement of this mailbox's tenant, signed
+   with that placement's key) and takes it once under the placement's and its job's row locks
+   (`take_report`), then deletes it. A report the callback already brought is only deleted;
+3. refuses what does not follow the contract (a name it never makes, an unreadable or oversized body, an unknown
+   placement, another tenant's placement, a bad signature): logged, never applied, and deleted so it cannot pile
+   up. An entry whose placement another replica holds locked is left for the next tick.
+A store that cannot be listed is logged and tried again next tick: the reports wait there. The verdicts the final
+reports carry are applied by the sync step, which runs next (broker.loop.sync).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from agent import protocol as proto
+from broker import checkpoint_layout as layout
+from broker.checkpoint_stores import CheckpointRefused
+from broker.loop.common import bind_job, locked
+from broker.runtime import Runtime
+from broker.services.agent_reports import LIVE, ReportRefused, check_report, parse_report, take_report
+from broker.tables import Job, Placement
+from providers.storage import StorageError
+from providers.storage.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+MAX_REPORT_BYTES = 64 * 1024
+
+
+def read_mailboxes(rt: Runtime, now: datetime) -> int:
+    """Returns the number of reports taken (each counted once, whichever tick or path took it)."""
+    with Session(rt.engine) as session:
+        rows = session.exec(
+            select(Placement.tenant, Placement.attempt_uri).where(  # type: ignore[call-overload]
+                col(Placement.state).in_(LIVE), col(Placement.attempt_uri).is_not(None)
+            )
+        ).all()
+    boxes: dict[str, str] = {}
+    for tenant, attempt_uri in rows:
+        prefix = _mailbox_of(rt, tenant, attempt_uri)
+        if prefix is not None:
+            boxes[prefix] = tenant
+    taken = 0
+    for prefix, tenant in sorted(boxes.items()):
+        try:
+            store = rt.checkpoint_stores.store(prefix)
+            names = sorted(info.key for info in store.list(""))
+        except (StorageError, CheckpointRefused, ValueError) as exc:
+            log.warning("listing the mailbox %s failed (its reports wait for the next tick): %s", prefix, exc)
+            continue
+        for name in names:
+            bind_job(None)
+            try:
+                taken += _take(rt, store, prefix, tenant, name, now)
+            except StorageError as exc:
+                log.warning("reading the report %s%s failed (retried next tick): %s", prefix, name, exc)
+    return taken
+
+
+def _mailbox_of(rt: Runtime, tenant: str, attempt_uri: str) -> str | None:
+    """The tenant's mailbox in the store holding `attempt_uri` (the longest configured store prefix under it)."""
+    stores = [s for s in rt.checkpoint_stores.by_location.values() if attempt_uri.startswith(s)]
+    if not stores:
+        return None
+    try:
+        return layout.mailbox_prefix(max(stores, key=len), tenant)
+    except ValueError:
+        return None
+
+
+def _take(rt: Runtime, store: ObjectStore, prefix: str, tenant: str, name: str, now: datetime) -> int:
+    parsed = proto.parse_mailbox_entry_name(name)
+    if parsed is None:
+        return _refuse(store, prefix, name, "not a report name this contract makes")
+    placement_id, seq, _ = parsed
+    info = store.stat(name)
+    if info is None:
+        return 0  # deleted meanwhile (another replica took it)
+    if info.size > MAX_REPORT_BYTES:
+        return _refuse(store, prefix, name, f"{info.size} bytes, over the {MAX_REPORT_BYTES} byte limit of a report")
+    data = b"".join(store.open_read(name, version=info.version))
+    try:
+        report = parse_report(data)
+        if report.seq != seq:
+            raise ReportRefused(403, f"report.seq {report.seq} is not the {seq} its name says")
+        with Session(rt.engine, expire_on_commit=False) as session:
+            known = session.get(Placement, placement_id)
+            check_report(rt.settings, known, report, placement_id=placement_id, tenant=tenant)
+            p = session.exec(locked(select(Placement).where(Placement.id == placement_id))).first()
+            if p is None:
+                return 0  # another replica holds it: next tick
+            job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+            bind_job(job, p)
+            took = take_report(session, p, job, report, "mailbox", now)
+            session.commit()
+    except ReportRefused as exc:
+        return _refuse(store, prefix, name, str(exc))
+    store.delete(name)
+    return int(took)
+
+
+def _refuse(store: ObjectStore, prefix: str, name: str, why: str) -> int:
+    log.warning("refused the mailbox entry %s%s: %s; deleting it, never applied", prefix, name, why)
+    try:
+        store.delete(name)
+    except (StorageError, ValueError) as exc:
+        log.warning("deleting the refused entry %s%s failed: %s", prefix, name, exc)
+    return 0

@@ -1,0 +1,111 @@
+"""A job's output: the log chunks the instance agent writes to the attempt's log prefix in the job's store.
+
+The agent writes the workload's stdout and stderr, merged in arrival order, as chunks under
+`<attempt prefix>logs/` named by the byte offset they start at (`agent.protocol.log_chunk_name`). Readers here:
+- `attempt_of(engine, tenant, job_id, attempt)`: the placement whose log is read: the one named (a placement of
+  this job; 404 otherwise), else the job's latest attempt that runs the agent (None while it has none: an empty
+  log). 404 for a job of another tenant.
+- `read_log(stores, attempt_uri, offset, limit)`: the bytes from `offset`, at most `limit`, from the chunks in
+  order, stopping at a gap (a chunk the agent has not stored yet: the next read gets it), and the offset to read
+  from next. Readable while the attempt runs and after its instance is gone: the chunks stay in the store.
+- `log_size(stores, attempt_uri)`: how much of the log is stored from the start (for reading its tail).
+- `follow_log(...)`: yields the log as it grows, until the attempt has ended and everything is read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from agent import protocol as proto
+from broker.checkpoint_stores import CheckpointStores
+from broker.errors import NotFoundError
+from broker.services.agent_reports import LIVE
+from broker.tables import Job, Placement
+
+READ_LIMIT = 1024 * 1024  # bytes per answer (or per streamed piece)
+
+
+def attempt_of(engine: Engine, tenant: str, job_id: str, attempt: str | None) -> tuple[Placement | None, bool]:
+    """(the placement whose log is read, whether it has ended); see the module docstring. (None, False) for a job
+    that has no attempt with a log yet, when none is named."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.tenant != tenant:
+            raise NotFoundError("job", job_id)
+        query = select(Placement).where(Placement.job_id == job_id, col(Placement.attempt_uri).is_not(None))
+        if attempt is not None:
+            p = session.exec(query.where(Placement.id == attempt)).first()
+        else:
+            p = session.exec(query.order_by(col(Placement.created_at).desc(), col(Placement.id).desc())).first()
+    if p is None:
+        if attempt is not None:
+            raise NotFoundError("attempt", attempt)
+        return None, False
+    return p, p.state not in LIVE
+
+
+def log_size(stores: CheckpointStores, attempt_uri: str) -> int:
+    """How many bytes of the log are stored without a gap from the start. Raises StorageError."""
+    size = 0
+    for start, _, length in _chunks(stores, attempt_uri):
+        if start > size:
+            break
+        size = max(size, start + length)
+    return size
+
+
+def _chunks(stores: CheckpointStores, attempt_uri: str) -> list[tuple[int, str, int]]:
+    store = stores.store(attempt_uri + proto.LOGS_DIR)
+    return sorted(
+        (start, info.key, info.size)
+        for info in store.list("")
+        if (start := proto.parse_log_chunk_name(info.key)) is not None
+    )
+
+
+def read_log(stores: CheckpointStores, attempt_uri: str, offset: int, limit: int = READ_LIMIT) -> tuple[bytes, int]:
+    """(up to `limit` bytes of the log from `offset`, the offset after them). Raises StorageError."""
+    store = stores.store(attempt_uri + proto.LOGS_DIR)
+    chunks = _chunks(stores, attempt_uri)
+    out = bytearray()
+    position = offset
+    for start, key, size in chunks:
+        end = start + size
+        if end <= position:
+            continue
+        if start > position:
+            break  # a gap: that chunk is not stored yet
+        for piece in store.open_read(key, position - start):
+            out += piece
+        position = end
+        if len(out) >= limit:
+            del out[limit:]
+            break
+    return bytes(out), offset + len(out)
+
+
+def follow_log(
+    read: Callable[[int], tuple[bytes, int]],
+    ended: Callable[[], bool],
+    offset: int,
+    *,
+    poll_seconds: float = 1.0,
+    max_seconds: float = 24 * 3600,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[bytes]:
+    """Yield the log from `offset` as it grows; stop once `ended()` and a read after it finds nothing new (or after
+    `max_seconds`)."""
+    deadline = time.monotonic() + max_seconds
+    while True:
+        done = ended()
+        data, offset = read(offset)
+        if data:
+            yield data
+            continue
+        if done or time.monotonic() > deadline:
+            return
+        sleep(poll_seconds)
