@@ -6,9 +6,10 @@ lives at another location than that store, the checkpoint (one object, or every 
 is copied into the tenant's job checkpoint prefix in that
 store, `<store>tenants/<tenant>/jobs/<job id>/checkpoint/` (`broker.checkpoint_layout`), with
 `providers.storage.copy_checkpoint`: streamed, verified, and resumable across crashes and replicas through the
-database-backed copy state. The job then resumes from the local copy, which becomes its checkpoint URI. A job
-with no checkpoint URI is given that same prefix in the store at its target (when there is one), so its instance
-always has a location to write to (`checkpoint_location_assigned`).
+database-backed copy state, in key order with the agent's `MANIFEST.json` (a checkpoint's commit mark) last.
+The job then resumes from the local copy, which becomes its checkpoint URI. A job with no checkpoint URI is
+given that same prefix in the store at its target (when there is one), so its instance always has a location to
+write to (`checkpoint_location_assigned`).
 
 Confinement (defense in depth; submission already checked the URI):
 - the job's checkpoint URI is checked against its tenant's allowed prefixes every time, so a row stored before
@@ -50,6 +51,7 @@ from enum import StrEnum
 
 from sqlmodel import Session, select
 
+from agent.protocol import MANIFEST_NAME
 from broker import checkpoint_layout as layout
 from broker.checkpoint_stores import CheckpointRefused, CheckpointStores, Location
 from broker.copystate import DbCopyStateStore, claim_lease, release_lease
@@ -225,8 +227,9 @@ def _assign_location(rt: Runtime, p: Placement, job: Job, now: datetime) -> None
 
 
 def _objects(store: ObjectStore, key: str, uri: str, check: Callable[[], None]) -> tuple[list[SourceObject], list[str]]:
-    """The checkpoint's objects (every object under a prefix URI, else the one object) and the names of those
-    skipped because their name relative to the checkpoint would escape (`safe_key`)."""
+    """The checkpoint's objects (every object under a prefix URI, else the one object) in copy order (by key,
+    the agent's `MANIFEST.json` last) and the names of those skipped because their name relative to the checkpoint
+    would escape (`safe_key`)."""
     if not uri.endswith("/"):
         info = store.stat(key)
         name = key.rsplit("/", 1)[-1]
@@ -242,7 +245,9 @@ def _objects(store: ObjectStore, key: str, uri: str, check: Callable[[], None]) 
             skipped.append(info.key)
             continue
         objects.append(SourceObject(info.key, name, info.size, info.version))
-    return sorted(objects, key=lambda o: o.key), skipped
+    # the agent's commit mark goes last, as the agent writes it: a copy cut short never shows a manifest naming
+    # objects not yet there (a copy's reader trusts whatever MANIFEST.json it finds)
+    return sorted(objects, key=lambda o: (o.name == MANIFEST_NAME, o.key)), skipped
 
 
 def _done_id(src_uri: str, dst_uri: str) -> str:
