@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func
+from sqlalchemy import and_, func
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from broker.tables import CostEntryRow, FeedStatus, Job, Placement, PressureRow
-from providers.model import PlacementState
+from providers.model import JobState, PlacementState
 
 if TYPE_CHECKING:
     from broker.runtime import Runtime
@@ -180,10 +180,22 @@ class StateCollector(Collector):
             yield from self._spend(session, now)
 
     def _jobs(self, session: Session) -> Iterator[GaugeMetricFamily]:
-        jobs = GaugeMetricFamily("overspill_jobs", "Jobs by tenant and state.", labels=["tenant", "state"])
-        rows = session.exec(select(Job.tenant, Job.state, func.count()).group_by(Job.tenant, Job.state)).all()
-        for tenant, state, n in rows:
-            jobs.add_metric([tenant, state], float(n))
+        jobs = GaugeMetricFamily(
+            "overspill_jobs", "Jobs by tenant and state (the API's: `starting` until the instance is up).",
+            labels=["tenant", "state"],
+        )  # fmt: skip
+        not_up = and_(col(Placement.id).is_not(None), col(Placement.started_at).is_(None))
+        rows = session.exec(
+            select(Job.tenant, Job.state, not_up, func.count())
+            .outerjoin(Placement, col(Placement.id) == Job.current_placement_id)
+            .group_by(Job.tenant, Job.state, not_up)
+        ).all()
+        counts: dict[tuple[str, str], int] = {}
+        for tenant, state, starting, n in rows:
+            label = "starting" if state == JobState.RUNNING.value and starting else state
+            counts[(tenant, label)] = counts.get((tenant, label), 0) + n
+        for (tenant, label), n in sorted(counts.items()):
+            jobs.add_metric([tenant, label], float(n))
         yield jobs
 
     def _placements(self, session: Session) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

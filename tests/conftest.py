@@ -116,15 +116,22 @@ def clock() -> MovableClock:
 
 
 @pytest.fixture
-def make_runtime(tmp_path: Path, clock: MovableClock) -> Callable[..., Runtime]:
+def make_runtime(tmp_path: Path, clock: MovableClock) -> Iterator[Callable[..., Runtime]]:
+    made: list[Runtime] = []
+
     def make(url: str, **overrides: Any) -> Runtime:
         # tests drive the API as fast as the test client goes: no per-key rate limit unless a test asks for one
         # (tests/test_ratelimit.py does)
         options: dict[str, Any] = {"tick_interval_seconds": 600, "rate_limit_per_second": 0, **overrides}
         settings = Settings(data_dir=tmp_path, database_url=url, bootstrap_api_key=DEV_API_KEY, **options)
-        return build_runtime(settings, clock=clock)
+        made.append(build_runtime(settings, clock=clock))
+        return made[-1]
 
-    return make
+    yield make
+    # close the test's database connections now, not whenever its engine is collected: on the session's one
+    # PostgreSQL server they add up past max_connections over a full run
+    for rt in made:
+        rt.engine.dispose()
 
 
 @pytest.fixture

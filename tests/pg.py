@@ -80,7 +80,7 @@ def start_postgres() -> PgServer:
     data = root / "data"
     _run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"], run_as)
     port = _free_port()
-    opts = f"-k {root} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    opts = f"-k {root} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=500"
     _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "start"], run_as)
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     deadline = time.monotonic() + 20

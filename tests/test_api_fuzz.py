@@ -132,7 +132,11 @@ def test_stateful_sequences_create_read_update_and_cancel_fuzzed_jobs(fuzz_rt: R
         {**AUTH_CONFIG, "generation": {**AUTH_CONFIG["generation"], "mode": "positive"}}
     )
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(runtime=fuzz_rt), config=config)
-    schema = schema.include(path_regex="^/v1/jobs")
+    # one job's own operations. The list, the events and the logs (read-only, fuzzed by the stateless tests) stay
+    # out: the links schemathesis infers from them depend on what the database holds from earlier examples (an
+    # empty page or not), which hypothesis rejects as inconsistent draws (FlakyStrategyDefinition)
+    schema = schema.include(path_regex="^/v1/jobs").exclude(operation_id="jobs.list")
+    schema = schema.exclude(path_regex="/(events|logs)$")
 
     @schema.hook  # type: ignore[untyped-decorator]
     def map_case(context: Any, case: Any) -> Any:
@@ -141,6 +145,11 @@ def test_stateful_sequences_create_read_update_and_cancel_fuzzed_jobs(fuzz_rt: R
         if case.operation.label == "POST /v1/jobs" and isinstance(case.body, dict):
             fuzzed = {k: v for k, v in case.body.items() if k in FUZZED_JOB_FIELDS}
             case.body = {**job_body(), **fuzzed}
+            # an Idempotency-Key repeated across examples would answer a later example from an earlier one's job
+            # (200 or 409 instead of 202): state carried between examples, which hypothesis rejects as flaky
+            # draws. Replays are tested on their own (tests/test_api_jobs.py) and fuzzed by the stateless tests.
+            if case.headers:
+                case.headers = {k: v for k, v in case.headers.items() if k.lower() != "idempotency-key"}
         return case
 
     succeeded: Counter[str] = Counter()
@@ -149,7 +158,8 @@ def test_stateful_sequences_create_read_update_and_cancel_fuzzed_jobs(fuzz_rt: R
 
     class JobSequences(schema.as_state_machine()):  # type: ignore[misc]
         def validate_response(self, response: Any, case: Any, *args: Any, **kwargs: Any) -> None:
-            assert response.status_code < 500, f"{case.operation.label}: {response.status_code} {response.text[:300]}"
+            if response.status_code >= 500:
+                failures.append(f"5xx {case.operation.label}: {response.status_code} {response.text[:300]}")
             seen[f"{case.operation.label} {response.status_code}"] += 1
             if response.status_code < 300:
                 succeeded[case.operation.label] += 1

@@ -244,3 +244,12 @@ def test_chunked_body_over_the_limit_is_refused(client: TestClient) -> None:
     resp = client.post("/v1/jobs", content=chunks(), headers={"Content-Type": "application/json"})
     assert resp.status_code == 413
     assert resp.json()["message"].startswith("body:")
+
+
+def test_an_empty_idempotency_key_is_no_key(client: TestClient) -> None:
+    """Found by the stateful fuzzing: an empty `Idempotency-Key` was stored as a key, so a second empty one
+    collided with the first on the database's unique key (a 500). Empty means absent: two submissions, two jobs."""
+    first = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": ""})
+    second = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": ""})
+    assert first.status_code == second.status_code == 202, (first.text, second.text)
+    assert first.json()["id"] != second.json()["id"]

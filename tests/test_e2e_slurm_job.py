@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from agent.protocol import LOGS_DIR, SPEC_NAME, Outcome, Report, ReportKind, log_chunk_name
+from agent.protocol import LOGS_DIR, SPEC_NAME, Outcome, Report, ReportKind, log_chunk_name, mailbox_entry_name
 from broker.attempt_spec import build_spec
+from broker.auth import callback_token
 from broker.checkpoint_layout import attempt_prefix, job_checkpoint_prefix, mailbox_prefix
 from broker.loop.slurm_output import write_back
 from broker.loop.tick import tick
@@ -95,9 +96,12 @@ def _events(rt: Runtime, job_id: str) -> dict[str, JobEvent]:
 
 
 def _ship_log(rt: Runtime, job: Job, text: str) -> None:
-    """What the agent does on the cloud instance: its log, as offset-named chunks under the attempt's prefix."""
+    """What the agent does on the cloud instance: its log, as offset-named chunks under the attempt's prefix, and
+    its signed final report (succeeded) in the tenant's mailbox: the verdict of an agent attempt is the agent's."""
     with Session(rt.engine) as s:
-        placement = s.exec(select(Placement).where(Placement.job_id == job.id)).first()
+        placement = s.exec(  # the latest attempt
+            select(Placement).where(Placement.job_id == job.id).order_by(col(Placement.created_at).desc())
+        ).first()
         assert placement is not None
         store_prefix = next(iter(rt.settings.checkpoint_stores.values()))
         placement.attempt_uri = attempt_prefix(store_prefix, job.tenant, job.id, placement.id)
@@ -108,6 +112,11 @@ def _ship_log(rt: Runtime, job: Job, text: str) -> None:
     data = text.encode()
     put_object(store, log_chunk_name(0), data[:10])
     put_object(store, log_chunk_name(10), data[10:])
+    final = Report(
+        placement.id, 1, ReportKind.FINAL, datetime.now(UTC).isoformat(), outcome=Outcome.SUCCEEDED, exit_code=0
+    ).signed(callback_token(rt.settings, placement.id))
+    mailbox = mailbox_prefix(store_prefix, job.tenant)
+    put_object(rt.checkpoint_stores.store(mailbox), mailbox_entry_name(final), final.to_json())
 
 
 def test_the_burst_runs_the_users_script_and_its_output_lands_for_the_afterok_dependent(

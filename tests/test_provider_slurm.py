@@ -257,7 +257,8 @@ def test_burst_hold_then_release_runs_the_job_exactly_once(slurm: SlurmCluster) 
         slurm.run(["scancel", str(filler)], check=True)
     wait_until(lambda: job(provider, foreign).state == "COMPLETED", "the released job to run", timeout=15)
     assert marker.read_text() == "ran\n"  # ran once, not lost
-    assert [j.job_id for j in provider.squeue() if j.name == "user-train"] == [foreign]
+    # nothing submitted a second copy of it (earlier tests' finished `user-train` jobs stay listed: MinJobAge)
+    assert [j.job_id for j in provider.squeue() if j.name == "user-train" and j.job_id >= fillers[0]] == [foreign]
 
 
 @pytest.mark.integration

@@ -153,6 +153,7 @@ def submit_job(
     not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), and Conflict
     when the key was used for a different request.
     """
+    idempotency_key = idempotency_key or None  # an empty `Idempotency-Key` header is no key (never a shared one)
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
     try:
