@@ -424,10 +424,12 @@ async function showLogTail(id, box) {
     return;
   }
   const text = await response.text();
+  const pre = h("pre", { class: "log", "data-testid": "log-tail" }, text || "(nothing yet)");
   box.replaceChildren(
     h("h2", {}, "Log ", h("span", { class: "muted small" }, `(last 4 KiB of attempt ${attempt}; overspill logs ${id} -f follows it)`)),
-    h("pre", { class: "log", "data-testid": "log-tail" }, text || "(nothing yet)"),
+    pre,
   );
+  pre.scrollTop = pre.scrollHeight; // a tail: the newest lines in view
 }
 
 function collapseEvents(events) {
