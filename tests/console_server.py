@@ -12,11 +12,18 @@ file exists the loop does not tick (so a test can look at a job before it is pla
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from broker.app import create_app
@@ -44,6 +51,37 @@ def _loop(rt: Runtime, speed: float, pause: Path | None, stop: threading.Event) 
         if pause is None or not pause.exists():
             tick(rt, rt.clock())
         stop.wait(interval)
+
+
+@contextlib.contextmanager
+def running(data_dir: Path, env: dict[str, str], args: list[str], log: Path) -> Iterator[str]:
+    """Start this module as a broker process on a free port (`OVERSPILL_*` from `env` over the test's own
+    environment, its output to `log`), wait until it answers /healthz, yield its URL, and stop it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full = {**os.environ, "OVERSPILL_DATA_DIR": str(data_dir), **env}
+    with log.open("w") as out:
+        command = [sys.executable, "-m", "tests.console_server", "--port", str(port), *args]
+        root = Path(__file__).resolve().parents[1]
+        proc = subprocess.Popen(command, cwd=root, env=full, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the broker exited: {log.read_text()[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the broker did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main() -> None:

@@ -13,27 +13,22 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from broker.auth import Role, create_key
 from broker.db import make_engine, utcnow
 from broker.finance.money import cents
 from broker.settings import DEV_API_KEY, Settings
+from tests.console_server import running
 from tests.finance_data import seed_ledger
-from tests.test_console_e2e import ROOT, Broker, Page, artifacts_dir, expect
+from tests.test_console_e2e import Broker, Page, artifacts_dir, expect
 from tests.test_console_e2e import browser as browser  # the Chromium fixture, for this module too
 
 pytestmark = pytest.mark.integration
@@ -44,40 +39,16 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """A broker process on the real clock with no control loop (`tests.console_server --no-loop`): the ledger is
     what the test writes, and "this month" stays this month while the tests run."""
     tmp = tmp_path_factory.mktemp("console-costs")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     url = f"sqlite:///{tmp / 'broker.db'}"
-    env = {**os.environ, "OVERSPILL_DATABASE_URL": url, "OVERSPILL_DATA_DIR": str(tmp)}
-    env |= {"OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY, "OVERSPILL_LOG_LEVEL": "warning"}
+    env = {"OVERSPILL_DATABASE_URL": url, "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY, "OVERSPILL_LOG_LEVEL": "warning"}
     log = tmp / "broker.log"
-    with log.open("w") as out:
-        command = [sys.executable, "-m", "tests.console_server", "--port", str(port), "--no-loop"]
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the broker exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the broker did not start"
-            time.sleep(0.2)
+    with running(tmp, env, ["--no-loop"], log) as base:
         settings = Settings(database_url=url, data_dir=tmp)
         engine = make_engine(settings)
         b = Broker(base, settings, tmp / "no-pause-file", log)
         b.keys["finance"] = create_key(engine, tenant="demo", role=Role.FINANCE, name="e2e finance", now=utcnow())
         engine.dispose()
         yield b
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +26,7 @@ from broker.auth import Role, create_key
 from broker.db import make_engine
 from broker.settings import DEV_API_KEY, Settings
 from tests.builders import job_body
+from tests.console_server import running
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("OVERSPILL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -61,13 +59,9 @@ class Broker:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     tmp = tmp_path_factory.mktemp("console")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    database = f"sqlite:///{tmp / 'broker.db'}"
     env = {
-        **os.environ,
-        "OVERSPILL_DATABASE_URL": f"sqlite:///{tmp / 'broker.db'}",
-        "OVERSPILL_DATA_DIR": str(tmp),
+        "OVERSPILL_DATABASE_URL": database,
         "OVERSPILL_TICK_INTERVAL_SECONDS": "300",  # simulated: 0.5 s of real time at SPEED
         "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY,
         "OVERSPILL_LOG_LEVEL": "info",
@@ -75,37 +69,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     pause = tmp / "pause"
     pause.touch()
     log = tmp / "broker.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.console_server",
-                "--port",
-                str(port),
-                "--speed",
-                str(SPEED),
-                "--pause-file",
-                str(pause),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the broker exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the broker did not start"
-            time.sleep(0.2)
-        settings = Settings(database_url=env["OVERSPILL_DATABASE_URL"], data_dir=tmp)
+    with running(tmp, env, ["--speed", str(SPEED), "--pause-file", str(pause)], log) as url:
+        settings = Settings(database_url=database, data_dir=tmp)
         engine = make_engine(settings)
         b = Broker(url, settings, pause, log)
         for name, tenant, role in (
@@ -116,12 +81,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
             b.keys[name] = create_key(engine, tenant=tenant, role=role, name=f"e2e {name}", now=settings_now())
         engine.dispose()
         yield b
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def settings_now() -> Any:

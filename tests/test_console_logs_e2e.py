@@ -10,16 +10,11 @@ screenshots.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session
 
@@ -29,7 +24,8 @@ from broker.db import make_engine
 from broker.settings import DEV_API_KEY, Settings
 from broker.tables import Placement
 from tests.builders import job_body
-from tests.test_console_e2e import ROOT, SPEED, Broker, Page, browser, expect
+from tests.console_server import running
+from tests.test_console_e2e import SPEED, Broker, Page, browser, expect
 
 pytestmark = pytest.mark.integration
 __all__ = ["browser"]  # the Chromium fixture, shared with the other console tests
@@ -39,13 +35,9 @@ __all__ = ["browser"]  # the Chromium fixture, shared with the other console tes
 def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Path]]:
     tmp = tmp_path_factory.mktemp("console-logs")
     stores = tmp_path_factory.mktemp("console-stores")  # apart from the data dir, as the broker requires
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    database = f"sqlite:///{tmp / 'broker.db'}"
     env = {
-        **os.environ,
-        "OVERSPILL_DATABASE_URL": f"sqlite:///{tmp / 'broker.db'}",
-        "OVERSPILL_DATA_DIR": str(tmp),
+        "OVERSPILL_DATABASE_URL": database,
         "OVERSPILL_TICK_INTERVAL_SECONDS": "300",
         "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY,
         "OVERSPILL_CHECKPOINT_STORES": json.dumps({"aws/us-east-1": f"file://{stores}/"}),
@@ -53,30 +45,8 @@ def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broke
     pause = tmp / "pause"
     pause.touch()
     log = tmp / "broker.log"
-    with log.open("w") as out:
-        command = [sys.executable, "-m", "tests.console_server", "--port", str(port), "--speed", str(SPEED)]
-        proc = subprocess.Popen(
-            [*command, "--pause-file", str(pause)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the broker exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the broker did not start"
-            time.sleep(0.2)
-        yield Broker(url, Settings(database_url=env["OVERSPILL_DATABASE_URL"], data_dir=tmp), pause, log), stores
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running(tmp, env, ["--speed", str(SPEED), "--pause-file", str(pause)], log) as url:
+        yield Broker(url, Settings(database_url=database, data_dir=tmp), pause, log), stores
 
 
 def _store_log(broker: Broker, stores: Path, job_id: str, placement_id: str, text: str) -> None:
