@@ -514,17 +514,7 @@ def _settle(rt: Runtime, provider: Any, now: datetime) -> None:
             add_event(session, row, now, "onprem_" + ("completed" if action == "complete" else "released"), message)
             session.commit()
         rt.metrics.burst_decision("cancel_onprem" if action == "complete" else "release", reason)
-        record_system(
-            rt.engine,
-            at=now,
-            tenant=job.tenant,
-            action="SETTLE",
-            subject=f"/slurm/{provider.name}/jobs/{target}",
-            reason=reason,
-            status=200,
-            actor=f"slurm user={slurm.get('user', '')} account={slurm.get('account', '')}",
-            ref=job.id,
-        )
+        _audit_burst(rt, provider, job, target, "SETTLE", reason, now)
         log.info(message)
 
 
@@ -560,19 +550,24 @@ def _withdraw(rt: Runtime, provider: Any, job: Job, target: str, slurm_job: Any,
         session.commit()
     reason = BurstReason.ENDED_ON_PREM if ended else BurstReason.STARTED_ON_PREM
     rt.metrics.burst_decision("withdraw", reason)
+    _audit_burst(rt, provider, job, target, "WITHDRAW", reason, now)
+    log.warning(message)
+
+
+def _audit_burst(rt: Runtime, provider: Any, job: Job, target: str, action: str, reason: str, now: datetime) -> None:
+    """The audit entry of what became of a burst (settled, withdrawn), with the Slurm user and account."""
     slurm = job.spec.get("slurm") or {}
     record_system(
         rt.engine,
         at=now,
         tenant=job.tenant,
-        action="WITHDRAW",
+        action=action,
         subject=f"/slurm/{provider.name}/jobs/{target}",
         reason=reason,
         status=200,
         actor=f"slurm user={slurm.get('user', '')} account={slurm.get('account', '')}",
         ref=job.id,
     )
-    log.warning(message)
 
 
 def _sweep_dependents(rt: Runtime, provider: Any, now: datetime) -> None:
