@@ -61,6 +61,8 @@ def sdk(served: tuple[str, Runtime], tmp_path: Path) -> Any:
         capture_output=True,
         text=True,
         timeout=300,
+        # its post-generation hooks run `ruff` (a dev dependency: beside this interpreter, whatever PATH says)
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Warning" not in run.stdout + run.stderr, run.stdout + run.stderr  # every operation was generated

@@ -202,7 +202,11 @@ def _sync_one(
         p.state = PlacementState.RUNNING.value
         p.accrued_until = inst.started_at
         session.add(p)
-        add_event(session, job, inst.started_at, "started", f"running on {p.offering_key}", placement_id=p.id)
+        # the timeline keeps `placed` and `launched` before `started`; accrual counts from the real start
+        add_event(
+            session, job, inst.started_at, "started", f"running on {p.offering_key}", not_before=p.created_at,
+            placement_id=p.id,
+        )  # fmt: skip
     if p.attempt_uri is not None and _agent_verdict(rt, session, provider, p, job, inst, now):
         return
     if inst.state is InstanceState.RUNNING:

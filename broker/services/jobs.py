@@ -85,14 +85,25 @@ def _aware(at: datetime) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
-def add_event(session: Session, job: Job, at: datetime, kind: str, message: str, **data: Any) -> None:
+def add_event(
+    session: Session,
+    job: Job,
+    at: datetime,
+    kind: str,
+    message: str,
+    *,
+    not_before: datetime | None = None,
+    **data: Any,
+) -> None:
     """Append an event to the job's timeline (the message is cut to the column's 1000 characters).
 
     Nothing happens to a job before it was submitted: a tick that read its clock before the job arrived places it
-    at the submission time, not before it, so the timeline in time order starts with `submitted`."""
-    created = job.created_at
-    if created is not None and _aware(at) < _aware(created):
-        at = created
+    at the submission time, not before it, so the timeline in time order starts with `submitted`. `not_before`
+    keeps an event after another one the same way (a provider's start time, in whole seconds, can read earlier
+    than the placement it started)."""
+    for floor in (job.created_at, not_before):
+        if floor is not None and _aware(at) < _aware(floor):
+            at = floor
     session.add(JobEvent(job_id=job.id, tenant=job.tenant, at=at, kind=kind, message=message[:1000], data=data))
 
 
