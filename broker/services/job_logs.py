@@ -81,6 +81,8 @@ def read_log(stores: CheckpointStores, attempt_uri: str, offset: int, limit: int
             break  # a gap: that chunk is not stored yet
         for piece in store.open_read(key, position - start):
             out += piece
+            if len(out) >= limit:  # never more than one answer's worth in memory, however big a chunk is
+                break
         position = end
         if len(out) >= limit:
             del out[limit:]
