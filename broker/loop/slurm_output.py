@@ -29,8 +29,9 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from agent.protocol import LOGS_DIR, parse_log_chunk_name
+from agent.protocol import LOGS_DIR
 from broker.runtime import Runtime
+from broker.services.job_logs import read_log
 from broker.services.jobs import add_event
 from broker.slurm_job import is_clean_path
 from broker.tables import Job, Placement
@@ -122,12 +123,12 @@ def _log_stream(rt: Runtime, attempts: list[str]) -> Iterator[bytes]:
     for i, attempt in enumerate(attempts):
         if i:
             yield f"\n--- overspill: attempt {i + 1} (the job resumed on another instance) ---\n".encode()
-        store = rt.checkpoint_stores.store(attempt + LOGS_DIR)
-        chunks = sorted(
-            (offset, info.key) for info in store.list("") if (offset := parse_log_chunk_name(info.key)) is not None
-        )
-        for _, key in chunks:
-            yield from store.open_read(key)
+        offset = 0
+        while True:  # the log API's reader: chunks in order, a MiB at a time, up to the first gap
+            data, offset = read_log(rt.checkpoint_stores, attempt, offset)
+            if not data:
+                break
+            yield data
 
 
 def _write(rt: Runtime, user: str, path: str, data: Iterator[bytes]) -> None:
