@@ -152,6 +152,21 @@ def test_prices_import_catalog(tmp_path: Path) -> None:
     assert summary["offerings"] == 3 and summary["price_changes"] == 3 and summary["feed"] == "catalog:aws_vms.csv"
     again = json.loads(runner.invoke(app, ["prices", "import-catalog", str(catalog), "--json"], env=env).stdout)
     assert again[0]["price_changes"] == 0
+    # a second file listing one of those pools at the same price (a subset catalog): moving a pool between feeds
+    # is not a price change, and re-importing both files in turn records none
+    subset = tmp_path / "aws_gpu.csv"
+    subset.write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
+        "p4d.24xlarge,A100,8,96,1152,32.7726,12.1,us-east-1,us-east-1a\n"
+    )
+    for _ in range(2):
+        for path in (subset, catalog):
+            moved = json.loads(runner.invoke(app, ["prices", "import-catalog", str(path), "--json"], env=env).stdout)
+            assert moved[0]["price_changes"] == 0, moved
+    dearer = tmp_path / "aws_gpu_dearer.csv"
+    dearer.write_text(subset.read_text().replace(",12.1,", ",12.5,"))
+    changed = json.loads(runner.invoke(app, ["prices", "import-catalog", str(dearer), "--json"], env=env).stdout)
+    assert changed[0]["price_changes"] == 1  # a real change in a moved pool is still recorded
     broken = tmp_path / "aws_broken.csv"
     broken.write_text("InstanceType,Price\np4d.24xlarge,abc\n")
     failed = runner.invoke(app, ["prices", "import-catalog", str(broken)], env=env)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import insert
 from sqlmodel import Session, col, delete, select
@@ -36,15 +38,17 @@ def record_feed_status(session: Session, name: str, now: datetime, items: int, e
 def store_offerings(session: Session, feed: str, offerings: list[Offering], now: datetime) -> int:
     """Replace one feed's pools with `offerings` and append a price-history row for every price that changed.
 
-    Pools the feed no longer lists are removed. Returns the number of price changes recorded.
+    Pools the feed no longer lists are removed. A pool that another feed listed before (two catalog files that
+    overlap) moves to this feed; its price counts as changed only if it differs from the one stored. Returns the
+    number of price changes recorded.
     """
-    previous = {
-        key: (hourly, estimated)
-        for key, hourly, estimated in session.exec(  # type: ignore[call-overload]
-            select(OfferingRow.key, OfferingRow.hourly_usd, OfferingRow.estimated).where(OfferingRow.feed == feed)
-        ).all()
-    }
-    record_availability(session, offerings, set(previous) - {o.key for o in offerings}, now)
+    previous = _stored_prices(session, OfferingRow.feed == feed)
+    listed = {o.key for o in offerings}
+    owned = set(previous)
+    moved = sorted(listed - owned)
+    for start in range(0, len(moved), _KEY_BATCH):
+        previous.update(_stored_prices(session, col(OfferingRow.key).in_(moved[start : start + _KEY_BATCH])))
+    record_availability(session, offerings, owned - listed, now)
     upsert(session, OfferingRow, [offering_values(o, now, feed) for o in offerings], ["key"])
     changes = [
         {
@@ -60,10 +64,23 @@ def store_offerings(session: Session, feed: str, offerings: list[Offering], now:
     ]
     if changes:
         session.execute(insert(PriceChange.__table__), changes)  # type: ignore[attr-defined]
-    gone = set(previous) - {o.key for o in offerings}
+    gone = owned - listed
     if gone:
         session.exec(delete(OfferingRow).where(col(OfferingRow.key).in_(gone)))  # type: ignore[call-overload]
     return len(changes)
+
+
+_KEY_BATCH = 5000  # keys per IN list when looking up pools another feed listed
+
+
+def _stored_prices(session: Session, where: Any) -> dict[str, tuple[Decimal, bool]]:
+    """(hourly price, estimated) by pool key for the stored pools matching `where`."""
+    return {
+        key: (hourly, estimated)
+        for key, hourly, estimated in session.exec(  # type: ignore[call-overload]
+            select(OfferingRow.key, OfferingRow.hourly_usd, OfferingRow.estimated).where(where)
+        ).all()
+    }
 
 
 EXPERIENCE_WINDOW = timedelta(days=14)
