@@ -25,7 +25,8 @@ broker's Slurm operator, with a JWT (`scontrol token username=<user> lifespan=<s
   returns no batch script).
 - Token: from `token_file` (re-read whenever the file changes; a site rotates it with a cron'd `scontrol token`) or
   the fixed `token`. When slurmrestd answers 401/403, or slurmctld rejects the token (22.05 relays that as HTTP 500
-  "Unspecified error", number -1), the file is read again and the request retried once if the token changed.
+  "Unspecified error", number -1), the file is read again and the request retried once if the token changed;
+  still refused, it is `AuthError`.
 - Errors name the endpoint (`slurmrestd POST /slurm/v0.0.38/job/12: ...`): unreachable or timed out (`timeout`
   seconds to connect and to answer) or 502/503/504 -> `SlurmUnavailable`; otherwise Slurm's error text is
   classified like the tools' (`providers.slurm_transport.classify`); an unreadable body is `SlurmCommandError`.
@@ -42,7 +43,7 @@ from urllib.parse import quote
 
 import httpx
 
-from providers.base import ProviderError
+from providers.base import AuthError, ProviderError
 from providers.slurm_accounting import parse_sacct
 from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
 from providers.slurm_transport import (
@@ -132,6 +133,13 @@ class RestTransport:
             doc = resp.json()
         except ValueError:
             doc = None
+        if self._rejected(resp):
+            raise AuthError(
+                f"{where} failed ({resp.status_code}): slurmctld refused the request with no reason, which is how "
+                f"22.05 answers an invalid or expired JWT for {self.user} (token file: {self._file or 'none'})",
+                provider=self.name,
+                detail=resp.text[:500],
+            )
         if resp.status_code in (502, 503, 504):
             raise SlurmUnavailable(f"{where}: HTTP {resp.status_code}", provider=self.name, detail=resp.text[:500])
         if resp.status_code >= 400:
