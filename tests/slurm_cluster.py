@@ -34,6 +34,12 @@ behind the provider's default `sudo -n -u <user> --` submit wrapper and the burs
 (`sudo -n -u <user> -- /usr/bin/tee -- <path>`, which writes a burst's log to the user's `--output` as that user).
 `AccountingStoreFlags=job_env,job_script`: `sacct --env-vars` gives a pending job's submission environment.
 With slurmdbd, `sacct` works too.
+
+slurmrestd. With Slurm's JWT plugin installed, slurm.conf and slurmdbd.conf accept JWTs (`AuthAltTypes=auth/jwt`, a
+random key in the temp dir); `SlurmCluster.restd()` starts slurmrestd (v0.0.38 and dbv0.0.38 plugins, JWT only,
+`SLURM_JWT=daemon`) as `ovsbroker` on first use and returns its URL, `token(user)` mints a JWT, `jwt_file()` writes
+the operator's to a file, `transport(kind)` / `transport_settings(kind)` give the provider transport or the broker
+settings for "cli" or "rest". Without slurmrestd or the plugin, `restd()` skips saying what to install.
 """
 
 from __future__ import annotations
@@ -84,6 +90,12 @@ def find_daemon(name: str) -> str | None:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     return None
+
+
+def jwt_plugin() -> bool:
+    """Whether Slurm's auth/jwt plugin is installed (Debian: slurm-wlm-jwt-plugin); the cluster accepts JWTs (for
+    slurmrestd) only then."""
+    return any(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")) or Path("/usr/lib/slurm/auth_jwt.so").exists()
 
 
 def missing_requirements() -> str | None:
@@ -170,8 +182,8 @@ class SlurmCluster:
         if "slurmrestd" in self.procs and self.procs["slurmrestd"].poll() is None:
             return self.restd_url
         binary = find_daemon("slurmrestd")
-        if binary is None:
-            pytest.skip("slurmrestd not installed (apt-get install -y slurmrestd slurm-wlm-jwt-plugin)")
+        if binary is None or not jwt_plugin():
+            pytest.skip("slurmrestd or its JWT plugin missing (apt-get install -y slurmrestd slurm-wlm-jwt-plugin)")
         port = _free_port()
         env = {**self.env, "SLURM_JWT": "daemon"}
         argv = [binary, "-u", BROKER_USER, "-s", "openapi/v0.0.38,openapi/dbv0.0.38", "-a", "rest_auth/jwt"]
@@ -302,14 +314,14 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
     jwt_key = root / "etc" / "jwt.key"  # HS256 key slurmctld and slurmdbd verify slurmrestd callers' tokens with
     jwt_key.write_bytes(os.urandom(64))
     os.chmod(jwt_key, 0o600)
+    jwt_lines = ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={jwt_key}"] if jwt_plugin() else []
     dbd = root / "etc" / "slurmdbd.conf"
     dbd.write_text(
         "\n".join(
             [
                 "AuthType=auth/munge",
                 f"AuthInfo=socket={root}/run/munge.socket",
-                "AuthAltTypes=auth/jwt",
-                f"AuthAltParameters=jwt_key={root}/etc/jwt.key",
+                *jwt_lines,
                 "DbdHost=localhost",
                 "DbdAddr=127.0.0.1",
                 f"DbdPort={dbd_port}",
@@ -350,8 +362,7 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
                 f"AuthInfo=socket={root}/run/munge.socket",
-                "AuthAltTypes=auth/jwt",  # slurmrestd's callers present JWTs (SLURM_JWT=daemon in its env)
-                f"AuthAltParameters=jwt_key={root}/etc/jwt.key",
+                *jwt_lines,  # slurmrestd's callers present JWTs (SLURM_JWT=daemon in its env)
                 f"StateSaveLocation={root}/state",
                 f"SlurmdSpoolDir={root}/spool/%n",
                 f"SlurmctldPidFile={root}/run/slurmctld.pid",
