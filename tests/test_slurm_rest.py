@@ -6,6 +6,7 @@ refuses the token; failures name the endpoint. Plus the settings wiring (no clus
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from collections.abc import Iterator
@@ -51,7 +52,10 @@ def _rest(cluster: SlurmCluster, token_file: Path) -> tuple[RestTransport, Recor
 
 
 @pytest.mark.integration
-def test_the_contract_goes_over_http_and_only_what_v0038_lacks_runs_a_tool(slurm: SlurmCluster) -> None:
+def test_the_contract_goes_over_http_and_only_what_v0038_lacks_runs_a_tool(
+    slurm: SlurmCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="providers.slurm_rest")
     rest, tools = _rest(slurm, slurm.jwt_file())
     provider = SlurmProvider(
         broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, transport=rest, hold_key=b"k"
@@ -73,6 +77,9 @@ def test_the_contract_goes_over_http_and_only_what_v0038_lacks_runs_a_tool(slurm
     assert str(user_job) not in dep.dependency  # rewritten as if it had completed
     provider.requeue(str(fill[0]))  # v0.0.38 has no requeue endpoint: the one tool
     assert tools.tools == ["scontrol requeue"]
+    provider.requeue(str(fill[1]))
+    said = [r.getMessage() for r in caplog.records if "goes through the Slurm tools" in r.getMessage()]
+    assert said == ["slurmrestd transport: requeue goes through the Slurm tools (v0.0.38 has no requeue endpoint)"]
 
 
 @pytest.mark.integration
