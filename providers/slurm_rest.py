@@ -26,7 +26,9 @@ broker's Slurm operator, with a JWT (`scontrol token username=<user> lifespan=<s
 - Token: from `token_file` (re-read whenever the file changes; a site rotates it with a cron'd `scontrol token`) or
   the fixed `token`. When slurmrestd answers 401/403, or slurmctld rejects the token (22.05 relays that as HTTP 500
   "Unspecified error", number -1), the file is read again and the request retried once if the token changed;
-  still refused, it is `AuthError`.
+  still refused, it is `AuthError`, unless `scontrol ping` (through the fallback) says slurmctld is down: 22.05's
+  slurmrestd answers an unreachable controller with the same bare errors, so any such error is
+  `SlurmUnavailable` then.
 - Errors name the endpoint (`slurmrestd POST /slurm/v0.0.38/job/12: ...`): unreachable or timed out (`timeout`
   seconds to connect and to answer) or 502/503/504 -> `SlurmUnavailable`; otherwise Slurm's error text is
   classified like the tools' (`providers.slurm_transport.classify`); an unreadable body is `SlurmCommandError`.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,7 @@ log = logging.getLogger(__name__)
 API = "/slurm/v0.0.38"
 DB_API = "/slurmdb/v0.0.38"
 NOTHING_FOUND = 9003  # slurmdbd's "Nothing found with query": no records, not a failure
+_DOWN = "slurmctld is down (scontrol ping): slurmrestd cannot reach it"
 _AUTH_REJECTED = -1  # 22.05 relays slurmctld's refusal of a token as error number -1, "Unspecified error"
 
 
@@ -134,6 +138,8 @@ class RestTransport:
         except ValueError:
             doc = None
         if self._rejected(resp):
+            if self._controller_down():
+                raise SlurmUnavailable(f"{where} failed ({resp.status_code}): {_DOWN}", provider=self.name)
             raise AuthError(
                 f"{where} failed ({resp.status_code}): slurmctld refused the request with no reason, which is how "
                 f"22.05 answers an invalid or expired JWT for {self.user} (token file: {self._file or 'none'})",
@@ -146,7 +152,10 @@ class RestTransport:
             text = _error_text(doc) or resp.text[:500]
             if resp.status_code in (401, 403) and "denied" not in text.lower():
                 text = f"access denied: {text}"
-            raise classify(f"{where} failed ({resp.status_code}): {text[:500]}", text, self.name)
+            error = classify(f"{where} failed ({resp.status_code}): {text[:500]}", text, self.name)
+            if type(error) is SlurmCommandError and resp.status_code >= 500 and self._controller_down():
+                raise SlurmUnavailable(f"{where} failed ({resp.status_code}): {_DOWN}", provider=self.name, detail=text)
+            raise error
         if not isinstance(doc, Mapping):
             raise SlurmCommandError(f"{where}: not a JSON object (HTTP {resp.status_code})", provider=self.name)
         return doc
@@ -173,6 +182,15 @@ class RestTransport:
         except (ValueError, AttributeError):
             return False
         return any(isinstance(e, Mapping) and e.get("error_number") == _AUTH_REJECTED for e in errors)
+
+    def _controller_down(self) -> bool:
+        """Whether slurmctld is down, asked with `scontrol ping` (22.05's slurmrestd answers an unreachable
+        controller with the same bare errors as a refused token). False when the tools cannot tell."""
+        try:
+            done = self.fallback.run(["scontrol", "ping"])
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return done.returncode != 0 or " DOWN" in (done.stdout or "")
 
     def _fallback(self, op: str, why: str) -> CliTransport:
         if op not in self._fell_back:

@@ -7,8 +7,10 @@ refuses the token; failures name the endpoint. Plus the settings wiring (no clus
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +25,7 @@ from providers.model import BatchJob
 from providers.slurm import SlurmProvider, SlurmUnavailable
 from providers.slurm_rest import RestTransport
 from providers.slurm_transport import CliTransport
-from tests.slurm_cluster import BROKER_USER, SlurmCluster
+from tests.slurm_cluster import BROKER_USER, SlurmCluster, _free_port, _port_open, _spawn, find_daemon
 from tests.test_provider_slurm import BROKER_ID, PARTITIONS, fill_gpus, sbatch, wait_until
 
 
@@ -125,6 +127,37 @@ def test_failures_name_the_endpoint(slurm: SlurmCluster) -> None:
     )
     with pytest.raises(SlurmUnavailable, match=r"slurmrestd GET /slurm/v0.0.38/nodes: cannot reach slurmrestd"):
         down.nodes()
+
+
+@pytest.mark.integration
+def test_an_unreachable_controller_is_unavailable_not_a_refused_token(slurm: SlurmCluster) -> None:
+    """22.05's slurmrestd answers for an unreachable slurmctld with the same bare "Unspecified error" as for a bad
+    token: the transport asks `scontrol ping` and says which. A second slurmrestd here reads a copy of the cluster's
+    slurm.conf naming a controller port nobody listens on (the tools through the fallback read the same copy)."""
+    conf = slurm.root / "etc" / f"unreachable-{uuid.uuid4().hex[:6]}.conf"
+    conf.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={_free_port()}", slurm.conf.read_text()))
+    conf.chmod(0o644)
+    env = {**slurm.env, "SLURM_CONF": str(conf), "SLURM_JWT": "daemon"}
+    port = _free_port()
+    binary = find_daemon("slurmrestd")
+    assert binary is not None
+    argv = [binary, "-u", BROKER_USER, "-s", "openapi/v0.0.38", "-a", "rest_auth/jwt", f"127.0.0.1:{port}"]
+    restd = _spawn(argv, env, slurm.root / "log" / f"{conf.stem}.out")
+    try:
+        wait_until(lambda: _port_open(port), "the second slurmrestd to listen")
+
+        def tools(args: list[str]) -> subprocess.CompletedProcess[str]:
+            run_as = ["runuser", "-u", BROKER_USER, "--", *args]
+            return subprocess.run(run_as, env=env, capture_output=True, text=True, check=False, timeout=60)
+
+        rest = RestTransport(f"http://127.0.0.1:{port}", BROKER_USER, fallback=CliTransport(tools), token=slurm.token())
+        with pytest.raises(
+            SlurmUnavailable, match=r"slurmrestd GET /slurm/v0.0.38/jobs failed \(500\): slurmctld is down"
+        ):
+            rest.jobs()
+    finally:
+        restd.terminate()
+        restd.wait(timeout=10)
 
 
 def _settings(tmp_path: Path, **extra: object) -> Settings:
