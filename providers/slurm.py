@@ -1,4 +1,5 @@
-"""The real on-prem provider: a Slurm cluster driven through its command-line tools (`sbatch`, `squeue --json`...).
+"""The real on-prem provider: a Slurm cluster driven through its command-line tools (`sbatch`, `squeue --json`...)
+or slurmrestd (see the transport paragraph at the end).
 
 Contract: `SlurmProvider` implements `ComputeProvider`, `OfferingSource` and `QueuePressureSource`
 (`providers.base`) for the partitions it is given, as provider `name` (default "onprem-slurm"), region "onprem",
