@@ -151,6 +151,7 @@ def configured_secrets(settings: Settings) -> list[str]:
             settings.libcloud_secret,
             settings.libcloud_key,
             settings.metrics_token,
+            settings.slurm_jwt,
         )
         if s
     ]

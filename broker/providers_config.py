@@ -83,13 +83,15 @@ def _slurm(settings: Settings) -> ComputeProvider:
         except (KeyError, ArithmeticError, ValueError) as exc:
             raise ValueError(f"OVERSPILL_SLURM_PARTITIONS[{name!r}]: {exc!r} (needs accelerator and rate)") from exc
     conf = settings.slurm_conf or None
+    run = subprocess_runner(conf)
     try:
         return SlurmProvider(
             broker_id=settings.broker_id,
             partitions=partitions,
             queue_model=QueueModel,
-            run=subprocess_runner(conf),
+            run=run,
             slurm_conf=conf,
+            transport=slurm_transport(settings, run),
             submit_as=settings.slurm_submit_as,
             submit_wrapper=settings.slurm_submit_wrapper,
             hold_key=slurm_hold_key(settings),
@@ -101,6 +103,33 @@ def _slurm(settings: Settings) -> ComputeProvider:
         )
     except ValueError as exc:
         raise ValueError(f"OVERSPILL_SLURM_SUBMIT_AS / OVERSPILL_SLURM_SUBMIT_WRAPPER: {exc}") from exc
+
+
+def slurm_transport(settings: Settings, run: Any) -> Any:
+    """The Slurm transport `OVERSPILL_SLURM_TRANSPORT` names: None for the tools (the provider's default), or
+    slurmrestd (`providers.slurm_rest`) with the tools as its fallback for what v0.0.38 cannot do."""
+    if settings.slurm_transport == "cli":
+        return None
+    from providers.slurm_rest import RestTransport
+    from providers.slurm_transport import CliTransport
+
+    if not settings.slurmrestd_url:
+        raise ValueError("OVERSPILL_SLURM_TRANSPORT=rest needs OVERSPILL_SLURMRESTD_URL")
+    if not settings.slurmrestd_user:
+        raise ValueError("OVERSPILL_SLURM_TRANSPORT=rest needs OVERSPILL_SLURMRESTD_USER (the token's operator)")
+    if not settings.slurm_jwt_file and not settings.slurm_jwt:
+        raise ValueError("OVERSPILL_SLURM_TRANSPORT=rest needs OVERSPILL_SLURM_JWT_FILE (or OVERSPILL_SLURM_JWT)")
+    try:
+        return RestTransport(
+            settings.slurmrestd_url,
+            settings.slurmrestd_user,
+            fallback=CliTransport(run),
+            token=settings.slurm_jwt,
+            token_file=settings.slurm_jwt_file,
+            timeout=settings.slurmrestd_timeout_seconds,
+        )
+    except ValueError as exc:
+        raise ValueError(f"OVERSPILL_SLURMRESTD_URL: {exc}") from exc
 
 
 def slurm_hold_key(settings: Settings) -> bytes:

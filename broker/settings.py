@@ -174,6 +174,25 @@ class Settings(BaseSettings):
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
     return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
+    slurm_transport: Literal["cli", "rest"] = Field(
+        default="cli",
+        description="how the broker talks to Slurm: cli (squeue, scontrol, sacct... as the operator account) or "
+        "rest (slurmrestd v0.0.38 with a JWT; release, requeue, submission and the batch-script read stay on the "
+        "tools, which v0.0.38 cannot do)",
+    )
+    slurmrestd_url: str = Field(default="", description="rest transport: slurmrestd's base URL, e.g. http://ctl:6820")
+    slurmrestd_user: str = Field(
+        default="", description="rest transport: the Slurm operator the JWT was issued for (X-SLURM-USER-NAME)"
+    )
+    slurm_jwt_file: str = Field(
+        default="",
+        description="rest transport: a file holding the operator's JWT (`scontrol token username=U lifespan=S`), "
+        "re-read when it changes and when slurmctld refuses the token",
+    )
+    slurm_jwt: str = Field(default="", repr=False, description="rest transport: the JWT itself, when no file is set")
+    slurmrestd_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="rest transport: seconds to connect to slurmrestd and for it to answer"
+    )
     slurm_accounts: dict[str, SlurmAccountPolicy] = Field(
         default_factory=dict,
         description='who may burst out of Slurm, per Slurm account ("*": every other account; none: nobody), e.g. '

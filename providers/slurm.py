@@ -1,4 +1,5 @@
-"""The real on-prem provider: a Slurm cluster driven through its command-line tools (`sbatch`, `squeue --json`...).
+"""The real on-prem provider: a Slurm cluster driven through its command-line tools (`sbatch`, `squeue --json`...)
+or slurmrestd (see the transport paragraph at the end).
 
 Contract: `SlurmProvider` implements `ComputeProvider`, `OfferingSource` and `QueuePressureSource`
 (`providers.base`) for the partitions it is given, as provider `name` (default "onprem-slurm"), region "onprem",
@@ -49,13 +50,13 @@ then `scancel`), `sweep_dependents(...)` catches dependents submitted later; `re
 `[overspill-hold broker=.. at=.. reason=.. sig=..]` goes in the job's Comment (operators cannot write AdminComment),
 signed with `hold_key` (HMAC-SHA256) so a user cannot forge one.
 
-Every command runs through the injected `run(argv) -> CompletedProcess` (default: `subprocess.run` with
-`SLURM_CONF`). Failures map onto the typed errors: controller unreachable -> `SlurmUnavailable` (retryable,
-provider-wide), bad partition/GRES/shape -> `InvalidRequest`, QOS/association limits -> `QuotaExceeded`,
-permission -> `AuthError`, anything else -> `SlurmCommandError`.
-slurmrestd is not used yet: its v0.0.38 API has no requeue or hold endpoints and needs JWT set up; the same
-parsers read its `GET /slurm/v0.0.38/jobs` and `/nodes` bodies (and `GET /slurmdb/v0.0.38/jobs` for accounting)
-should a REST transport be added.
+Every request goes through the injected transport (`providers.slurm_transport.SlurmTransport`): by default
+`CliTransport`, the Slurm tools through `run(argv) -> CompletedProcess` (default: `subprocess.run` with
+`SLURM_CONF`); or `providers.slurm_rest.RestTransport`, slurmrestd v0.0.38 with a JWT, which leaves release,
+requeue, submission and the held job's batch-script read to the tools (v0.0.38 cannot do them; see there). `run`
+stays the runner `providers.slurm_script` reads a held job with. Failures map onto the typed errors: controller
+unreachable -> `SlurmUnavailable` (retryable, provider-wide), bad partition/GRES/shape -> `InvalidRequest`,
+QOS/association limits -> `QuotaExceeded`, permission -> `AuthError`, anything else -> `SlurmCommandError`.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -75,7 +77,6 @@ from urllib.parse import quote, unquote
 
 from providers.accelerators import canonical, memory_gib
 from providers.base import (
-    AuthError,
     Instance,
     InstanceState,
     InvalidRequest,
@@ -85,9 +86,6 @@ from providers.base import (
     QueueDemand,
     QueueModelFactory,
     QueueView,
-    QuotaExceeded,
-    Scope,
-    Throttled,
 )
 from providers.model import (
     BROKER_TAG,
@@ -100,16 +98,23 @@ from providers.model import (
     Price,
     offering_key,
 )
-from providers.slurm_accounting import (
-    classify,
-    describe_ending,
-    parsable_argv,
-    parse_sacct,
-    parse_sacct_parsable,
-)
+from providers.slurm_accounting import classify, describe_ending
 from providers.slurm_dependency import DependencyParseError, mentions, rewrite_as_succeeded
-from providers.slurm_json import SlurmJob, SlurmNode, SlurmParseError, parse_sinfo, parse_squeue
+from providers.slurm_json import SlurmJob, SlurmNode
+from providers.slurm_transport import (
+    AccountingDisabled,
+    CliTransport,
+    SlurmCommandError,
+    SlurmTransport,
+    SlurmUnavailable,
+)
 from providers.startup import container_env
+
+__all__ = [  # the errors live with the transports; importers know them from here too
+    "AccountingDisabled",
+    "SlurmCommandError",
+    "SlurmUnavailable",
+]
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 CommandBuilder = Callable[[LaunchRequest], str]
@@ -165,34 +170,6 @@ _OUTCOME_STATES: dict[Outcome, InstanceState] = {
     Outcome.CANCELLED: InstanceState.TERMINATED,
 }
 _EPOCH = datetime.fromtimestamp(0, UTC)
-_READ_COMMANDS = frozenset({"squeue", "sinfo", "sacct", "sdiag"})
-
-
-def _is_read(argv: Sequence[str]) -> bool:
-    """A command that changes nothing (a listing, `scontrol show ...`)."""
-    if any(a in _READ_COMMANDS for a in argv[:4]):
-        return True
-    return len(argv) >= 2 and argv[0] == "scontrol" and argv[1] == "show"
-
-
-def _accounting_off(text: str) -> bool:
-    low = text.lower()
-    return "accounting storage is disabled" in low or "slurm accounting storage is disabled" in low
-
-
-class SlurmUnavailable(ProviderError):
-    """slurmctld cannot be reached (or the tools are missing): the whole provider is out for now."""
-
-    scope = Scope.PROVIDER
-    retryable = True
-
-
-class SlurmCommandError(ProviderError):
-    """A Slurm command failed for a reason with no better-typed error."""
-
-
-class AccountingDisabled(SlurmCommandError):
-    """The cluster keeps no job accounting (no slurmdbd): a job that left squeue cannot be looked up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +259,7 @@ class SlurmProvider:
         submit_wrapper: Sequence[str] = DEFAULT_SUBMIT_WRAPPER,
         hold_key: bytes = b"",
         priority_type: str | None = None,
+        transport: SlurmTransport | None = None,
     ) -> None:
         if not broker_id or not _TOKEN_RE.match(broker_id):
             raise ValueError("broker_id must be non-empty letters, digits, '.', '_' or '-' (it goes in comments)")
@@ -295,7 +273,7 @@ class SlurmProvider:
         self.broker_id = broker_id
         self.partitions = dict(partitions)
         self.queue_model = queue_model
-        self.run = run or subprocess_runner(slurm_conf)
+        self.transport: SlurmTransport = transport or CliTransport(run or subprocess_runner(slurm_conf), name)
         self.command = command
         self.output = output
         self.workdir = workdir
@@ -313,6 +291,16 @@ class SlurmProvider:
         self._tick: datetime | None = None
         self._snapshot: tuple[datetime, list[SlurmJob] | None, list[SlurmNode] | None] | None = None
         self._model: tuple[Sequence[SlurmJob], Sequence[SlurmNode], QueueView] | None = None
+
+    @property
+    def run(self) -> Runner:
+        """The command runner: the tools' transport's, or the REST transport's for what it leaves to the tools
+        (and `providers.slurm_script`'s reads of a held job). Setting it re-points the transport."""
+        return self.transport.run
+
+    @run.setter
+    def run(self, run: Runner) -> None:
+        self.transport.run = run
 
     # ---- one read per tick --------------------------------------------------------------------------------
 
@@ -364,79 +352,23 @@ class SlurmProvider:
 
     # ---- commands -----------------------------------------------------------------------------------------
 
-    def _call(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Around any request that may change a job: it drops this tick's job snapshot (`begin_tick`), whatever
+        the answer (a request that failed may still have changed the job)."""
         try:
-            done = self._raw(argv)
-        except FileNotFoundError as exc:
-            raise SlurmUnavailable(f"{argv[0]} not found: {exc}", provider=self.name) from exc
-        except subprocess.TimeoutExpired as exc:
-            raise SlurmUnavailable(f"{argv[0]} timed out", provider=self.name) from exc
-        if done.returncode != 0:
-            raise self._error(argv, done)
-        return done
-
-    def _raw(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        """Run one command; any command that may change a job drops this tick's snapshot (`begin_tick`)."""
-        try:
-            return self.run(argv)
+            yield
         finally:
-            if not _is_read(argv) and self._snapshot is not None:
+            if self._snapshot is not None:
                 self._snapshot = (self._snapshot[0], None, self._snapshot[2])  # jobs changed; nodes are the scheduler's
 
-    def _error(self, argv: Sequence[str], done: subprocess.CompletedProcess[str]) -> ProviderError:
-        text = (done.stderr or done.stdout or "").strip()
-        shown = list(argv[argv.index("sbatch") :] if "sbatch" in argv else argv)
-        message = f"{' '.join(shown[:2])} failed ({done.returncode}): {text[:500]}"
-        low = text.lower()
-        if "invalid job id" in low:
-            return NotFound(message, provider=self.name, detail=text)
-        if any(
-            s in low
-            for s in (
-                "unable to contact slurm controller",
-                "socket timed out",
-                "connection refused",
-                "munge",
-                "problem talking to the database",  # sacct while slurmdbd is down
-            )
-        ):
-            return SlurmUnavailable(message, provider=self.name, detail=text)
-        denied = ("access/permission denied", "access denied", "permission denied", "not authorized", "sudo:")
-        if any(s in low for s in denied):
-            return AuthError(message, provider=self.name, detail=text)
-        if any(s in low for s in ("qos", "association", "assoc", "job violates accounting", "maxsubmit")):
-            return QuotaExceeded(message, provider=self.name, detail=text)
-        if "temporarily unable" in low or "resource temporarily unavailable" in low:
-            return Throttled(message, provider=self.name, detail=text)
-        if any(
-            s in low
-            for s in (
-                "invalid partition",
-                "invalid generic resource",
-                "invalid gres",
-                "requested node configuration is not available",
-                "invalid time limit",
-                "invalid",
-            )
-        ):
-            return InvalidRequest(message, provider=self.name, detail=text)
-        return SlurmCommandError(message, provider=self.name, detail=text)
-
     def squeue(self) -> list[SlurmJob]:
-        """Every job slurmctld still knows (all states, all partitions; 22.05 ignores filters with --json)."""
-        done = self._call(["squeue", "--json", "--all", "--states=all"])
-        try:
-            return parse_squeue(done.stdout)
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"unreadable squeue output: {exc}", provider=self.name) from exc
+        """Every job slurmctld still knows (all states, all partitions), read afresh through the transport."""
+        return self.transport.jobs()
 
     def sinfo(self) -> list[SlurmNode]:
-        """Every node (one record per node with 23.11+ `sinfo -N --json`)."""
-        done = self._call(["sinfo", "--json", "-N", "--all"])
-        try:
-            return parse_sinfo(done.stdout)
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"unreadable sinfo output: {exc}", provider=self.name) from exc
+        """Every node (one record per node), read afresh through the transport."""
+        return self.transport.nodes()
 
     # ---- feeds --------------------------------------------------------------------------------------------
 
@@ -562,15 +494,14 @@ class SlurmProvider:
         if self.workdir:
             argv.append(f"--chdir={self.workdir}")
         argv.append(f"--wrap={self.command(request)}")
-        done = self._call(argv)
-        submitted = done.stdout.strip().split(";", 1)[0]
-        if not submitted.isdigit():
-            raise SlurmCommandError(f"sbatch printed no job id: {done.stdout!r}", provider=self.name)
+        with self._changing():
+            submitted = self.transport.submit(argv)
         mine = self._by_token(self.fresh_jobs(), token)
         if not mine:
             raise SlurmCommandError(f"job {submitted} vanished right after sbatch", provider=self.name)
         for duplicate in mine[1:]:  # a concurrent launch of the same token also submitted: keep the first
-            self._raw(["scancel", str(duplicate.job_id)])
+            with self._changing(), suppress(ProviderError):
+                self.transport.cancel(str(duplicate.job_id))
         return self._instance(mine[0])
 
     def get(self, instance_id: str) -> Instance:
@@ -647,22 +578,7 @@ class SlurmProvider:
         return out
 
     def _sacct_batch(self, ids: list[str]) -> list[SlurmJob]:
-        argv = ["sacct", "--json", "-a", "-j", ",".join(ids)]
-        try:
-            done = self._call(argv)
-            return parse_sacct(done.stdout)
-        except SlurmUnavailable:
-            raise
-        except ProviderError as exc:
-            if _accounting_off(str(exc.detail or exc)):
-                raise AccountingDisabled(f"no accounting on {self.name}: {exc}", provider=self.name) from exc
-        except SlurmParseError:
-            pass  # an unreadable JSON shape: the parsable format below says the same in plain text
-        done = self._call(parsable_argv(ids))
-        try:
-            return parse_sacct_parsable(done.stdout)
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"unreadable sacct output: {exc}", provider=self.name) from exc
+        return self.transport.accounting(ids)
 
     def _accounted_ours(self, job: SlurmJob) -> bool:
         """A record this broker made: its comment when the site stores comments (`AccountingStoreFlags=job_comment`),
@@ -675,9 +591,8 @@ class SlurmProvider:
         job = self._ours(instance_id, self.squeue())
         if job is None or self._state(job).terminal:
             return
-        done = self._raw(["scancel", str(job.job_id)])
-        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
-            raise self._error(["scancel", str(job.job_id)], done)
+        with self._changing(), suppress(NotFound):
+            self.transport.cancel(str(job.job_id))
 
     def list_instances(self) -> list[Instance]:
         return [self._instance(j) for j in self.jobs() if j.comment.startswith(self._prefix)]
@@ -721,7 +636,8 @@ class SlurmProvider:
         failed: ProviderError | None = None
         try:
             self._set_comment(name, f"{strip_hold_mark(job.comment)} {self._mark(name, reason)}".strip())
-            self._call(["scontrol", "hold", name])
+            with self._changing():
+                self.transport.hold(name)
         except (InvalidRequest, SlurmCommandError) as exc:  # e.g. it ended meanwhile: decided by the read below
             failed = exc
         after = self._find(name, self.fresh_jobs())
@@ -762,9 +678,11 @@ class SlurmProvider:
         if job.state_reason == HELD_BY_ADMIN:
             if not (owned or self.holds(job)):
                 raise InvalidRequest(f"job {name} was not held by broker {self.broker_id}", provider=self.name)
-            self._call(["scontrol", "release", name])
+            with self._changing():
+                self.transport.release(name)
             if job.pending and priority and priority > 0 and self.priority_plugin() == "priority/basic":
-                self._call(["scontrol", "update", f"JobId={name}", f"Priority={priority}"])
+                with self._changing():
+                    self.transport.update_job(name, priority=priority)
         if hold_note(job.comment) is not None and not self._state(job).terminal:
             self._set_comment(name, strip_hold_mark(job.comment))
 
@@ -788,9 +706,8 @@ class SlurmProvider:
                 provider=self.name,
             )
         rewritten = self._rewrite_dependents(jobs, [name])
-        done = self._raw(["scancel", name])
-        if done.returncode != 0 and "invalid job id" not in (done.stderr or "").lower():
-            raise self._error(["scancel", name], done)
+        with self._changing(), suppress(NotFound):
+            self.transport.cancel(name)
         return rewritten
 
     def sweep_dependents(self, targets: Iterable[str], done: Collection[str] = ()) -> list[str]:
@@ -832,9 +749,7 @@ class SlurmProvider:
     def priority_plugin(self) -> str:
         """The cluster's PriorityType (`scontrol show config`, asked once), unless given to the constructor."""
         if self.priority_type is None:
-            done = self._call(["scontrol", "show", "config"])
-            found = re.search(r"^PriorityType\s*=\s*(\S+)", done.stdout, re.MULTILINE)
-            self.priority_type = found.group(1) if found else ""
+            self.priority_type = self.transport.priority_type()
         return self.priority_type
 
     def requeue(self, job_id: int | str) -> None:
@@ -842,7 +757,8 @@ class SlurmProvider:
         job = self._find(job_id)
         if job is None:
             raise NotFound(f"no job {job_id} on {self.name}", provider=self.name)
-        self._call(["scontrol", "requeue", job.target])
+        with self._changing():
+            self.transport.requeue(job.target)
 
     # ---- helpers ------------------------------------------------------------------------------------------
 
@@ -899,7 +815,8 @@ class SlurmProvider:
         return hmac.new(self.hold_key, msg, hashlib.sha256).hexdigest()[:32]
 
     def _set_comment(self, target: str, comment: str) -> None:
-        self._call(["scontrol", "update", f"JobId={target}", f"Comment={comment}"])
+        with self._changing():
+            self.transport.update_job(target, comment=comment)
 
     def _undo_hold(self, target: str, job: SlurmJob | None) -> None:
         """After a hold that lost the race: clear our hold (a running job keeps running; a requeue would otherwise
@@ -907,9 +824,11 @@ class SlurmProvider:
         if job is None:
             return
         if job.state_reason == HELD_BY_ADMIN and self.holds(job):
-            self._raw(["scontrol", "release", target])
+            with self._changing(), suppress(ProviderError):
+                self.transport.release(target)
         if hold_note(job.comment) is not None and not self._state(job).terminal:
-            self._raw(["scontrol", "update", f"JobId={target}", f"Comment={strip_hold_mark(job.comment)}"])
+            with self._changing(), suppress(ProviderError):
+                self.transport.update_job(target, comment=strip_hold_mark(job.comment))
 
     def _rewrite_dependents(
         self,
@@ -935,7 +854,8 @@ class SlurmProvider:
                 if new is not None:
                     text, changed = new, True
             if changed:
-                self._call(["scontrol", "update", f"JobId={dep.target}", f"Dependency={text}"])
+                with self._changing():
+                    self.transport.update_job(dep.target, dependency=text)
                 out.append(dep.target)
         return out
 

@@ -91,6 +91,13 @@ def cluster() -> Iterator[Any]:
     yield from slurm_session()
 
 
+@pytest.fixture(params=["cli", "rest"])
+def slurm_transport(request: pytest.FixtureRequest) -> str:
+    """Which transport the broker talks to the real Slurm cluster through: the tools, or slurmrestd v0.0.38 with
+    a JWT (started by the cluster on first use). Tests of the Slurm contract take it so both transports pass it."""
+    return str(request.param)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

@@ -34,6 +34,12 @@ behind the provider's default `sudo -n -u <user> --` submit wrapper and the burs
 (`sudo -n -u <user> -- /usr/bin/tee -- <path>`, which writes a burst's log to the user's `--output` as that user).
 `AccountingStoreFlags=job_env,job_script`: `sacct --env-vars` gives a pending job's submission environment.
 With slurmdbd, `sacct` works too.
+
+slurmrestd. With Slurm's JWT plugin installed, slurm.conf and slurmdbd.conf accept JWTs (`AuthAltTypes=auth/jwt`, a
+random key in the temp dir); `SlurmCluster.restd()` starts slurmrestd (v0.0.38 and dbv0.0.38 plugins, JWT only,
+`SLURM_JWT=daemon`) as `ovsbroker` on first use and returns its URL, `token(user)` mints a JWT, `jwt_file()` writes
+the operator's to a file, `transport(kind)` / `transport_settings(kind)` give the provider transport or the broker
+settings for "cli" or "rest". Without slurmrestd or the plugin, `restd()` skips saying what to install.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from providers.slurm_rest import RestTransport
+from providers.slurm_transport import CliTransport, SlurmTransport
 
 NODES = ("ovs1", "ovs2")
 BROKER_USER = "ovsbroker"
@@ -81,6 +90,12 @@ def find_daemon(name: str) -> str | None:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     return None
+
+
+def jwt_plugin() -> bool:
+    """Whether Slurm's auth/jwt plugin is installed (Debian: slurm-wlm-jwt-plugin); the cluster accepts JWTs (for
+    slurmrestd) only then."""
+    return any(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")) or Path("/usr/lib/slurm/auth_jwt.so").exists()
 
 
 def missing_requirements() -> str | None:
@@ -137,6 +152,7 @@ class SlurmCluster:
     gpu_type: str = GPU_TYPE
     partition: str = PARTITION
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    restd_url: str = ""
 
     def run(self, args: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Run a command as root (the site's admin)."""
@@ -153,6 +169,55 @@ class SlurmCluster:
             return self.run_as(BROKER_USER, argv)
 
         return run
+
+    def token(self, user: str = BROKER_USER, lifespan: int = 3600) -> str:
+        """A JWT for `user` (`scontrol token`, which only root or SlurmUser may run for another user)."""
+        out = self.run(["scontrol", "token", f"username={user}", f"lifespan={lifespan}"], check=True).stdout
+        return out.strip().partition("SLURM_JWT=")[2]
+
+    def restd(self) -> str:
+        """slurmrestd for this cluster (started on first use, stopped with the cluster): the v0.0.38 and dbv0.0.38
+        plugins, JWT authentication only, running as the broker's operator account (slurmrestd refuses root) on a
+        free 127.0.0.1 port. Returns its base URL. Callers send `X-SLURM-USER-NAME`/`X-SLURM-USER-TOKEN`."""
+        if "slurmrestd" in self.procs and self.procs["slurmrestd"].poll() is None:
+            return self.restd_url
+        binary = find_daemon("slurmrestd")
+        if binary is None or not jwt_plugin():
+            pytest.skip("slurmrestd or its JWT plugin missing (apt-get install -y slurmrestd slurm-wlm-jwt-plugin)")
+        port = _free_port()
+        env = {**self.env, "SLURM_JWT": "daemon"}
+        argv = [binary, "-u", BROKER_USER, "-s", "openapi/v0.0.38,openapi/dbv0.0.38", "-a", "rest_auth/jwt"]
+        self.procs["slurmrestd"] = _spawn([*argv, f"127.0.0.1:{port}"], env, self.root / "log" / "slurmrestd.out")
+        self.restd_url = f"http://127.0.0.1:{port}"
+        _wait_for(lambda: _port_open(port), "slurmrestd", self)
+        return self.restd_url
+
+    def jwt_file(self, lifespan: int = 86400) -> Path:
+        """A file holding a fresh JWT for the broker's operator account (what a site's cron'd `scontrol token`
+        writes for the broker's `OVERSPILL_SLURM_JWT_FILE`)."""
+        path = self.root / "run" / "broker.jwt"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.token(BROKER_USER, lifespan) + "\n")
+        tmp.replace(path)
+        return path
+
+    def transport_settings(self, kind: str) -> dict[str, object]:
+        """The broker settings that select transport `kind` ("cli" or "rest") on this cluster."""
+        if kind == "cli":
+            return {"slurm_transport": "cli"}
+        return {
+            "slurm_transport": "rest",
+            "slurmrestd_url": self.restd(),
+            "slurmrestd_user": BROKER_USER,
+            "slurm_jwt_file": str(self.jwt_file()),
+        }
+
+    def transport(self, kind: str) -> SlurmTransport:
+        """A transport of `kind` ("cli" or "rest") acting as the broker's operator (`broker_runner`)."""
+        cli = CliTransport(self.broker_runner())
+        if kind == "cli":
+            return cli
+        return RestTransport(self.restd(), BROKER_USER, fallback=cli, token_file=str(self.jwt_file()))
 
     def jobs(self) -> list[dict[str, object]]:
         out = self.run(["squeue", "--json", "--all", "--states=all"], check=True).stdout
@@ -197,7 +262,7 @@ class SlurmCluster:
         for name, proc in reversed(list(self.procs.items())):
             if name == "munged":
                 continue
-            if name in ("slurmdbd", "mariadbd") and proc.poll() is None:
+            if name in ("slurmrestd", "slurmdbd", "mariadbd") and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             _stop_proc(proc, 10.0)
         if "munged" in self.procs:  # munged only stops when told
@@ -246,12 +311,17 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
     shared = root / "shared"  # job output and markers, written by jobs of every user
     shared.mkdir()
     os.chmod(shared, 0o1777)
+    jwt_key = root / "etc" / "jwt.key"  # HS256 key slurmctld and slurmdbd verify slurmrestd callers' tokens with
+    jwt_key.write_bytes(os.urandom(64))
+    os.chmod(jwt_key, 0o600)
+    jwt_lines = ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={jwt_key}"] if jwt_plugin() else []
     dbd = root / "etc" / "slurmdbd.conf"
     dbd.write_text(
         "\n".join(
             [
                 "AuthType=auth/munge",
                 f"AuthInfo=socket={root}/run/munge.socket",
+                *jwt_lines,
                 "DbdHost=localhost",
                 "DbdAddr=127.0.0.1",
                 f"DbdPort={dbd_port}",
@@ -292,6 +362,7 @@ def _write_config(root: Path, db_port: int, dbd_port: int) -> Path:
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
                 f"AuthInfo=socket={root}/run/munge.socket",
+                *jwt_lines,  # slurmrestd's callers present JWTs (SLURM_JWT=daemon in its env)
                 f"StateSaveLocation={root}/state",
                 f"SlurmdSpoolDir={root}/spool/%n",
                 f"SlurmctldPidFile={root}/run/slurmctld.pid",

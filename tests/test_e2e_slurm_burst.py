@@ -55,9 +55,15 @@ def site_paths(cluster: Any) -> dict[str, str]:
 
 
 def _runtime(
-    cluster: Any, tmp_path: Path, cloud: ScriptedCloud, accounts: dict[str, Any] | None = None, **extra: Any
+    cluster: Any,
+    tmp_path: Path,
+    cloud: ScriptedCloud,
+    accounts: dict[str, Any] | None = None,
+    transport: str = "cli",
+    **extra: Any,
 ) -> Runtime:
-    """A broker on the real cluster, its Slurm commands run as the non-root operator `ovsbroker`."""
+    """A broker on the real cluster, its Slurm commands run as the non-root operator `ovsbroker`, through the tools
+    or slurmrestd (`transport`, set as a site would: OVERSPILL_SLURM_TRANSPORT and its URL, user and token file)."""
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'burst.db'}",
         data_dir=tmp_path,
@@ -74,6 +80,7 @@ def _runtime(
             "burst_value_usd_per_gpu_hour": 50,
             "slurm_cloud_paths": site_paths(cluster),
             "slurm_require_environment": False,
+            **cluster.transport_settings(transport),
             **extra,
         },
     )
@@ -106,11 +113,13 @@ def _broker_job(rt: Runtime, slurm_id: int) -> Job:
 
 
 @pytest.mark.integration
-def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any, tmp_path: Path) -> None:
+def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
-    rt = _runtime(slurm, tmp_path, cloud)
+    rt = _runtime(slurm, tmp_path, cloud, transport=slurm_transport)
     fill_gpus(slurm, minutes=60)
     not_opted = sbatch(slurm, "--job-name=other", "--gres=gpu:a100:1", "--time=60", "--wrap=sleep 1")
     slurm_id = _opted_in(slurm)
@@ -145,12 +154,14 @@ def test_burst_holds_the_slurm_job_and_cancels_it_after_the_cloud_run(slurm: Any
 
 
 @pytest.mark.integration
-def test_failed_burst_releases_the_slurm_job_which_then_runs_once(slurm: Any, tmp_path: Path) -> None:
+def test_failed_burst_releases_the_slurm_job_which_then_runs_once(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
     cloud.no_capacity = {"z1", "z2"}  # every launch fails
-    rt = _runtime(slurm, tmp_path, cloud)
+    rt = _runtime(slurm, tmp_path, cloud, transport=slurm_transport)
     fillers = fill_gpus(slurm, minutes=60)
     slurm_id = _opted_in(slurm)
     provider = rt.providers["onprem-slurm"]
@@ -209,12 +220,14 @@ def test_a_burst_paused_at_its_ceiling_goes_back_on_prem_and_cannot_be_resumed_i
 
 
 @pytest.mark.integration
-def test_an_account_monthly_budget_counts_what_running_bursts_may_still_spend(slurm: Any, tmp_path: Path) -> None:
+def test_an_account_monthly_budget_counts_what_running_bursts_may_still_spend(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
     accounts = {"acme": {**ACCOUNTS["acme"], "monthly_budget_usd": "60"}}
-    rt = _runtime(slurm, tmp_path, cloud, accounts)
+    rt = _runtime(slurm, tmp_path, cloud, accounts, transport=slurm_transport)
     fill_gpus(slurm, minutes=60)
     first, second = _opted_in(slurm), _opted_in(slurm)  # $40 ceilings: one fits $60, two do not
     provider = rt.providers["onprem-slurm"]

@@ -5,7 +5,6 @@ each is settled alone; after a cloud success the held job ends so that its `afte
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from tests.test_metrics_burst import decisions
 from tests.test_provider_slurm import job, sbatch, wait_until
 
 RACE_ROUNDS = 9  # three per injection point
+REST_RACE_ROUNDS = 3  # one per injection point through slurmrestd (the race is the broker's, not the transport's)
 
 
 @pytest.fixture
@@ -74,23 +74,18 @@ def _lines(marker: Path) -> list[str]:
     return marker.read_text().splitlines() if marker.exists() else []
 
 
-class RacingScheduler:
-    """The broker's runner, which at one point of the hold lets Slurm start the job first: it cancels a filler
-    and waits until Slurm has started the job, then runs the broker's command ("mark": before the Comment mark is
-    written, i.e. right after the broker's read; "hold": between the mark and `scontrol hold`; "after": right after
-    the hold landed, when Slurm can no longer start it)."""
+class RacingTransport:
+    """The broker's Slurm transport (tools or slurmrestd), which at one point of the hold lets Slurm start the job
+    first: it cancels a filler and waits until Slurm has started the job, then makes the broker's request ("mark":
+    before the Comment mark is written, i.e. right after the broker's read; "hold": between the mark and the hold;
+    "after": right after the hold landed, when Slurm can no longer start it). Everything else passes through."""
 
-    def __init__(self, slurm: Any, target: int, filler: int, point: str) -> None:
-        self.slurm, self.target, self.filler, self.point = slurm, target, filler, point
-        self.inner = slurm.broker_runner()
+    def __init__(self, inner: Any, slurm: Any, target: int, filler: int, point: str) -> None:
+        self.inner, self.slurm, self.target, self.filler, self.point = inner, slurm, target, filler, point
         self.fired = False
 
-    def _matches(self, argv: list[str]) -> bool:
-        if self.fired or (f"JobId={self.target}" not in argv and str(self.target) not in argv):
-            return False
-        if self.point == "mark":
-            return argv[:2] == ["scontrol", "update"] and any(a.startswith("Comment=") for a in argv)
-        return argv[:2] == ["scontrol", "hold"]
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def _let_slurm_start_it(self) -> None:
         self.fired = True
@@ -101,35 +96,42 @@ class RacingScheduler:
     def _state(self) -> str:
         return next(str(j["job_state"]) for j in self.slurm.jobs() if int(str(j["job_id"])) == self.target)
 
-    def __call__(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        if self._matches(argv) and self.point != "after":
+    def update_job(self, target: str, **fields: Any) -> None:
+        if not self.fired and self.point == "mark" and target == str(self.target) and fields.get("comment"):
             self._let_slurm_start_it()
-        done = self.inner(argv)
-        if self._matches(argv) and self.point == "after":
+        self.inner.update_job(target, **fields)
+
+    def hold(self, target: str) -> None:
+        racing = not self.fired and self.point in ("hold", "after") and target == str(self.target)
+        if racing and self.point == "hold":
             self._let_slurm_start_it()
-        return done
+        self.inner.hold(target)
+        if racing and self.point == "after":
+            self._let_slurm_start_it()
 
 
 @pytest.mark.integration
-def test_the_hold_race_never_runs_a_job_twice(slurm: Any, tmp_path: Path) -> None:
+def test_the_hold_race_never_runs_a_job_twice(slurm: Any, tmp_path: Path, slurm_transport: str) -> None:
     """Many rounds; in each, Slurm starts the job at one point of the broker's hold (or just after it landed)."""
     shared = slurm.root / "shared"
     outcomes: list[tuple[str, str]] = []
-    for rnd in range(RACE_ROUNDS):
+    rounds = RACE_ROUNDS if slurm_transport == "cli" else REST_RACE_ROUNDS
+    for rnd in range(rounds):
         point = ("mark", "hold", "after")[rnd % 3]
         clock = MovableClock(datetime.now(UTC))
         cloud = _cloud(clock)
         (tmp_path / f"r{rnd}").mkdir()
-        rt = _runtime(slurm, tmp_path / f"r{rnd}", cloud)
+        rt = _runtime(slurm, tmp_path / f"r{rnd}", cloud, transport=slurm_transport)
         fillers = [_filler(slurm, 4), _filler(slurm, 4)]
         wait_until(_running(slurm, fillers), "fillers to run")
         marker = shared / f"race-{uuid.uuid4().hex[:8]}"
         target = _opt_in(slurm, marker)
         provider = rt.providers["onprem-slurm"]
         wait_until(lambda t=target, p=provider: job(p, t).state_reason in ("Resources", "Priority"), "the job to pend")
-        provider.run = RacingScheduler(slurm, target, fillers[0], point)  # type: ignore[attr-defined]
+        racing = RacingTransport(provider.transport, slurm, target, fillers[0], point)  # type: ignore[attr-defined]
+        provider.transport = racing  # type: ignore[attr-defined]
         tick(rt, clock())
-        assert provider.run.fired, point  # type: ignore[attr-defined]
+        assert racing.fired, point
         burst = _burst(rt, str(target))
         if point == "after":  # the hold won: it runs in the cloud only, and Slurm never starts it
             assert burst is not None
@@ -151,14 +153,16 @@ def test_the_hold_race_never_runs_a_job_twice(slurm: Any, tmp_path: Path) -> Non
             assert decisions(rt)[("drop", "started_on_prem")] == 1
             outcomes.append((point, "on-prem"))
         slurm.cancel_all()
-    assert len(outcomes) == RACE_ROUNDS
+    assert len(outcomes) == rounds
 
 
 @pytest.mark.integration
-def test_an_array_bursts_only_its_pending_tasks_each_settled_alone(slurm: Any, tmp_path: Path) -> None:
+def test_an_array_bursts_only_its_pending_tasks_each_settled_alone(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = _cloud(clock)
-    rt = _runtime(slurm, tmp_path, cloud)
+    rt = _runtime(slurm, tmp_path, cloud, transport=slurm_transport)
     provider = rt.providers["onprem-slurm"]
     fillers = [_filler(slurm, 4), _filler(slurm, 2)]  # 2 GPUs stay free: tasks 0 and 1 run, 2 and 3 wait
     wait_until(_running(slurm, fillers), "fillers to run")
@@ -203,10 +207,12 @@ def test_an_array_bursts_only_its_pending_tasks_each_settled_alone(slurm: Any, t
 
 
 @pytest.mark.integration
-def test_after_a_cloud_success_afterok_dependents_run_and_afternotok_ones_never(slurm: Any, tmp_path: Path) -> None:
+def test_after_a_cloud_success_afterok_dependents_run_and_afternotok_ones_never(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = _cloud(clock)
-    rt = _runtime(slurm, tmp_path, cloud)
+    rt = _runtime(slurm, tmp_path, cloud, transport=slurm_transport)
     provider = rt.providers["onprem-slurm"]
     fillers = [_filler(slurm, 4), _filler(slurm, 4)]
     wait_until(_running(slurm, fillers), "fillers to run")

@@ -120,15 +120,16 @@ def _ship_log(rt: Runtime, job: Job, text: str) -> None:
 
 
 def test_the_burst_runs_the_users_script_and_its_output_lands_for_the_afterok_dependent(
-    slurm: Any, tmp_path: Path
+    slurm: Any, tmp_path: Path, slurm_transport: str
 ) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
     stores = agent_store(tmp_path, ("scripted/r1",))
     rt = _runtime(
-        slurm, tmp_path, cloud, slurm_require_environment=True, slurm_output_writer=WRITER, checkpoint_stores=stores
-    )
+        slurm, tmp_path, cloud, slurm_require_environment=True, slurm_output_writer=WRITER, checkpoint_stores=stores,
+        transport=slurm_transport,
+    )  # fmt: skip
     fillers = fill_gpus(slurm, minutes=60)
     work = _home(slurm, "alice-proj")
     out = work / "result-%j.txt"
@@ -285,7 +286,7 @@ echo done > ran-in-the-cloud
 
 
 def test_e2e_a_users_sbatch_script_bursts_runs_under_the_real_agent_and_its_output_lands(
-    slurm: Any, tmp_path: Path, agent_wheel: Path
+    slurm: Any, tmp_path: Path, agent_wheel: Path, slurm_transport: str
 ) -> None:
     """The whole way, with the real agent (process runtime) as the cloud instance's workload runner: the attempt
     spec the broker builds for the burst job (`broker.attempt_spec.build_spec`, as the launch step does) is what the
@@ -297,7 +298,7 @@ def test_e2e_a_users_sbatch_script_bursts_runs_under_the_real_agent_and_its_outp
     rt = _runtime(
         slurm, tmp_path, cloud, slurm_require_environment=True, slurm_output_writer=WRITER, checkpoint_stores=stores,
         slurm_cloud_paths={str(slurm.root): str(slurm.root), str(Path.cwd()): str(Path.cwd())},
-        agent_runtime={"scripted": "process"},
+        agent_runtime={"scripted": "process"}, transport=slurm_transport,
     )  # fmt: skip
     fillers = fill_gpus(slurm, minutes=60)
     work = _home(slurm, "alice-e2e")
@@ -368,13 +369,15 @@ def _mailbox_reports(rt: Runtime, spec: Any) -> list[Report]:
     return out
 
 
-def test_an_array_task_bursts_with_its_own_job_id_task_id_and_output_path(slurm: Any, tmp_path: Path) -> None:
+def test_an_array_task_bursts_with_its_own_job_id_task_id_and_output_path(
+    slurm: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     """A pending task has no job id of its own until the hold splits it out of its array record: the burst's
     SLURM_JOB_ID and its `%j` output path are the task's, read after the hold."""
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
     cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
-    rt = _runtime(slurm, tmp_path, cloud, slurm_require_environment=True)
+    rt = _runtime(slurm, tmp_path, cloud, slurm_require_environment=True, transport=slurm_transport)
     fill_gpus(slurm, minutes=60)
     work = _home(slurm, "alice-array")
     script = SCRIPT.format(out=work / "o-%A_%a-%j.txt")

@@ -48,13 +48,16 @@ def slurm(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 SUBMIT_AS = {"t": "tenant-acme"}  # the contract's tenant runs as an unprivileged identity
 
 
-def make_provider(cluster: SlurmCluster, command: CommandBuilder = default_command) -> SlurmProvider:
+def make_provider(
+    cluster: SlurmCluster, command: CommandBuilder = default_command, transport: str = "cli"
+) -> SlurmProvider:
+    """The provider on the test cluster as the non-root operator, through the tools or slurmrestd (`transport`)."""
     shared = cluster.root / "shared"
     return SlurmProvider(
         broker_id=BROKER_ID,
         partitions=PARTITIONS,
         queue_model=QueueModel,
-        run=cluster.broker_runner(),
+        transport=cluster.transport(transport),
         command=command,
         output=f"{shared}/%j.out",
         workdir=str(shared),
@@ -118,8 +121,8 @@ def fill_gpus(cluster: SlurmCluster, minutes: int = 30) -> list[int]:
 @pytest.mark.integration
 class TestSlurmContract(ProviderContract):
     @pytest.fixture
-    def env(self, slurm: SlurmCluster) -> ContractEnv:
-        provider = make_provider(slurm, command=lambda _request: "sleep 60")
+    def env(self, slurm: SlurmCluster, slurm_transport: str) -> ContractEnv:
+        provider = make_provider(slurm, command=lambda _request: "sleep 60", transport=slurm_transport)
         offering = next(o for o in provider.offerings(datetime.now(UTC)) if o.accelerator_count == 1)
 
         def make_foreign() -> str:
@@ -135,8 +138,8 @@ class TestSlurmContract(ProviderContract):
 
 
 @pytest.mark.integration
-def test_launch_shape_states_and_requeue(slurm: SlurmCluster) -> None:
-    provider = make_provider(slurm)
+def test_launch_shape_states_and_requeue(slurm: SlurmCluster, slurm_transport: str) -> None:
+    provider = make_provider(slurm, transport=slurm_transport)
     now = datetime.now(UTC)
     offerings = {o.accelerator_count: o for o in provider.offerings(now)}
     assert sorted(offerings) == [1, 2, 4]  # 4 GPUs per node: no 8-GPU shape
@@ -146,7 +149,7 @@ def test_launch_shape_states_and_requeue(slurm: SlurmCluster) -> None:
     assert (two.vcpus, two.gpu_memory_gib) == (4, 40)
 
     def launch(command: str, hours: str, offering_gpus: int = 2) -> str:
-        p = make_provider(slurm, command=lambda _r: command)
+        p = make_provider(slurm, command=lambda _r: command, transport=slurm_transport)
         req = ContractEnv(provider=p, offering=offerings[offering_gpus]).request()
         return p.launch(replace(req, remaining_work_hours=Decimal(hours))).id
 
@@ -222,8 +225,8 @@ def test_pressure_while_gpus_are_full(slurm: SlurmCluster) -> None:
 
 
 @pytest.mark.integration
-def test_burst_hold_then_release_runs_the_job_exactly_once(slurm: SlurmCluster) -> None:
-    provider = make_provider(slurm)
+def test_burst_hold_then_release_runs_the_job_exactly_once(slurm: SlurmCluster, slurm_transport: str) -> None:
+    provider = make_provider(slurm, transport=slurm_transport)
     fillers = fill_gpus(slurm, minutes=30)
     marker = slurm.root / "shared" / f"ran-{uuid.uuid4().hex[:8]}"
     foreign = sbatch(slurm, "--job-name=user-train", "--gres=gpu:a100:1", "--time=5", f"--wrap=echo ran >> {marker}")

@@ -40,7 +40,9 @@ def wait_for(check: Any, what: str, timeout: float) -> None:
 
 
 @pytest.mark.integration
-def test_finished_jobs_are_classified_after_they_leave_squeue(cluster: Any, tmp_path: Path) -> None:
+def test_finished_jobs_are_classified_after_they_leave_squeue(
+    cluster: Any, tmp_path: Path, slurm_transport: str
+) -> None:
     cluster.cancel_all()
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'outcomes.db'}",
@@ -51,6 +53,7 @@ def test_finished_jobs_are_classified_after_they_leave_squeue(cluster: Any, tmp_
         },
         slurm_conf=str(cluster.conf),
         slurm_submit_as={"demo": "tenant-demo"},
+        **cluster.transport_settings(slurm_transport),
     )
     rt = build_runtime(settings)
     slurm = rt.providers["onprem-slurm"]
@@ -62,11 +65,11 @@ def test_finished_jobs_are_classified_after_they_leave_squeue(cluster: Any, tmp_
         del body["work_gpu_hours"]
         broker_job = api.post("/v1/jobs", json=body).json()
 
-        provider = make_provider(cluster)
+        provider = make_provider(cluster, transport=slurm_transport)
         offering = next(o for o in provider.offerings(datetime.now(UTC)) if o.accelerator_count == 1)
 
         def launch(command: str, minutes: int = 5) -> str:
-            p = make_provider(cluster, command=lambda _r: command)
+            p = make_provider(cluster, command=lambda _r: command, transport=slurm_transport)
             req = ContractEnv(provider=p, offering=offering).request()
             return p.launch(replace(req, remaining_work_hours=Decimal(minutes) / 60)).id
 
