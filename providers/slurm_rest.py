@@ -14,8 +14,9 @@ broker's Slurm operator, with a JWT (`scontrol token username=<user> lifespan=<s
   `{"hold": true}` (an operator's hold: JobHeldAdmin). `cancel`: `DELETE /slurm/v0.0.38/job/<target>` (SIGKILL;
   an already ended job is success, an unknown one `NotFound`). An array task target (`123_4`) is split out of its
   record by the update as by scontrol; 22.05 answers every array-task update with an error entry that has no
-  error number (it tests the per-task result array's pointer, not its codes) and HTTP 200, so a 200 is success and
-  the provider's own read-back (`hold`) is what decides.
+  error number (it tests the per-task result array's pointer, not its codes) and HTTP 200, so for an array task a
+  comment or dependency update is read back (`GET /job/<task>`) and a value that did not take is
+  `SlurmCommandError`; a hold is decided by the provider's own read-back.
 - What v0.0.38 cannot do goes through the fallback transport (`CliTransport`, the same operator account), each
   logged once at INFO: `release` (the API's `priority` must lie in 1..NO_VAL-1, so the INFINITE a release is cannot
   be sent, and setting a number would pin the job's priority for good; `hold: false` changes nothing),
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -242,8 +244,33 @@ class RestTransport:
             body["dependency"] = dependency
         if priority is not None:
             body["priority"] = priority
-        if body:
-            self.request("POST", f"{API}/job/{quote(target, safe='')}", body=body)
+        if not body:
+            return
+        path = f"{API}/job/{quote(target, safe='')}"
+        self.request("POST", path, body=body)
+        if "_" in target:  # 22.05 answers every array-task update 200-with-an-error: read the task back
+            self._verify_update(target, path, comment, dependency)
+
+    def _verify_update(self, target: str, path: str, comment: str | None, dependency: str | None) -> None:
+        """The array task `target` carries the comment and dependency just sent, else `SlurmCommandError`."""
+        doc = self.request("GET", path)
+        try:
+            jobs = parse_squeue(doc)
+        except SlurmParseError as exc:
+            raise SlurmCommandError(f"slurmrestd GET {path}: unreadable: {exc}", provider=self.name) from exc
+        job = next((j for j in jobs if j.target == target), None)
+        wrong = []
+        if job is None:
+            wrong.append("the task is not in the answer")
+        else:
+            if comment is not None and job.comment != comment:
+                wrong.append(f"comment is {job.comment!r}")
+            if dependency is not None and _dependency_jobs(job.dependency) != _dependency_jobs(dependency):
+                wrong.append(f"dependency is {job.dependency!r}, not {dependency!r}")
+        if wrong:
+            raise SlurmCommandError(
+                f"slurmrestd POST {path}: the update did not take ({'; '.join(wrong)})", provider=self.name
+            )
 
     def hold(self, target: str) -> None:
         self.request("POST", f"{API}/job/{quote(target, safe='')}", body={"hold": True})
@@ -265,6 +292,11 @@ class RestTransport:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _dependency_jobs(text: str | None) -> list[str]:
+    """A dependency as its (type, job) terms, without the state Slurm appends (`afterok:12_3(unfulfilled)`)."""
+    return sorted(re.sub(r"\([^)]*\)", "", term) for term in re.split(r"[,?]", text or "") if term.strip())
 
 
 def _nothing_found(error: object) -> bool:

@@ -24,7 +24,7 @@ from providers.base import AuthError, NotFound
 from providers.model import BatchJob
 from providers.slurm import SlurmProvider, SlurmUnavailable
 from providers.slurm_rest import RestTransport
-from providers.slurm_transport import CliTransport
+from providers.slurm_transport import CliTransport, SlurmCommandError
 from tests.slurm_cluster import BROKER_USER, SlurmCluster, _free_port, _port_open, _spawn, find_daemon
 from tests.test_provider_slurm import BROKER_ID, PARTITIONS, fill_gpus, sbatch, wait_until
 
@@ -96,6 +96,24 @@ def test_accounting_over_http_and_nothing_found_is_no_records(slurm: SlurmCluste
     time.sleep(1)  # the job's end record too, not only its start
     assert rest.accounting([str(done)]) == CliTransport(slurm.broker_runner()).accounting([str(done)])  # sacct's
     assert rest.accounting(["987654"]) == []  # slurmdbd's "Nothing found": no records, no error
+    assert tools.tools == []
+
+
+@pytest.mark.integration
+def test_array_task_updates_are_read_back_since_2205_answers_them_all_with_an_error(slurm: SlurmCluster) -> None:
+    """22.05's slurmrestd answers every array-task update 200 with an error entry, done or not: the transport reads
+    the task back, so an update that took passes and one that did not is an error naming the endpoint."""
+    rest, tools = _rest(slurm, slurm.jwt_file())
+    fill_gpus(slurm)
+    array = sbatch(slurm, "--gres=gpu:a100:1", "--array=0-3", "--time=5", "--wrap=true")
+    other = sbatch(slurm, "--gres=gpu:a100:1", "--time=5", "--wrap=true")
+    rest.update_job(f"{array}_2", comment="ovs:mark", dependency=f"afterok:{other}")
+    task = next(j for j in rest.jobs() if j.target == f"{array}_2")
+    assert task.comment == "ovs:mark" and str(other) in task.dependency
+    rest.update_job(f"{array}_2", dependency="")  # dropping a dependency reads back as none
+    assert next(j for j in rest.jobs() if j.target == f"{array}_2").dependency == ""
+    with pytest.raises(SlurmCommandError, match=rf"slurmrestd (POST|GET) /slurm/v0.0.38/job/{array}_9"):
+        rest.update_job(f"{array}_9", comment="ovs:mark")  # no such task: 200 from the update, caught on read-back
     assert tools.tools == []
 
 
