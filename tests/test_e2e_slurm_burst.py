@@ -242,6 +242,48 @@ def test_an_account_monthly_budget_counts_what_running_bursts_may_still_spend(
 
 
 @pytest.mark.integration
+def test_governance_refuses_a_ceiling_above_policy_and_an_account_not_allowed_to_burst(
+    slurm: Any, tmp_path: Path, slurm_transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the real cluster, through either transport: alice asks for $500 where her account allows $100 per job, bob's
+    account may not burst at all. Neither is held or burst, each refusal is audited with its reason and the Slurm
+    user and account, and the log says what the policy allows; alice's job within policy still bursts."""
+    clock = MovableClock(datetime.now(UTC))
+    cloud = ScriptedCloud("scripted", clock)
+    cloud.prices = {"z1": Decimal("3"), "z2": Decimal("3.5")}
+    rt = _runtime(slurm, tmp_path, cloud, transport=slurm_transport)
+    fill_gpus(slurm, minutes=60)
+    too_dear = _opted_in(slurm, "500")
+    not_allowed = _opted_in(slurm, "40", "bob")
+    within = _opted_in(slurm, "40")
+    provider = rt.providers["onprem-slurm"]
+    for i in (too_dear, not_allowed, within):
+        wait_until(lambda i=i: job(provider, i).state_reason in ("Resources", "Priority"), "the jobs to pend")
+    caplog.set_level("WARNING", logger="broker.loop.onprem_burst")
+    tick(rt, clock())
+    tick(rt, clock.advance(seconds=10))
+    assert _broker_job(rt, within).spec["max_total_usd"] == "40"
+    for refused in (too_dear, not_allowed):
+        with Session(rt.engine) as s:
+            assert s.exec(select(Job).where(Job.origin == f"onprem-slurm:{refused}")).first() is None
+        assert not job(provider, refused).state_reason.startswith("JobHeld")  # never held, not even for a moment
+    with Session(rt.engine) as s:
+        refusals = {
+            a.path.rsplit("/", 1)[1]: (a.client, a.status, a.route)
+            for a in s.exec(select(AuditEntry).where(AuditEntry.method == "REFUSE")).all()
+        }
+    assert refusals[str(too_dear)][:2] == ("slurm user=alice account=acme", 403)
+    assert BurstReason.CEILING_ABOVE_POLICY in refusals[str(too_dear)][2]
+    assert refusals[str(not_allowed)][:2] == ("slurm user=bob account=beta", 403)
+    assert BurstReason.ACCOUNT_NOT_ALLOWED in refusals[str(not_allowed)][2]
+    assert len(refusals) == 2  # audited once per job and reason, not every tick
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{too_dear} asks to burst, refused (ceiling_above_policy)" in said and "100" in said
+    assert decisions(rt)[("refuse", BurstReason.CEILING_ABOVE_POLICY)] == 2  # one per tick
+    assert decisions(rt)[("refuse", BurstReason.ACCOUNT_NOT_ALLOWED)] == 2
+
+
+@pytest.mark.integration
 def test_a_hold_left_by_a_crash_before_the_commit_is_given_back(slurm: Any, tmp_path: Path) -> None:
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)
