@@ -30,13 +30,18 @@ Output: the tables (and the matched-spend lines), or one JSON object with `--jso
 deadline.jobs, per scenario, every job's start, deadline, work, optimum and per policy its cost, whether it met
 the deadline, finish time and work lost, for outside evaluators; plus the command line); `--png PATH` also
 writes a chart (needs matplotlib). Data is read in place from `--data`, `$OVERSPILL_SHARED_DATA`, or
-`../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2).
+`../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2). `--explain` adds after each deadline table,
+per half of the trace, where each policy's excess over the optimum comes from (on-demand $ and spot $ over the
+optimum's, changeovers, redone work, on-demand hours bought while spot was up or once the slack was gone, idle
+hours while spot was up) and the worst jobs of ours (`federation/simulate/explain.py`); `--only TEXT` runs just the
+deadline tables whose title contains TEXT.
 
 Run (from the repository root):
     python benchmarks/simulate_bench.py
     python benchmarks/simulate_bench.py --json --png /tmp/simulate.png
     python benchmarks/simulate_bench.py --suite deadline --quick
     python benchmarks/simulate_bench.py --suite markets --json > markets.json   # per-job export included
+    python benchmarks/simulate_bench.py --suite deadline --explain --only "us-east-1 only"
 """
 
 from __future__ import annotations
@@ -67,10 +72,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller experiments (a smoke run)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument(
+        "--explain",
+        action="store_true",
+        help="after each deadline table, where each policy's excess over the optimum comes from, per half",
+    )
+    ap.add_argument("--only", help="run only the deadline tables whose title contains this (e.g. 'us-east-1')")
     ap.add_argument("--png", type=Path, help="also write a chart to this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
-    report = run_simulation(data_dir(args.data), suite=args.suite, quick=args.quick, workers=args.workers, png=args.png)
+    report = run_simulation(
+        data_dir(args.data),
+        suite=args.suite,
+        quick=args.quick,
+        workers=args.workers,
+        png=args.png,
+        explain=args.explain,
+        only=args.only,
+    )
     elapsed = time.perf_counter() - started
     if args.json:
         doc = report.to_json()

@@ -21,20 +21,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from federation.simulate.deadline import DeadlineRun
 from federation.simulate.experiments import (
     CATALOG,
     EXTRA_MARKETS,
     PHILLY,
     BurstConfig,
     DeadlineConfig,
+    PolicySummary,
     burst_experiment,
     deadline_experiment,
+    deadline_jobs,
+    halves,
     job_records,
     load_aws_v100_trace,
     load_extra_market,
     matched_spend,
 )
+from federation.simulate.explain import explain_jobs, explain_table, summarize
 from federation.simulate.report import SimulationReport
+from federation.simulate.traces import SpotTrace
 
 __all__ = ["BurstConfig", "DeadlineConfig", "SimulationReport", "run_simulation"]
 
@@ -59,6 +65,24 @@ def checkpoint_variants(cfg: DeadlineConfig) -> dict[str, DeadlineConfig]:
     }
 
 
+def _record(
+    report: SimulationReport,
+    title: str,
+    trace: SpotTrace,
+    cfg: DeadlineConfig,
+    rows: list[PolicySummary],
+    results: list[tuple[float, list[DeadlineRun]]],
+    explain: bool,
+) -> None:
+    report.deadline[title] = rows
+    report.deadline_jobs[title] = job_records(trace, cfg, results)
+    if explain:
+        jobs = deadline_jobs(trace, cfg)
+        gaps = explain_jobs(trace, jobs, results, halves(jobs, len(trace)))
+        report.explain[title] = explain_table(gaps)
+        report.explain_summary[title] = summarize(gaps)
+
+
 def run_simulation(
     data_dir: Path | str,
     *,
@@ -69,10 +93,14 @@ def run_simulation(
     deadline: DeadlineConfig | None = None,
     burst: BurstConfig | None = None,
     gap_seconds: int = 300,
+    explain: bool = False,
+    only: str | None = None,
 ) -> SimulationReport:
     """Run the experiments of `suite` on the data under `data_dir` and return the report (and write the PNG
     chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
-    over processes. Raises ValueError when a data file is missing or malformed."""
+    over processes. `explain` adds, per deadline table, where each policy's excess over the optimum comes from
+    (`federation.simulate.explain`); `only` runs just the deadline tables whose title contains it. Raises
+    ValueError when a data file is missing or malformed."""
     base = Path(data_dir)
     for rel in [CATALOG] + ([PHILLY] if suite in ("burst", "all") else []):
         if not (base / rel).exists():
@@ -87,17 +115,21 @@ def run_simulation(
         for name, zones in SCENARIOS.items():
             trace = load_aws_v100_trace(str(base), gap_seconds, zones)
             for variant, cfg in checkpoint_variants(dcfg).items():
+                title = f"{name}, {variant}"
+                if only and only not in title:
+                    continue
                 rows, results = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
-                report.deadline[f"{name}, {variant}"] = rows
-                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
+                _record(report, title, trace, cfg, rows, results, explain)
         report.deadline_setup.update(asdict(dcfg), gap_seconds=gap_seconds, trace=trace.source)
     if suite in ("markets", "all"):
         for name in EXTRA_MARKETS:
             trace = load_extra_market(str(base), name)
             for variant, cfg in checkpoint_variants(dcfg).items():
+                title = f"{name}, {variant}"
+                if only and only not in title:
+                    continue
                 rows, results = deadline_experiment(trace, cfg, workers)
-                report.deadline[f"{name}, {variant}"] = rows
-                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
+                _record(report, title, trace, cfg, rows, results, explain)
         report.deadline_setup.update(asdict(dcfg), extra_markets=list(EXTRA_MARKETS))
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly
