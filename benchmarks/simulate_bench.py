@@ -30,11 +30,15 @@ Output: the tables (and the matched-spend lines), or one JSON object with `--jso
 deadline.jobs, per scenario, every job's start, deadline, work, optimum and per policy its cost, whether it met
 the deadline, finish time and work lost, for outside evaluators; plus the command line); `--png PATH` also
 writes a chart (needs matplotlib). Data is read in place from `--data`, `$OVERSPILL_SHARED_DATA`, or
-`../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2). `--explain` adds after each deadline table,
-per half of the trace, where each policy's excess over the optimum comes from (on-demand $ and spot $ over the
-optimum's, changeovers, redone work, on-demand hours bought while spot was up or once the slack was gone, idle
-hours while spot was up) and the worst jobs of ours (`federation/simulate/explain.py`); `--only TEXT` runs just the
-deadline tables whose title contains TEXT.
+`../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2).
+`--explain` adds after each deadline table, per half of the trace, where each policy's excess over the optimum comes
+from (on-demand $ and spot $ over the optimum's, changeovers, redone work, on-demand hours bought while spot was up
+or once the slack was gone, idle hours while spot was up) and the worst jobs of ours
+(`federation/simulate/explain.py`); `--only TEXT` runs just the deadline tables whose title contains TEXT.
+`--hindsight` re-tunes ours (`Overspill`) on a grid (`federation/simulate/tuning.py`) on the first half of each
+table's trace, scores that choice on the second, and also tunes it on the second half itself: the best the family
+reaches with parameters chosen knowing the jobs it is scored on (an upper bound for tuning; decisions still see only
+the past).
 
 Run (from the repository root):
     python benchmarks/simulate_bench.py
@@ -77,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after each deadline table, where each policy's excess over the optimum comes from, per half",
     )
+    ap.add_argument(
+        "--hindsight",
+        action="store_true",
+        help="re-tune ours on a grid on the first half (scored on the second) and on the second half itself",
+    )
     ap.add_argument("--only", help="run only the deadline tables whose title contains this (e.g. 'us-east-1')")
     ap.add_argument("--png", type=Path, help="also write a chart to this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         png=args.png,
         explain=args.explain,
         only=args.only,
+        hindsight=args.hindsight,
     )
     elapsed = time.perf_counter() - started
     if args.json:

@@ -89,3 +89,30 @@ def test_excess_splits_exactly_into_on_demand_and_spot_on_random_traces(seed: in
         assert row["x_optimum"] == pytest.approx(sum(g.cost_usd for g in mine) / sum(g.optimum_usd for g in mine))
     text = explain_table(gaps)
     assert "first half" in text and "worst" in text and "overspill" in text
+
+
+def test_hindsight_sweep_scores_every_grid_point_and_the_best_is_no_worse_than_the_defaults() -> None:
+    from federation.simulate.tuning import grid_points, hindsight_sweep, tuning_report
+
+    rng = random.Random(5)
+    bits = {z: "".join(rng.choice("11110") for _ in range(160)) for z in ("us-east-1a", "us-east-1b")}
+    t = SpotTrace.from_bits(bits, {"us-east-1a": 1.0, "us-east-1b": 1.2}, on_demand_usd=3.0, gap_seconds=1800)
+    cfg = DeadlineConfig(work_hours=8, deadlines_hours=(10, 14), restart_hours=0.5, start_every_hours=6)
+    grid = {"pace": (0.5, 0.75), "return_factor": (1.0, 2.5)}
+    assert len(grid_points(grid)) == 4
+    second = hindsight_sweep(t, cfg, "second", grid=grid)
+    first = hindsight_sweep(t, cfg, "first", grid=grid)
+    assert len(second) == len(first) == 4
+    assert all(r.x_optimum >= 1 - 1e-9 for r in second if r.all_met)  # nothing meets its deadlines below the optimum
+    assert [r.x_optimum for r in second if r.all_met] == sorted(r.x_optimum for r in second if r.all_met)
+    default = next(r for r in second if dict(r.params) == {"pace": 0.75, "return_factor": 2.5})
+    best = next(r for r in second if r.all_met)
+    assert best.x_optimum <= default.x_optimum
+    # the shipped policy on the same jobs scores what the default grid point scores
+    jobs = deadline_jobs(t, cfg)
+    split = halves(jobs, len(t))
+    results = run_deadline_chunk(t, [j for j, h in zip(jobs, split, strict=True) if h == "second"], cfg)
+    runs = [next(r for r in rs if r.policy == "overspill") for _, rs in results]
+    assert sum(r.cost_usd for r in runs) / sum(o for o, _ in results) == pytest.approx(default.x_optimum)
+    text, doc = tuning_report(first, second)
+    assert "hindsight" in text and doc["points"] == 4

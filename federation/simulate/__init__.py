@@ -41,6 +41,7 @@ from federation.simulate.experiments import (
 from federation.simulate.explain import explain_jobs, explain_table, summarize
 from federation.simulate.report import SimulationReport
 from federation.simulate.traces import SpotTrace
+from federation.simulate.tuning import hindsight_sweep, tuning_report
 
 __all__ = ["BurstConfig", "DeadlineConfig", "SimulationReport", "run_simulation"]
 
@@ -83,6 +84,12 @@ def _record(
         report.explain_summary[title] = summarize(gaps)
 
 
+def _tune(report: SimulationReport, title: str, trace: SpotTrace, cfg: DeadlineConfig, workers: int) -> None:
+    first = hindsight_sweep(trace, cfg, "first", workers=workers)
+    second = hindsight_sweep(trace, cfg, "second", workers=workers)
+    report.hindsight[title], report.hindsight_summary[title] = tuning_report(first, second)
+
+
 def run_simulation(
     data_dir: Path | str,
     *,
@@ -95,12 +102,15 @@ def run_simulation(
     gap_seconds: int = 300,
     explain: bool = False,
     only: str | None = None,
+    hindsight: bool = False,
 ) -> SimulationReport:
     """Run the experiments of `suite` on the data under `data_dir` and return the report (and write the PNG
-    chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
-    over processes. `explain` adds, per deadline table, where each policy's excess over the optimum comes from
-    (`federation.simulate.explain`); `only` runs just the deadline tables whose title contains it. Raises
-    ValueError when a data file is missing or malformed."""
+        chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
+        over processes. `explain` adds, per deadline table, where each policy's excess over the optimum comes from
+        (`federation.simulate.explain`); `only` runs just the deadline tables whose title contains it; `hindsight`
+    adds, per deadline table, `Overspill` re-tuned on a grid on the first half (scored on the second) and on the
+    second half itself (`federation.simulate.tuning`: an upper bound for tuning). Raises
+        ValueError when a data file is missing or malformed."""
     base = Path(data_dir)
     for rel in [CATALOG] + ([PHILLY] if suite in ("burst", "all") else []):
         if not (base / rel).exists():
@@ -120,6 +130,8 @@ def run_simulation(
                     continue
                 rows, results = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
                 _record(report, title, trace, cfg, rows, results, explain)
+                if hindsight:
+                    _tune(report, title, trace, cfg, workers)
         report.deadline_setup.update(asdict(dcfg), gap_seconds=gap_seconds, trace=trace.source)
     if suite in ("markets", "all"):
         for name in EXTRA_MARKETS:
@@ -130,6 +142,8 @@ def run_simulation(
                     continue
                 rows, results = deadline_experiment(trace, cfg, workers)
                 _record(report, title, trace, cfg, rows, results, explain)
+                if hindsight:
+                    _tune(report, title, trace, cfg, workers)
         report.deadline_setup.update(asdict(dcfg), extra_markets=list(EXTRA_MARKETS))
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly
