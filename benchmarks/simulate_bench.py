@@ -72,7 +72,7 @@ def data_dir(given: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", help="shared data folder (default: $OVERSPILL_SHARED_DATA or ../shared/data)")
-    ap.add_argument("--suite", choices=("all", "deadline", "markets", "burst"), default="all")
+    ap.add_argument("--suite", choices=("all", "deadline", "markets", "gcp", "burst"), default="all")
     ap.add_argument("--quick", action="store_true", help="smaller experiments (a smoke run)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")

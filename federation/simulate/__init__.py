@@ -9,7 +9,9 @@ Entry point: `run_simulation(data_dir, ...)` -> `SimulationReport` (`.tables()`,
   us-east-1's 4 zones (scarcer, pricier spot).
 - other markets (`suite="markets"`): every other availability trace in the shared data that fits the deadline
   model (`experiments.EXTRA_MARKETS`: the 2022 AWS V100 windows, 1 and 8 GPUs), one table each, spot priced
-  from the catalog (those traces carry no price); nothing was tuned on them.
+  from the catalog (those traces carry no price); nothing was tuned on them. Also (and alone with `suite="gcp"`)
+  the GCP H100 spot probes (`experiments.GCP_MARKETS`: one VM and a 16-VM gang, all 13 zones and us-central1's
+  3), priced from the GCP catalog, with jobs a quarter the size (the trace is one week, `experiments.gcp_config`).
 - burst experiment: the Philly job trace (jobs `skip_jobs` .. `+ jobs`) on an on-prem cluster of
   `onprem_gpus`, cloud V100 on-demand pools from the same catalog.
 """
@@ -25,6 +27,7 @@ from federation.simulate.deadline import DeadlineRun
 from federation.simulate.experiments import (
     CATALOG,
     EXTRA_MARKETS,
+    GCP_MARKETS,
     PHILLY,
     BurstConfig,
     DeadlineConfig,
@@ -32,10 +35,12 @@ from federation.simulate.experiments import (
     burst_experiment,
     deadline_experiment,
     deadline_jobs,
+    gcp_config,
     halves,
     job_records,
     load_aws_v100_trace,
     load_extra_market,
+    load_gcp_market,
     matched_spend,
 )
 from federation.simulate.explain import explain_jobs, explain_table, summarize
@@ -93,7 +98,7 @@ def _tune(report: SimulationReport, title: str, trace: SpotTrace, cfg: DeadlineC
 def run_simulation(
     data_dir: Path | str,
     *,
-    suite: Literal["deadline", "markets", "burst", "all"] = "all",
+    suite: Literal["deadline", "markets", "gcp", "burst", "all"] = "all",
     quick: bool = False,
     workers: int = 1,
     png: Path | None = None,
@@ -145,6 +150,19 @@ def run_simulation(
                 if hindsight:
                     _tune(report, title, trace, cfg, workers)
         report.deadline_setup.update(asdict(dcfg), extra_markets=list(EXTRA_MARKETS))
+    if suite in ("gcp", "markets", "all"):
+        gcfg = gcp_config(dcfg)
+        label = f"{gcfg.checkpoint_hours * 60:g}-min checkpoints, GCP's 30 s notice (no time to save)"
+        for name in GCP_MARKETS:
+            title = f"{name}, {label}"
+            if only and only not in title:
+                continue
+            trace = load_gcp_market(str(base), name)
+            rows, results = deadline_experiment(trace, gcfg, workers)
+            _record(report, title, trace, gcfg, rows, results, explain)
+            if hindsight:
+                _tune(report, title, trace, gcfg, workers)
+        report.deadline_setup.update(gcp_markets=list(GCP_MARKETS), gcp_jobs=asdict(gcfg))
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly
         from pricing.book import PriceBook
