@@ -46,6 +46,7 @@ Run (from the repository root):
     python benchmarks/simulate_bench.py --suite deadline --quick
     python benchmarks/simulate_bench.py --suite markets --json > markets.json   # per-job export included
     python benchmarks/simulate_bench.py --suite deadline --explain --only "us-east-1 only"
+    python benchmarks/simulate_bench.py --model-check
 """
 
 from __future__ import annotations
@@ -86,10 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="re-tune ours on a grid on the first half (scored on the second) and on the second half itself",
     )
+    ap.add_argument(
+        "--model-check",
+        action="store_true",
+        help="only score the availability model on the 2023 trace's held-out half (federation/simulate/modelcheck.py)",
+    )
     ap.add_argument("--only", help="run only the deadline tables whose title contains this (e.g. 'us-east-1')")
     ap.add_argument("--png", type=Path, help="also write a chart to this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
+    if args.model_check:
+        from federation.simulate.experiments import load_aws_v100_trace
+        from federation.simulate.modelcheck import model_check, model_table
+
+        trace = load_aws_v100_trace(str(data_dir(args.data)), 300, None)
+        print(f"Availability model, fitted on the first half of {trace.source}, scored on the second (9 zones):")
+        print(model_table(model_check(trace, (0.0, 0.5, 1.0, 2.0))))
+        return 0
     report = run_simulation(
         data_dir(args.data),
         suite=args.suite,
