@@ -60,7 +60,7 @@ def score(
     jobs: Sequence[DeadlineJob],
     optima: Sequence[float],
     cfg: DeadlineConfig,
-    params: dict[str, float],
+    params: Mapping[str, float | bool],
 ) -> SweepPoint:
     """`Overspill` with `params` (and the config's changeover) on `jobs`; `optima`: their optimum costs."""
     market = TraceMarket(trace)
