@@ -31,12 +31,22 @@ deadline.jobs, per scenario, every job's start, deadline, work, optimum and per 
 the deadline, finish time and work lost, for outside evaluators; plus the command line); `--png PATH` also
 writes a chart (needs matplotlib). Data is read in place from `--data`, `$OVERSPILL_SHARED_DATA`, or
 `../shared/data` next to the repository. `--quick` runs a smaller version; `--workers` sets processes (default 2).
+`--explain` adds after each deadline table, per half of the trace, where each policy's excess over the optimum comes
+from (on-demand $ and spot $ over the optimum's, changeovers, redone work, on-demand hours bought while spot was up
+or once the slack was gone, idle hours while spot was up) and the worst jobs of ours
+(`federation/simulate/explain.py`); `--only TEXT` runs just the deadline tables whose title contains TEXT.
+`--hindsight` re-tunes ours (`Overspill`) on a grid (`federation/simulate/tuning.py`) on the first half of each
+table's trace, scores that choice on the second, and also tunes it on the second half itself: the best the family
+reaches with parameters chosen knowing the jobs it is scored on (an upper bound for tuning; decisions still see only
+the past).
 
 Run (from the repository root):
     python benchmarks/simulate_bench.py
     python benchmarks/simulate_bench.py --json --png /tmp/simulate.png
     python benchmarks/simulate_bench.py --suite deadline --quick
     python benchmarks/simulate_bench.py --suite markets --json > markets.json   # per-job export included
+    python benchmarks/simulate_bench.py --suite deadline --explain --only "us-east-1 only"
+    python benchmarks/simulate_bench.py --model-check
 """
 
 from __future__ import annotations
@@ -63,14 +73,47 @@ def data_dir(given: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", help="shared data folder (default: $OVERSPILL_SHARED_DATA or ../shared/data)")
-    ap.add_argument("--suite", choices=("all", "deadline", "markets", "burst"), default="all")
+    ap.add_argument("--suite", choices=("all", "deadline", "markets", "gcp", "burst"), default="all")
     ap.add_argument("--quick", action="store_true", help="smaller experiments (a smoke run)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument(
+        "--explain",
+        action="store_true",
+        help="after each deadline table, where each policy's excess over the optimum comes from, per half",
+    )
+    ap.add_argument(
+        "--hindsight",
+        action="store_true",
+        help="re-tune ours on a grid on the first half (scored on the second) and on the second half itself",
+    )
+    ap.add_argument(
+        "--model-check",
+        action="store_true",
+        help="only score the availability model on the 2023 trace's held-out half (federation/simulate/modelcheck.py)",
+    )
+    ap.add_argument("--only", help="run only the deadline tables whose title contains this (e.g. 'us-east-1')")
     ap.add_argument("--png", type=Path, help="also write a chart to this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
-    report = run_simulation(data_dir(args.data), suite=args.suite, quick=args.quick, workers=args.workers, png=args.png)
+    if args.model_check:
+        from federation.simulate.experiments import load_aws_v100_trace
+        from federation.simulate.modelcheck import model_check, model_table
+
+        trace = load_aws_v100_trace(str(data_dir(args.data)), 300, None)
+        print(f"Availability model, fitted on the first half of {trace.source}, scored on the second (9 zones):")
+        print(model_table(model_check(trace, (0.0, 0.5, 1.0, 2.0))))
+        return 0
+    report = run_simulation(
+        data_dir(args.data),
+        suite=args.suite,
+        quick=args.quick,
+        workers=args.workers,
+        png=args.png,
+        explain=args.explain,
+        only=args.only,
+        hindsight=args.hindsight,
+    )
     elapsed = time.perf_counter() - started
     if args.json:
         doc = report.to_json()

@@ -457,10 +457,11 @@ class Overspill:
 
     Spot pools by expected up time (when `RunState.outlook` has the pool's availability history, from the past
     only): E = mean residual life of the pool's past up runs at the age of its current one (spot up runs are
-    mostly short but the ones that last, last: E grows with age), or 1 / interruption rate with fewer than
-    `min_samples` runs. A spot pool is ranked by its price per hour of progress, price x E / (E - d), and skipped
-    when E <= d. Leaving a safe pool (price P) for spot (price p) also needs E x (P - p) >= `return_factor` x 2d x
-    P: the expected saving must outweigh, by that factor, the changeover there and the one back.
+    mostly short but the ones that last, last: E grows with age; `age_dependent` False uses the mean of the past up
+    runs whatever the age, for experiments), or 1 / interruption rate with fewer than `min_samples` runs. A spot
+    pool is ranked by its price per hour of progress, price x E / (E - d), and skipped when E <= d. Leaving a safe
+    pool (price P) for spot (price p) also needs E x (P - p) >= `return_factor` x 2d x P: the expected saving must
+    outweigh, by that factor, the changeover there and the one back.
 
     When (with a deadline): slack = hours to the deadline - remaining work - changeover in progress. Each launch
     burns d = `restart_hours` of it, idling burns it tick by tick, running burns none. Rules, after the paper's
@@ -495,6 +496,7 @@ class Overspill:
     kinds: frozenset[CapacityType] = ANY_POOL
     min_samples: int = 5
     return_factor: float = 2.5
+    age_dependent: bool = True
 
     def _lasts_long_enough(self, state: RunState, spot: Offering) -> bool:
         """Leaving a safe pool for `spot` pays when the hours it is expected to stay up, saving (P - p) each,
@@ -512,7 +514,7 @@ class Overspill:
         current run's age when the outlook has enough of them, else 1 / its interruption rate."""
         look = state.outlook.get(off.key)
         if look is not None and look.up:
-            res = look.up_runs.mean_residual(look.age_hours, self.min_samples)
+            res = look.up_runs.mean_residual(look.age_hours if self.age_dependent else 0.0, self.min_samples)
             if res is not None:
                 return res
         rate = off.interruption_rate_per_hour

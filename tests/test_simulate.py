@@ -20,13 +20,16 @@ from federation.simulate.cluster import BurstPolicy, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.experiments import (
     EXTRA_MARKETS,
+    GCP_MARKETS,
     BurstConfig,
     DeadlineConfig,
     deadline_experiment,
     deadline_jobs,
+    gcp_config,
     halves,
     job_records,
     load_extra_market,
+    load_gcp_market,
     matched_spend,
     percentile,
     summarize_cluster,
@@ -465,7 +468,57 @@ def test_every_extra_market_loads_from_the_shared_data_with_catalog_prices() -> 
     report = run_simulation(
         base, suite="markets", deadline=DeadlineConfig(deadlines_hours=(60.0,), start_every_hours=300.0)
     )
-    assert len(report.deadline) == 2 * len(EXTRA_MARKETS)
+    assert len(report.deadline) == 2 * len(EXTRA_MARKETS) + len(GCP_MARKETS)
     for rows in report.deadline.values():
         by = {r.policy: r for r in rows}
         assert by["overspill"].deadline_attainment == by["greedy_safety_net"].deadline_attainment == 1.0
+
+
+def test_gcp_probe_loader_counts_a_zone_up_when_enough_vms_were_created(tmp_path: Path) -> None:
+    from federation.simulate.loaders import load_gcp_probes, load_gcp_zone_prices
+
+    catalog = tmp_path / "gcp.csv"
+    catalog.write_text(
+        "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice\n"
+        "a3-highgpu-1g,26.0,234.0,,,,us-central1,us-central1-a,1.0,0.25\n"
+        ",,,H100,1,{},us-central1,us-central1-a,4.0,3.0\n"
+        ",,,H100,2,{},us-central1,us-central1-a,8.0,6.0\n"
+        "a3-highgpu-1g,26.0,234.0,,,,us-east4,us-east4-a,1.5,0.5\n"  # no H100 row: left out
+    )
+    prices = load_gcp_zone_prices(catalog, "a3-highgpu-1g", "H100")
+    assert prices == {"us-central1-a": ("us-central1", 5.0, 3.25)}
+    probes = tmp_path / "probes.csv"
+    probes.write_text(
+        "scheduled_utc,zone,requested,created,capacity_exhausted\n"
+        "2025-10-04T00:10:00Z,us-central1-a,16,16,0\n"
+        "2025-10-04T00:20:00Z,us-central1-a,16,3,13\n"
+        # 00:30 missing: the 00:20 probe holds
+        "2025-10-04T00:40:00Z,us-central1-a,16,0,16\n"
+    )
+    one = load_gcp_probes(probes, prices)
+    assert (one.provider, one.gap_seconds, len(one)) == ("gcp", 600, 4)
+    assert one.zones[0].available == (True, True, True, False)
+    assert one.on_demand_usd == {"us-central1": 5.0} and one.zones[0].spot_usd[0] == 3.25
+    gang = load_gcp_probes(probes, prices, need=16, vms=16)
+    assert gang.zones[0].available == (True, False, False, False)
+    assert gang.on_demand_usd == {"us-central1": 80.0} and gang.zones[0].spot_usd[0] == 52.0
+    with pytest.raises(ValueError, match="no catalog price"):
+        load_gcp_probes(probes, {})
+
+
+@pytest.mark.integration
+def test_every_gcp_market_loads_from_the_shared_data_and_its_jobs_fit_the_week() -> None:
+    base = shared_file("spot-probes-skynomad/gcp_a3-highgpu-1g_spot_probes_16x.csv").parent.parent
+    cfg = gcp_config(DeadlineConfig())
+    assert (cfg.work_hours, cfg.deadlines_hours, cfg.start_every_hours) == (12.0, (13.0, 15.0, 17.5), 3.0)
+    up: dict[tuple[int, int], float] = {}
+    for name, (need, vms, zones) in GCP_MARKETS.items():
+        t = load_gcp_market(str(base), name)
+        up[(need, len(t.zones))] = sum(sum(z.available) for z in t.zones) / (len(t) * len(t.zones))
+        assert t.provider == "gcp" and t.accelerator == "H100" and t.gpus == vms and t.gap_seconds == 600
+        assert len(t.zones) == (13 if zones is None else len(zones)) and len(t) > 7 * 24 * 6 - 10
+        assert all(0 < z.spot_usd[0] < t.on_demand_usd[z.region] for z in t.zones)
+        jobs = deadline_jobs(t, cfg)
+        split = halves(jobs, len(t))
+        assert split.count("first") > 30 and split.count("second") > 30
+    assert up[(16, 13)] < up[(1, 13)] and up[(16, 3)] < up[(1, 3)]  # a 16-VM gang is up less often than one VM

@@ -211,6 +211,19 @@ def test_overspill_picks_the_spot_pool_whose_up_runs_last_over_a_cheaper_flaky_o
     assert plan.offering is not None and plan.offering.key == SPOT_A
 
 
+def test_overspill_expected_up_time_grows_with_age_unless_told_to_ignore_it() -> None:
+    # 1-hour ticks; zone a's past up runs lasted 1, 1, 1, 1 and 8 h (each followed by a 1 h outage), and its
+    # current run has lasted 2 h: the only past run that long went on 6 h more. Ignoring age: the mean, 2.4 h.
+    m = market({"us-east-1a": "10101010111111110111"}, {"us-east-1a": 1.0}, gap=H)
+    job = DeadlineJob("j", 19, work_ticks=1, deadline_ticks=1, restart_ticks=0)
+    look = m.outlook(19)
+    assert look[SPOT_A].up_runs.hours == (1.0, 1.0, 1.0, 1.0, 8.0) and look[SPOT_A].age_hours == 2.0
+    state, off = state_at(m, job, 19, outlook=look), m.book(19).get(SPOT_A)
+    assert Overspill(min_samples=1).expected_up_hours(state, off) == pytest.approx(6.0)  # type: ignore[arg-type]
+    flat = Overspill(min_samples=1, age_dependent=False)
+    assert flat.expected_up_hours(state, off) == pytest.approx(2.4)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("up_ticks", "returns"), [(16, True), (4, False)])
 def test_overspill_leaves_on_demand_only_for_a_spot_pool_expected_to_last(up_ticks: int, returns: bool) -> None:
     # On on-demand at $3/h, a $1/h spot pool comes up fresh. Returning needs E x (3 - 1) >= 2.5 x 2 x 0.25 x 3,

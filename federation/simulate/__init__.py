@@ -9,7 +9,9 @@ Entry point: `run_simulation(data_dir, ...)` -> `SimulationReport` (`.tables()`,
   us-east-1's 4 zones (scarcer, pricier spot).
 - other markets (`suite="markets"`): every other availability trace in the shared data that fits the deadline
   model (`experiments.EXTRA_MARKETS`: the 2022 AWS V100 windows, 1 and 8 GPUs), one table each, spot priced
-  from the catalog (those traces carry no price); nothing was tuned on them.
+  from the catalog (those traces carry no price); nothing was tuned on them. Also (and alone with `suite="gcp"`)
+  the GCP H100 spot probes (`experiments.GCP_MARKETS`: one VM and a 16-VM gang, all 13 zones and us-central1's
+  3), priced from the GCP catalog, with jobs a quarter the size (the trace is one week, `experiments.gcp_config`).
 - burst experiment: the Philly job trace (jobs `skip_jobs` .. `+ jobs`) on an on-prem cluster of
   `onprem_gpus`, cloud V100 on-demand pools from the same catalog.
 """
@@ -21,20 +23,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from federation.simulate.deadline import DeadlineRun
 from federation.simulate.experiments import (
     CATALOG,
     EXTRA_MARKETS,
+    GCP_MARKETS,
     PHILLY,
     BurstConfig,
     DeadlineConfig,
+    PolicySummary,
     burst_experiment,
     deadline_experiment,
+    deadline_jobs,
+    gcp_config,
+    halves,
     job_records,
     load_aws_v100_trace,
     load_extra_market,
+    load_gcp_market,
     matched_spend,
 )
+from federation.simulate.explain import explain_jobs, explain_table, summarize
 from federation.simulate.report import SimulationReport
+from federation.simulate.traces import SpotTrace
+from federation.simulate.tuning import hindsight_sweep, tuning_report
 
 __all__ = ["BurstConfig", "DeadlineConfig", "SimulationReport", "run_simulation"]
 
@@ -59,20 +71,51 @@ def checkpoint_variants(cfg: DeadlineConfig) -> dict[str, DeadlineConfig]:
     }
 
 
+def _record(
+    report: SimulationReport,
+    title: str,
+    trace: SpotTrace,
+    cfg: DeadlineConfig,
+    rows: list[PolicySummary],
+    results: list[tuple[float, list[DeadlineRun]]],
+    explain: bool,
+) -> None:
+    report.deadline[title] = rows
+    report.deadline_jobs[title] = job_records(trace, cfg, results)
+    if explain:
+        jobs = deadline_jobs(trace, cfg)
+        gaps = explain_jobs(trace, jobs, results, halves(jobs, len(trace)))
+        report.explain[title] = explain_table(gaps)
+        report.explain_summary[title] = summarize(gaps)
+
+
+def _tune(report: SimulationReport, title: str, trace: SpotTrace, cfg: DeadlineConfig, workers: int) -> None:
+    first = hindsight_sweep(trace, cfg, "first", workers=workers)
+    second = hindsight_sweep(trace, cfg, "second", workers=workers)
+    report.hindsight[title], report.hindsight_summary[title] = tuning_report(first, second)
+
+
 def run_simulation(
     data_dir: Path | str,
     *,
-    suite: Literal["deadline", "markets", "burst", "all"] = "all",
+    suite: Literal["deadline", "markets", "gcp", "burst", "all"] = "all",
     quick: bool = False,
     workers: int = 1,
     png: Path | None = None,
     deadline: DeadlineConfig | None = None,
     burst: BurstConfig | None = None,
     gap_seconds: int = 300,
+    explain: bool = False,
+    only: str | None = None,
+    hindsight: bool = False,
 ) -> SimulationReport:
     """Run the experiments of `suite` on the data under `data_dir` and return the report (and write the PNG
-    chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
-    over processes. Raises ValueError when a data file is missing or malformed."""
+        chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
+        over processes. `explain` adds, per deadline table, where each policy's excess over the optimum comes from
+        (`federation.simulate.explain`); `only` runs just the deadline tables whose title contains it; `hindsight`
+    adds, per deadline table, `Overspill` re-tuned on a grid on the first half (scored on the second) and on the
+    second half itself (`federation.simulate.tuning`: an upper bound for tuning). Raises
+        ValueError when a data file is missing or malformed."""
     base = Path(data_dir)
     for rel in [CATALOG] + ([PHILLY] if suite in ("burst", "all") else []):
         if not (base / rel).exists():
@@ -87,18 +130,39 @@ def run_simulation(
         for name, zones in SCENARIOS.items():
             trace = load_aws_v100_trace(str(base), gap_seconds, zones)
             for variant, cfg in checkpoint_variants(dcfg).items():
+                title = f"{name}, {variant}"
+                if only and only not in title:
+                    continue
                 rows, results = deadline_experiment(trace, cfg, workers, (str(base), gap_seconds, zones))
-                report.deadline[f"{name}, {variant}"] = rows
-                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
+                _record(report, title, trace, cfg, rows, results, explain)
+                if hindsight:
+                    _tune(report, title, trace, cfg, workers)
         report.deadline_setup.update(asdict(dcfg), gap_seconds=gap_seconds, trace=trace.source)
     if suite in ("markets", "all"):
         for name in EXTRA_MARKETS:
             trace = load_extra_market(str(base), name)
             for variant, cfg in checkpoint_variants(dcfg).items():
+                title = f"{name}, {variant}"
+                if only and only not in title:
+                    continue
                 rows, results = deadline_experiment(trace, cfg, workers)
-                report.deadline[f"{name}, {variant}"] = rows
-                report.deadline_jobs[f"{name}, {variant}"] = job_records(trace, cfg, results)
+                _record(report, title, trace, cfg, rows, results, explain)
+                if hindsight:
+                    _tune(report, title, trace, cfg, workers)
         report.deadline_setup.update(asdict(dcfg), extra_markets=list(EXTRA_MARKETS))
+    if suite in ("gcp", "markets", "all"):
+        gcfg = gcp_config(dcfg)
+        label = f"{gcfg.checkpoint_hours * 60:g}-min checkpoints, GCP's 30 s notice (no time to save)"
+        for name in GCP_MARKETS:
+            title = f"{name}, {label}"
+            if only and only not in title:
+                continue
+            trace = load_gcp_market(str(base), name)
+            rows, results = deadline_experiment(trace, gcfg, workers)
+            _record(report, title, trace, gcfg, rows, results, explain)
+            if hindsight:
+                _tune(report, title, trace, gcfg, workers)
+        report.deadline_setup.update(gcp_markets=list(GCP_MARKETS), gcp_jobs=asdict(gcfg))
     if suite in ("burst", "all"):
         from federation.simulate.loaders import load_philly
         from pricing.book import PriceBook

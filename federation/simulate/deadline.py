@@ -66,6 +66,25 @@ class DeadlineRun:
     pause_reason: str = ""
     over_budget: bool = False
     moves: tuple[str, ...] = field(default=(), repr=False)
+    costs: RunCosts | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RunCosts:
+    """Where a run's money and time went, for `federation.simulate.explain`. `spot_usd` + `on_demand_usd` is the
+    run's whole cost; `changeover_usd` (launch and restore ticks, either kind) and `lost_usd` (spot ticks whose
+    progress a reclaim later threw away) are parts of it. Hours: `on_demand_spot_up_hours` were billed on
+    on-demand while some spot pool of the trace was up; `on_demand_forced_hours` were billed on on-demand with
+    the slack below the safety margin (2 changeovers + the checkpoint interval when a reclaim loses work + one
+    tick: no time left to wait for spot); `idle_spot_up_hours` were spent idle while some spot pool was up."""
+
+    spot_usd: float = 0.0
+    on_demand_usd: float = 0.0
+    changeover_usd: float = 0.0
+    lost_usd: float = 0.0
+    on_demand_spot_up_hours: float = 0.0
+    on_demand_forced_hours: float = 0.0
+    idle_spot_up_hours: float = 0.0
 
 
 def job_spec(market: TraceMarket, job: DeadlineJob) -> JobSpec:
@@ -120,6 +139,9 @@ def run_deadline(
     spot_ticks = od_ticks = 0
     paused, reason = False, ""
     moves: list[str] = []
+    acct = _Ledger()
+    lost_risk = 0 if notice_seconds.get(trace.provider, 0.0) >= job.save_seconds else job.checkpoint_ticks
+    margin = 2 * job.restart_ticks + lost_risk + 1
     tick = job.start_tick
     while remaining > 0 and tick < end:
         book = market.book(tick)
@@ -131,7 +153,9 @@ def run_deadline(
                 history.append(Preemption.of(current, now))
                 if notice_seconds.get(current.provider, 0.0) < job.save_seconds:
                     remaining, lost = remaining + unsaved, lost + unsaved
+                    acct.lost_usd += acct.unsaved_usd
                 current, restart_left, unsaved = None, 0, 0
+                acct.unsaved_usd = 0.0
             else:
                 current = live
         state = RunState(
@@ -158,24 +182,38 @@ def run_deadline(
             break
         if plan.move is Move.WAIT:
             current, restart_left, unsaved = None, 0, 0
+            acct.unsaved_usd = 0.0
         elif plan.move is Move.LAUNCH and plan.offering is not None:
             unsaved = 0  # a chosen move saves first
+            acct.unsaved_usd = 0.0
             if current is not None:
                 migrations += 1
             current, restart_left = plan.offering, job.restart_ticks
             launches += 1
+        spot_up = any(z.available[tick] for z in trace.zones)
         if current is not None:
-            spent += current.price.hourly_usd * gap
+            step = current.price.hourly_usd * gap
+            spent += step
             checkpoint = (current.provider, current.region)
-            if current.capacity_type is CapacityType.SPOT:
+            on_spot = current.capacity_type is CapacityType.SPOT
+            if on_spot:
                 spot_ticks += 1
+                acct.spot_usd += float(step)
             else:
                 od_ticks += 1
+                acct.on_demand_usd += float(step)
+                acct.od_spot_up += spot_up
+                slack = job.deadline_ticks - (tick - job.start_tick) - remaining - restart_left
+                acct.od_forced += slack < margin
             if restart_left > 0:
                 restart_left -= 1
+                acct.changeover_usd += float(step)
             else:
                 remaining -= 1
                 unsaved = (unsaved + 1) % job.checkpoint_ticks if job.checkpoint_ticks else 0
+                acct.unsaved_usd = acct.unsaved_usd + float(step) if unsaved and on_spot else 0.0
+        else:
+            acct.idle_spot_up += spot_up
         tick += 1
     finished = remaining == 0
     elapsed = tick - job.start_tick
@@ -197,4 +235,27 @@ def run_deadline(
         pause_reason=reason,
         over_budget=spent > job.max_total_usd,
         moves=tuple(moves),
+        costs=RunCosts(
+            spot_usd=acct.spot_usd,
+            on_demand_usd=acct.on_demand_usd,
+            changeover_usd=acct.changeover_usd,
+            lost_usd=acct.lost_usd,
+            on_demand_spot_up_hours=acct.od_spot_up * gap_h,
+            on_demand_forced_hours=acct.od_forced * gap_h,
+            idle_spot_up_hours=acct.idle_spot_up * gap_h,
+        ),
     )
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """`run_deadline`'s running tallies behind `RunCosts` (ticks for the hour counts)."""
+
+    spot_usd: float = 0.0
+    on_demand_usd: float = 0.0
+    changeover_usd: float = 0.0
+    lost_usd: float = 0.0
+    unsaved_usd: float = 0.0  # cost of the spot ticks since the last checkpoint (lost if a reclaim comes first)
+    od_spot_up: int = 0
+    od_forced: int = 0
+    idle_spot_up: int = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -114,7 +114,7 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
 def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
     return (
         {"restart_hours": cfg.restart_hours}
-        if name in ("uniform_progress", "overspill", "greedy_safety_net", "forecast")
+        if name.removesuffix(BLIND) in ("uniform_progress", "overspill", "greedy_safety_net", "forecast")
         else {}
     )
 
@@ -179,10 +179,45 @@ EXTRA_MARKETS: dict[str, tuple[dict[str, str], str, int]] = {
 }
 
 
+GCP_PROBES = Path("spot-probes-skynomad") / "gcp_a3-highgpu-1g_spot_probes_16x.csv"
+GCP_CATALOG = Path("catalog") / "gcp_vms_skypilot_2026-04-02_gpu_and_hosts.csv"
+US_CENTRAL1 = ("us-central1-a", "us-central1-b", "us-central1-c")
+# The GCP H100 spot probes (16 a3-highgpu-1g VMs requested every 10 minutes in 13 zones, one week of 2025-10):
+# name -> (VMs that must be created for the zone to count as up, VMs per pool, zones or None for all 13). One VM
+# is one H100 job; the 16-VM gang is a job needing all 16 at once (a pool priced 16 x one VM).
+GCP_MARKETS: dict[str, tuple[int, int, tuple[str, ...] | None]] = {
+    "GCP H100 x1 (a3-highgpu-1g), 13 zones, 2025-10-04 (7 days, 10-min ticks)": (1, 1, None),
+    "GCP H100 x1 (a3-highgpu-1g), us-central1 (3 zones)": (1, 1, US_CENTRAL1),
+    "GCP H100 16-VM gang (16 x a3-highgpu-1g), 13 zones": (16, 16, None),
+    "GCP H100 16-VM gang (16 x a3-highgpu-1g), us-central1 (3 zones)": (16, 16, US_CENTRAL1),
+}
+GCP_SCALE = 0.25  # the GCP trace is one week long: its jobs are a quarter of the AWS ones (`gcp_config`)
+
+
+def gcp_config(cfg: DeadlineConfig) -> DeadlineConfig:
+    """The jobs of `cfg` scaled by `GCP_SCALE` (by default 12 h of work due in 13, 15 or 17.5 h, the same
+    deadline / work ratios as 52, 60 and 70 h for 48 h, one start every 3 h); changeover and checkpoints as is."""
+    return replace(
+        cfg,
+        work_hours=cfg.work_hours * GCP_SCALE,
+        deadlines_hours=tuple(d * GCP_SCALE for d in cfg.deadlines_hours),
+        start_every_hours=cfg.start_every_hours * GCP_SCALE,
+    )
+
+
+def load_gcp_market(data_dir: str, name: str) -> SpotTrace:
+    """One of `GCP_MARKETS` from the shared data folder, priced from the GCP catalog (host + H100 rows per zone)."""
+    from federation.simulate.loaders import load_gcp_probes, load_gcp_zone_prices
+
+    need, vms, zones = GCP_MARKETS[name]
+    base = Path(data_dir)
+    prices = load_gcp_zone_prices(base / GCP_CATALOG, "a3-highgpu-1g", "H100")
+    trace = load_gcp_probes(base / GCP_PROBES, prices, need=need, vms=vms, zones=zones)
+    return replace(trace, instance_type="a3-highgpu-1g", accelerator="H100", gpus=vms)
+
+
 def load_extra_market(data_dir: str, name: str) -> SpotTrace:
     """One of `EXTRA_MARKETS` from the shared data folder, priced from the AWS catalog (see its comment)."""
-    from dataclasses import replace as _replace
-
     from federation.simulate.loaders import load_availability_json, load_on_demand_prices, load_spot_prices
 
     files, itype, gpus = EXTRA_MARKETS[name]
@@ -191,7 +226,7 @@ def load_extra_market(data_dir: str, name: str) -> SpotTrace:
     spot_by_region = load_spot_prices(base / CATALOG, itype)
     paths = {z: base / SPOT_TRACES_2022 / f for z, f in files.items()}
     trace = load_availability_json(paths, {z: spot_by_region[z[:-1]] for z in files}, od)
-    return _replace(trace, instance_type=itype, gpus=gpus, source=f"spot-traces aws-10-26-2022 ({itype})")
+    return replace(trace, instance_type=itype, gpus=gpus, source=f"spot-traces aws-10-26-2022 ({itype})")
 
 
 def deadline_experiment(

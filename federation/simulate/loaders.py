@@ -7,12 +7,16 @@ Contract: each loader reads one file format and returns `federation.simulate.tra
 - `load_availability_json`: "Can't Be Late" spot-traces files (`{"metadata": {"gap_seconds"}, "data": [0/1...]}`,
   1 = available), one file per zone, priced at a constant spot price.
 - `load_on_demand_prices`: on-demand price per region of one instance type from a SkyPilot-format catalog.
+- `load_gcp_probes`: SkyNomad's GCP spot launch probes (`scheduled_utc,zone,requested,created,capacity_exhausted`),
+  a zone counted available at a probe when at least `need` of the requested VMs were created, priced per zone from
+  the GCP SkyPilot catalog (`load_gcp_zone_prices`: host row + accelerator row).
 - `load_philly`: the Philly job trace (`#job id,arrival time (sec),topology,shape,size,duration (sec)`).
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -137,3 +141,75 @@ def load_philly(path: Path, limit: int | None = None, skip: int = 0) -> list[Tra
         return jobs
     t0 = jobs[0].arrival_s
     return [TraceJob(j.id, j.arrival_s - t0, j.gpus, j.duration_s) for j in jobs]
+
+
+def load_gcp_zone_prices(
+    path: Path, host_type: str, accelerator: str, count: int = 1
+) -> dict[str, tuple[str, float, float]]:
+    """Zone -> (region, on-demand USD/h, spot USD/h) of a GCP VM in a SkyPilot-format GCP catalog, where a VM's
+    price is its host row (`InstanceType` = `host_type`) plus its accelerator row (empty `InstanceType`,
+    `AcceleratorName` x `AcceleratorCount`). Zones missing either row, or either price, are left out."""
+    hosts: dict[str, tuple[str, float, float]] = {}
+    accs: dict[str, tuple[float, float]] = {}
+    try:
+        with path.open(newline="") as fh:
+            for row in csv.DictReader(fh):
+                if not row.get("Price") or not row.get("SpotPrice"):
+                    continue
+                zone, prices = row["AvailabilityZone"], (float(row["Price"]), float(row["SpotPrice"]))
+                if row["InstanceType"] == host_type:
+                    hosts[zone] = (row["Region"], *prices)
+                elif (
+                    not row["InstanceType"]
+                    and row["AcceleratorName"] == accelerator
+                    and float(row["AcceleratorCount"] or 0) == count
+                ):
+                    accs[zone] = prices
+    except (OSError, KeyError, ValueError, csv.Error) as exc:
+        raise ValueError(f"{path}: not a SkyPilot GCP catalog ({exc})") from exc
+    return {z: (r, od + accs[z][0], spot + accs[z][1]) for z, (r, od, spot) in hosts.items() if z in accs}
+
+
+def load_gcp_probes(
+    path: Path,
+    prices: Mapping[str, tuple[str, float, float]],
+    need: int = 1,
+    vms: int = 1,
+    zones: Sequence[str] | None = None,
+) -> SpotTrace:
+    """The probes of `path` on their own grid (the probe interval; a missing probe repeats the zone's last one): a
+    zone is up at a probe when `created` >= `need`. A pool is `vms` VMs, priced `vms` x the zone's catalog price
+    (`prices`, from `load_gcp_zone_prices`); the on-demand price of a region is its cheapest zone's."""
+    probes: dict[str, dict[float, bool]] = {}
+    try:
+        with path.open(newline="") as fh:
+            for row in csv.DictReader(fh):
+                zone = row["zone"]
+                if zones is not None and zone not in zones:
+                    continue
+                at = datetime.fromisoformat(row["scheduled_utc"].replace("Z", "+00:00")).timestamp()
+                probes.setdefault(zone, {})[at] = int(row["created"]) >= need
+    except (OSError, KeyError, ValueError, csv.Error) as exc:
+        raise ValueError(f"{path}: not a GCP spot probe file ({exc})") from exc
+    if not probes:
+        raise ValueError(f"{path}: no probes for zones {list(zones or [])}")
+    missing = sorted(set(probes) - set(prices))
+    if missing:
+        raise ValueError(f"no catalog price for zones {missing}")
+    times = sorted({t for by in probes.values() for t in by})
+    gap = int(min(b - a for a, b in itertools.pairwise(times))) if len(times) > 1 else 600
+    n = int((times[-1] - times[0]) // gap) + 1
+    series = []
+    for zone in sorted(probes):
+        by, bits, last = probes[zone], [], False
+        for i in range(n):
+            last = by.get(times[0] + i * gap, last)
+            bits.append(last)
+        region, _, spot = prices[zone]
+        series.append(ZoneSeries(zone, region, tuple(bits), tuple(spot * vms for _ in range(n))))
+    od: dict[str, float] = {}
+    for zone in probes:
+        region, price, _ = prices[zone]
+        od[region] = min(price * vms, od.get(region, price * vms))
+    start = datetime.fromtimestamp(times[0], UTC)
+    return SpotTrace(start, gap, tuple(series), od, provider="gcp", source=f"{path.name} (created >= {need})")

@@ -27,8 +27,11 @@ from federation.simulate.traces import SpotTrace
 INF = math.inf
 
 
-def optimum_cost(trace: SpotTrace, job: DeadlineJob, zones: Sequence[str] | None = None) -> float:
-    """Minimum cost in USD to finish `job` by its deadline (INF when even on-demand cannot make it)."""
+def optimum_cost(
+    trace: SpotTrace, job: DeadlineJob, zones: Sequence[str] | None = None, on_demand_extra_usd: float = 0.0
+) -> float:
+    """Minimum cost in USD to finish `job` by its deadline (INF when even on-demand cannot make it), with
+    on-demand `on_demand_extra_usd` an hour dearer than the catalog (0: as is; see `optimum_on_demand_hours`)."""
     chosen = [z for z in trace.zones if zones is None or z.zone in zones]
     gap_h = trace.gap_hours
     k = job.restart_ticks
@@ -37,7 +40,7 @@ def optimum_cost(trace: SpotTrace, job: DeadlineJob, zones: Sequence[str] | None
     if slack < 0 or job.start_tick + horizon > len(trace):
         return INF
     width = horizon - work + 1  # w in 0 .. horizon - work
-    od = min(float(usd(trace.on_demand_usd[z.region])) for z in chosen) * gap_h
+    od = (min(float(usd(trace.on_demand_usd[z.region])) for z in chosen) + on_demand_extra_usd) * gap_h
     t0 = job.start_tick
     avail = [z.available[t0 : t0 + horizon] for z in chosen]
     price = [[float(usd(p)) * gap_h for p in z.spot_usd[t0 : t0 + horizon]] for z in chosen]
@@ -93,6 +96,17 @@ def optimum_cost(trace: SpotTrace, job: DeadlineJob, zones: Sequence[str] | None
                     _offer(slot, z + 1, [INF] * k + [a + c for a in head])
         idle, on_od, spot = nxt_idle, nxt_od, nxt_spot
     return best
+
+
+def optimum_on_demand_hours(trace: SpotTrace, job: DeadlineJob, cost: float | None = None, bump: float = 1e-3) -> float:
+    """Hours an optimal plan bills on on-demand (changeovers included): the derivative of the optimum's cost in
+    the on-demand price, measured as the cost's change when on-demand costs `bump` USD an hour more (exact while
+    the bump changes no choice; among optimal plans it picks the one with the least on-demand). `cost`: the
+    optimum's cost when already known. 0 when no plan meets the deadline."""
+    base = optimum_cost(trace, job) if cost is None else cost
+    if not math.isfinite(base):
+        return 0.0
+    return max(0.0, round((optimum_cost(trace, job, on_demand_extra_usd=bump) - base) / bump, 6))
 
 
 def _offer(slot: list[list[float] | None], i: int, values: list[float]) -> None:

@@ -24,11 +24,19 @@ class SimulationReport:
     burst: list[PolicySummary] = field(default_factory=list)
     burst_setup: dict[str, Any] = field(default_factory=dict)
     matched: list[dict[str, Any]] = field(default_factory=list)
+    explain: dict[str, str] = field(default_factory=dict)  # per deadline table: `explain.explain_table`
+    explain_summary: dict[str, Any] = field(default_factory=dict)  # per deadline table: `explain.summarize`
+    hindsight: dict[str, str] = field(default_factory=dict)  # per deadline table: `tuning.tuning_report` text
+    hindsight_summary: dict[str, Any] = field(default_factory=dict)  # ... and its JSON
 
     def tables(self) -> str:
         parts = []
         for scenario, rows in self.deadline.items():
             parts.append(f"Deadline jobs - {scenario}\n{deadline_table(rows)}\n{deadline_note(rows)}")
+            if scenario in self.explain:
+                parts.append(f"Where the excess over the optimum comes from - {scenario}\n{self.explain[scenario]}")
+            if scenario in self.hindsight:
+                parts.append(f"overspill re-tuned on a grid - {scenario}\n{self.hindsight[scenario]}")
         if self.burst:
             parts.append(f"Bursting - {self.burst_setup.get('title', 'cluster trace')}\n{burst_table(self.burst)}")
         if self.matched:
@@ -52,6 +60,8 @@ class SimulationReport:
                 "setup": self.deadline_setup,
                 "scenarios": {k: [asdict(r) for r in rows] for k, rows in self.deadline.items()},
                 "jobs": self.deadline_jobs,
+                **({"explain": self.explain_summary} if self.explain_summary else {}),
+                **({"hindsight": self.hindsight_summary} if self.hindsight_summary else {}),
             },
             "burst": {"setup": self.burst_setup, "policies": [asdict(r) for r in self.burst], "matched": self.matched},
         }
