@@ -12,16 +12,21 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import insert
+import anyio.to_thread
+import psycopg
+from sqlalchemy import insert, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from broker.attempt_spec import secret_ref_refusal
+from broker.auth import InvalidKey
 from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.db_async import AsyncPgPool
 from broker.errors import Conflict, NotFoundError, Unprocessable
 from broker.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
+from broker.services import jobs_pg
 from broker.settings import Settings
 from broker.tables import AuditEntry, Job, JobEvent, Placement
 from federation.placement import ever_feasible
@@ -150,13 +155,17 @@ def submit_job(
     checkpoints: CheckpointStores | None = None,
     settings: Settings | None = None,
     audit: dict[str, Any] | None = None,
+    key_id: str | None = None,
 ) -> tuple[Job, bool]:
     """Store a new pending job, or return the one an earlier request with the same Idempotency-Key made.
 
     The job, its `submitted` event and `audit` (an `audit_log` row, if given) are inserted in one transaction.
+    With `key_id` (the submitting API key) that transaction first re-reads the key's row and raises `InvalidKey`,
+    inserting nothing, when the key is missing or revoked: a revocation in any process stops submissions at once.
     Idempotency is the database's: a second job with the tenant's key cannot be inserted, so the transaction
     fails and the earlier job is returned (nothing of this request is kept, `audit` included). A key is looked up
     before the job is checked only when the check refuses it (a replay of an accepted job is answered as before).
+    `submit_job_async` does the same on PostgreSQL in one statement awaited on the event loop.
 
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
     region or provider constraints...), the deadline has passed, `checkpoint_uri` is not under one of the
@@ -164,6 +173,85 @@ def submit_job(
     not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), and Conflict
     when the key was used for a different request.
     """
+    prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings)
+    if isinstance(prepared, _Refused):
+        return _replay_or_raise(engine, tenant, prepared), False
+    job, event = prepared
+    try:
+        # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
+        with engine.begin() as conn:
+            if key_id is not None:
+                key = conn.execute(_KEY_REVOKED_AT, {"key_id": key_id}).first()
+                if key is None or key.revoked_at is not None:
+                    raise InvalidKey()
+            conn.execute(_INSERT_JOB, [job.model_dump()])
+            conn.execute(_INSERT_EVENT, [event])
+            if audit is not None:
+                conn.execute(_INSERT_AUDIT, [audit])
+    except IntegrityError:
+        if not job.idempotency_key:
+            raise
+        existing = _by_idempotency_key(engine, tenant, job.idempotency_key)
+        if existing is None:
+            raise
+        return _replayed(existing, job.request_hash or ""), False
+    return job, True
+
+
+async def submit_job_async(
+    pool: AsyncPgPool,
+    engine: Engine,
+    catalog: CatalogCache,
+    *,
+    tenant: str,
+    create: JobCreate,
+    idempotency_key: str | None,
+    now: datetime,
+    request_id: str | None = None,
+    checkpoints: CheckpointStores | None = None,
+    settings: Settings | None = None,
+    audit: dict[str, Any] | None = None,
+    key_id: str | None = None,
+) -> tuple[Job, bool]:
+    """`submit_job` on PostgreSQL: the checks run on the event loop (they never block), the key check and the three
+    inserts are one statement on `pool` (broker/services/jobs_pg.py), and only the rare Idempotency-Key lookup of a
+    replay goes to a worker thread (through `engine`). Same contract, same errors."""
+    prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings)
+    if isinstance(prepared, _Refused):
+        return await anyio.to_thread.run_sync(_replay_or_raise, engine, tenant, prepared), False
+    job, event = prepared
+    try:
+        inserted = await jobs_pg.insert_submission(pool, job.model_dump(), event, audit, key_id)
+    except psycopg.errors.UniqueViolation:
+        if not job.idempotency_key:
+            raise
+        existing = await anyio.to_thread.run_sync(_by_idempotency_key, engine, tenant, job.idempotency_key)
+        if existing is None:
+            raise
+        return _replayed(existing, job.request_hash or ""), False
+    if not inserted:
+        raise InvalidKey()
+    return job, True
+
+
+class _Refused:
+    """A submission the checks refused: answered with the earlier job of its Idempotency-Key, else refused."""
+
+    def __init__(self, error: Unprocessable, idempotency_key: str | None, digest: str) -> None:
+        self.error, self.idempotency_key, self.digest = error, idempotency_key, digest
+
+
+def _prepare(
+    catalog: CatalogCache,
+    tenant: str,
+    create: JobCreate,
+    idempotency_key: str | None,
+    now: datetime,
+    request_id: str | None,
+    checkpoints: CheckpointStores | None,
+    settings: Settings | None,
+) -> tuple[Job, dict[str, Any]] | _Refused:
+    """The new job and its `submitted` event, or why the checks refused it."""
     idempotency_key = idempotency_key or None  # an empty `Idempotency-Key` header is no key (never a shared one)
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
@@ -171,11 +259,8 @@ def submit_job(
         job = _checked_job(
             catalog, tenant, create, payload, digest, idempotency_key, now, request_id, checkpoints, settings
         )
-    except Unprocessable:
-        existing = _by_idempotency_key(engine, tenant, idempotency_key) if idempotency_key else None
-        if existing is None:
-            raise
-        return _replayed(existing, digest), False  # accepted earlier: the answer stands, whatever changed since
+    except Unprocessable as exc:
+        return _Refused(exc, idempotency_key, digest)
     event = {
         "job_id": job.id,
         "tenant": tenant,
@@ -184,27 +269,21 @@ def submit_job(
         "message": f"submitted with a ceiling of ${job.max_total_usd}",
         "data": {},
     }
-    try:
-        # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
-        with engine.begin() as conn:
-            conn.execute(_INSERT_JOB, [job.model_dump()])
-            conn.execute(_INSERT_EVENT, [event])
-            if audit is not None:
-                conn.execute(_INSERT_AUDIT, [audit])
-    except IntegrityError:
-        if not idempotency_key:
-            raise
-        existing = _by_idempotency_key(engine, tenant, idempotency_key)
-        if existing is None:
-            raise
-        return _replayed(existing, digest), False
-    return job, True
+    return job, event
+
+
+def _replay_or_raise(engine: Engine, tenant: str, refused: _Refused) -> Job:
+    existing = _by_idempotency_key(engine, tenant, refused.idempotency_key) if refused.idempotency_key else None
+    if existing is None:
+        raise refused.error
+    return _replayed(existing, refused.digest)  # accepted earlier: the answer stands, whatever changed since
 
 
 # inline(): no RETURNING of the generated ids, which nothing reads (the job's id is ours)
 _INSERT_JOB = insert(Job.__table__).inline()  # type: ignore[attr-defined]
 _INSERT_EVENT = insert(JobEvent.__table__).inline()  # type: ignore[attr-defined]
 _INSERT_AUDIT = insert(AuditEntry.__table__).inline()  # type: ignore[attr-defined]
+_KEY_REVOKED_AT = text("SELECT revoked_at FROM api_key WHERE id = :key_id")
 
 
 def _checked_job(
