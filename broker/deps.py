@@ -135,6 +135,9 @@ async def authenticate(request: Request, rt: Runtime, key: str, *, confirm: bool
     return principal
 
 
+# What a route authenticated by `get_principal_unconfirmed` declares (as the Security dependencies below would)
+KEY_SECURITY: dict[str, Any] = {"security": [{"BearerAuth": []}, {"ApiKeyAuth": []}]}
+
 # The OpenAPI security schemes (Swagger's Authorize button, generated clients' auth): a bearer token or the
 # X-API-Key header, either one. They only document; `get_principal` reads the key from the raw headers, where a
 # header sent twice is visible (FastAPI would give the first), by the same function as the rate limiter's.
@@ -155,17 +158,15 @@ async def get_principal(
     return principal
 
 
-async def get_principal_unconfirmed(
-    request: Request,
-    rt: RuntimeDep,
-    _bearer: Annotated[Any, Security(BEARER)] = None,
-    _api_key: Annotated[Any, Security(API_KEY_HEADER)] = None,
-) -> Principal:
+async def get_principal_unconfirmed(request: Request) -> Principal:
     """`get_principal` without the revocation re-read of a key cached in this process, for a route whose write
     re-reads the key's row in its own transaction (`POST /v1/jobs`: `broker.services.jobs.submit_job(key_id=...)`),
     one round trip instead of two. Such a route must call `confirm_or_refuse` on every path that does not run that
-    transaction (a refusal, a replay), and `refuse_revoked` when the transaction finds the key revoked."""
-    principal = await principal_of(request, rt, confirm=False)
+    transaction (a refusal, a replay), and `refuse_revoked` when the transaction finds the key revoked.
+
+    It has no sub-dependencies (FastAPI solves each one per request, which shows in a busy worker's profile), so it
+    documents nothing: such a route states its security itself (`openapi_extra=KEY_SECURITY`)."""
+    principal = await principal_of(request, request.app.state.runtime, confirm=False)
     request.state.principal = principal
     return principal
 
@@ -202,9 +203,9 @@ def _admit(principal: Principal, roles: tuple[Role, ...]) -> Principal:
     return principal
 
 
-def require(*roles: Role, confirmed: bool = True) -> Callable[[Principal], Awaitable[Principal]]:
-    """A dependency that admits only the given roles (403 otherwise). `confirmed=False` authenticates with
-    `get_principal_unconfirmed` (the route re-reads the key itself)."""
+def require(*roles: Role, confirmed: bool = True) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that admits only the given roles (403 otherwise). `confirmed=False`: the key is authenticated
+    as by `get_principal_unconfirmed` (the route re-reads it itself), with no sub-dependencies."""
     if confirmed:
 
         async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
@@ -212,9 +213,10 @@ def require(*roles: Role, confirmed: bool = True) -> Callable[[Principal], Await
 
         return check
 
-    async def check_unconfirmed(principal: Annotated[Principal, Depends(get_principal_unconfirmed)]) -> Principal:
-        return _admit(principal, roles)
+    async def check_unconfirmed(request: Request) -> Principal:
+        return _admit(await get_principal_unconfirmed(request), roles)
 
+    check_unconfirmed.authenticates_key = True  # type: ignore[attr-defined]  # for broker.http_errors
     return check_unconfirmed
 
 

@@ -78,7 +78,7 @@ def field_error(error: Any) -> FieldError:
 def _gate_of(route: Any) -> str | None:
     """ "key" when the route authenticates an API key, "callback" when it takes a callback token, else None (found
     once per route object, and kept on it)."""
-    from broker.deps import get_principal, get_principal_unconfirmed
+    from broker.deps import get_principal
     from broker.routes.placements import callback_token_of
 
     if route is None:
@@ -90,7 +90,7 @@ def _gate_of(route: Any) -> str | None:
             dep = stack.pop()
             if dep is None:
                 continue
-            if dep.call is get_principal or dep.call is get_principal_unconfirmed:
+            if dep.call is get_principal or getattr(dep.call, "authenticates_key", False):
                 found = "key"
             elif dep.call is callback_token_of:
                 found = "callback"
