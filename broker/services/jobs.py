@@ -31,6 +31,7 @@ from broker.services import jobs_pg
 from broker.settings import Settings
 from broker.tables import AuditEntry, Job, JobEvent, Placement
 from federation.placement import ever_feasible
+from pricing.book import PriceBook
 from providers.model import JobSpec, JobState, SecretReference, hours_between
 
 
@@ -218,7 +219,11 @@ async def submit_job_async(
     inserts are one statement on `pool` (broker/services/jobs_pg.py), and only the rare Idempotency-Key lookup of a
     replay goes to a worker thread (through `engine`). Same contract and errors; it returns the job's public view
     (`job_public(job, None)`), built without an ORM object."""
-    prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings)
+    # the catalog's re-check (every 2 s, a rebuild when prices changed) reads the database: in a worker thread
+    book = catalog.cached_book()
+    if book is None:  # (an empty book is falsy: compare with None)
+        book = await anyio.to_thread.run_sync(catalog.book, now)
+    prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings, book)
     if isinstance(prepared, _Refused):
         earlier = await anyio.to_thread.run_sync(_replay_or_raise, engine, tenant, prepared)
         return job_public(earlier, None), False
@@ -253,14 +258,25 @@ def _prepare(
     request_id: str | None,
     checkpoints: CheckpointStores | None,
     settings: Settings | None,
+    book: PriceBook | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]] | _Refused:
-    """The new job's row and its `submitted` event, or why the checks refused it."""
+    """The new job's row and its `submitted` event, or why the checks refused it (against `book`, or
+    `catalog.book(now)` when none is given)."""
     idempotency_key = idempotency_key or None  # an empty `Idempotency-Key` header is no key (never a shared one)
     payload = create.model_dump(mode="json")
     digest = _request_hash(payload)
     try:
         row = _checked_job(
-            catalog, tenant, create, payload, digest, idempotency_key, now, request_id, checkpoints, settings
+            catalog.book(now) if book is None else book,
+            tenant,
+            create,
+            payload,
+            digest,
+            idempotency_key,
+            now,
+            request_id,
+            checkpoints,
+            settings,
         )
     except Unprocessable as exc:
         return _Refused(exc, idempotency_key, digest)
@@ -302,7 +318,7 @@ _KEY_REVOKED_AT = text("SELECT revoked_at FROM api_key WHERE id = :key_id")
 
 
 def _checked_job(
-    catalog: CatalogCache,
+    book: PriceBook,
     tenant: str,
     create: JobCreate,
     payload: dict[str, Any],
@@ -341,7 +357,6 @@ def _checked_job(
     )
     spec = spec_of(_unsaved(row))
     row["work_hours"] = row["remaining_work_hours"] = spec.work_hours
-    book = catalog.book(now)
     relevant = [i.offering for group in book.for_accelerators(spec.accelerators) for i in group]
     if len(book) and not ever_feasible(spec, relevant):
         field = "accelerators" if not relevant else "gpu_count"
