@@ -82,12 +82,12 @@ async def submit_job(
     except BrokerError:
         await confirm_or_refuse(request, rt, principal)  # a revoked key is told 401, never how its job fared
         raise
-    response.headers["Location"] = f"/v1/jobs/{public.id}"
     if created:
         request.state.audited = True  # the audit row committed with the job (broker.audit)
     else:
         await confirm_or_refuse(request, rt, principal)  # a replay wrote nothing, so nothing re-read the key
         response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/jobs/{public.id}"
     return public
 
 
