@@ -135,9 +135,6 @@ async def authenticate(request: Request, rt: Runtime, key: str, *, confirm: bool
     return principal
 
 
-# What a route authenticated by `get_principal_unconfirmed` declares (as the Security dependencies below would)
-KEY_SECURITY: dict[str, Any] = {"security": [{"BearerAuth": []}, {"ApiKeyAuth": []}]}
-
 # The OpenAPI security schemes (Swagger's Authorize button, generated clients' auth): a bearer token or the
 # X-API-Key header, either one. They only document; `get_principal` reads the key from the raw headers, where a
 # header sent twice is visible (FastAPI would give the first), by the same function as the rate limiter's.
@@ -164,8 +161,8 @@ async def get_principal_unconfirmed(request: Request) -> Principal:
     one round trip instead of two. Such a route must call `confirm_or_refuse` on every path that does not run that
     transaction (a refusal, a replay), and `refuse_revoked` when the transaction finds the key revoked.
 
-    It has no sub-dependencies (FastAPI solves each one per request, which shows in a busy worker's profile), so it
-    documents nothing: such a route states its security itself (`openapi_extra=KEY_SECURITY`)."""
+    Not a dependency itself: `require(..., confirmed=False)` calls it from one dependency (FastAPI solves each
+    sub-dependency per request, which shows in a busy worker's profile)."""
     principal = await principal_of(request, request.app.state.runtime, confirm=False)
     request.state.principal = principal
     return principal
@@ -205,7 +202,8 @@ def _admit(principal: Principal, roles: tuple[Role, ...]) -> Principal:
 
 def require(*roles: Role, confirmed: bool = True) -> Callable[..., Awaitable[Principal]]:
     """A dependency that admits only the given roles (403 otherwise). `confirmed=False`: the key is authenticated
-    as by `get_principal_unconfirmed` (the route re-reads it itself), with no sub-dependencies."""
+    as by `get_principal_unconfirmed` (the route re-reads it itself), in one dependency whose only sub-dependencies
+    are the two security schemes it documents (the OpenAPI document is the same as for `get_principal`)."""
     if confirmed:
 
         async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
@@ -213,7 +211,11 @@ def require(*roles: Role, confirmed: bool = True) -> Callable[..., Awaitable[Pri
 
         return check
 
-    async def check_unconfirmed(request: Request) -> Principal:
+    async def check_unconfirmed(
+        request: Request,
+        _bearer: Annotated[Any, Security(BEARER)] = None,
+        _api_key: Annotated[Any, Security(API_KEY_HEADER)] = None,
+    ) -> Principal:
         return _admit(await get_principal_unconfirmed(request), roles)
 
     check_unconfirmed.authenticates_key = True  # type: ignore[attr-defined]  # for broker.http_errors

@@ -13,7 +13,6 @@ from broker.audit import entry_row
 from broker.auth import InvalidKey
 from broker.db_async import AsyncPgPool
 from broker.deps import (
-    KEY_SECURITY,
     RuntimeDep,
     Submitter,
     SubmitterCheckedInWrite,
@@ -45,7 +44,6 @@ def _links(status_code: int, description: str) -> dict[int | str, dict[str, Any]
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
     responses=_links(202, "the job, queued (the same job again for a repeated `Idempotency-Key`)"),
-    openapi_extra=KEY_SECURITY,
 )
 async def submit_job(
     body: JobCreate,
