@@ -6,7 +6,8 @@ What it measures, per backend (`--db sqlite|postgresql|both`, default both):
   2. One control-loop tick in a subprocess (`broker.cli tick`): migrates, installs the development admin key
      `ovs_devadmin_local-development-only` and loads the simulated prices, so submissions are checked against a
      real catalog (set OVERSPILL_SIMULATED=false to skip: the catalog is then empty and so is the check).
-  3. `uvicorn --factory broker.app:app_from_env --workers W` (API only, no control loop) on 127.0.0.1.
+  3. `uvicorn --factory broker.app:app_from_env --workers W` (API only, no control loop) on 127.0.0.1, with
+     uvicorn's access log off and the broker's (`OVERSPILL_LOG_LEVEL=warning`) off too unless `--access-log`.
   4. `wrk` POSTing one valid job (A100 x1, 2 GPU-hours, $50 ceiling) with the admin key: `--warmup` seconds
      unmeasured, then `-t T -c C -d D --latency`. From wrk: requests/s, latency p50/p90/p99, non-2xx answers and
      socket errors; a Lua `response()` hook also counts answers by status.
@@ -154,8 +155,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def broker_env(database_url: str, data_dir: Path) -> dict[str, str]:
+def broker_env(database_url: str, data_dir: Path, *, access_log: bool = False) -> dict[str, str]:
     env = dict(os.environ)
+    if not access_log:  # as uvicorn's own (--no-access-log): the broker's `http request` INFO record per request
+        env["OVERSPILL_LOG_LEVEL"] = "warning"
     env.update(
         OVERSPILL_DATABASE_URL=database_url,
         OVERSPILL_DATA_DIR=str(data_dir),
@@ -509,7 +512,7 @@ def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., Non
     db: Database | None = None
     try:
         db = sqlite_database(workdir) if backend == "sqlite" else postgres_database(args.pg_url)
-        env = broker_env(db.url, workdir)
+        env = broker_env(db.url, workdir, access_log=args.access_log)
         say(f"[{backend}] database {db.url}")
         t0 = time.perf_counter()
         seeded = seed_database(env, workdir)
@@ -721,6 +724,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=1.0, help="pause before counting rows, s (default 1)")
     parser.add_argument("--pg-url", help="admin URL of an existing PostgreSQL (a fresh database is created)")
     parser.add_argument("--py-spy", metavar="DIR", help="sample one uvicorn worker with py-spy, raw stacks in DIR")
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="keep the broker's access log (one INFO record per request); off by default, as uvicorn's",
+    )
     parser.add_argument("--verbose", action="store_true", help="also print wrk's own report")
     parser.add_argument("--json", action="store_true", help="print one JSON object of figures")
     args = parser.parse_args(argv)
@@ -739,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(
         f"submit_load_bench: {os.cpu_count()} CPUs, wrk -t{args.threads} -c{args.connections} "
         f"-d{args.duration}s after {args.warmup} s warm-up, OVERSPILL_SIMULATED="
-        f"{os.environ.get('OVERSPILL_SIMULATED', 'true')}"
+        f"{os.environ.get('OVERSPILL_SIMULATED', 'true')}, broker access log {'on' if args.access_log else 'off'}"
     )
     results = [r for b in backends for r in bench_backend(b, args, say)]
     if args.json:

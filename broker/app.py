@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.audit import AuditLog
 from broker.console import router as console_router
+from broker.db_async import AsyncPgPool
 from broker.deps import HashGate
 from broker.docs import mount_docs, openapi_document
 from broker.errors import BrokerError
@@ -144,6 +145,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         rt = runtime or build_runtime(config)
         app.state.runtime = rt
+        # POST /v1/jobs writes through its own asynchronous connections on PostgreSQL (broker/db_async.py);
+        # without a lifespan (a test client used without `with`) it falls back to the engine in a worker thread
+        job_pool = app.state.job_pool = AsyncPgPool.for_engine(rt.engine)
         worker = None
         if loop:
             from broker.loop.runner import run_forever
@@ -156,6 +160,9 @@ def create_app(
             worker.join(timeout=30)
         if shared_buckets is not None:
             await shared_buckets.aclose()
+        if job_pool is not None:
+            app.state.job_pool = None
+            await job_pool.aclose()
 
     app = FastAPI(
         title="Overspill",

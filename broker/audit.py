@@ -53,41 +53,42 @@ STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 def _entry(scope: Scope, status: int, now: datetime) -> AuditEntry | AuditRefused:
     """The audit row for this request: an `AuditEntry` for a verified caller, else an `AuditRefused` count."""
-    state = scope.get("state", {})
-    principal = state.get("principal")
+    columns = entry_row(scope, status, now)
+    if columns is not None:
+        return AuditEntry(**columns)
     route = str(getattr(scope.get("route"), "path", ""))[:200]
     client = (scope.get("client") or ("",))[0][:100]
+    minute = now.replace(second=0, microsecond=0)
+    return AuditRefused(
+        minute=minute, client=client, method=scope["method"][:8], route=route, status=status, last_at=now
+    )
+
+
+def entry_row(scope: Scope, status: int, now: datetime) -> dict[str, Any] | None:
+    """The `audit_log` columns (all but `id`) of this request answered with `status`, for a verified caller; None
+    when the caller is not verified (the middleware counts those). A route that inserts the row in its own
+    transaction sets `request.state.audited`. Plain values, no model built: `POST /v1/jobs` calls this per request."""
+    state = scope.get("state", {})
+    principal = state.get("principal")
     if isinstance(principal, Principal):
         tenant, key_id, role = principal.tenant, principal.key_id, principal.role.value
     elif "audit_tenant" in state:  # an instance's callback, proven by its placement token
         tenant, key_id, role = str(state["audit_tenant"]), "", "instance"
     else:
-        minute = now.replace(second=0, microsecond=0)
-        method = scope["method"][:8]
-        return AuditRefused(minute=minute, client=client, method=method, route=route, status=status, last_at=now)
-    return AuditEntry(
-        at=now,
-        tenant=tenant,
-        key_id=key_id,
-        role=role,
-        method=scope["method"][:8],
-        path=scope["path"][:500],
-        route=route,
-        status=status,
-        client=client,
-        request_id=str(state.get("request_id", ""))[:128],  # sanitised by broker.request_id
-        detail=str(state.get("audit_detail", ""))[:500],
-    )
-
-
-def entry_row(scope: Scope, status: int, now: datetime) -> dict[str, Any] | None:
-    """The `audit_log` columns of this request answered with `status`, for a route that inserts the row in its
-    own transaction (then it sets `request.state.audited`); None when the caller is not verified (the middleware
-    counts those)."""
-    entry = _entry(scope, status, now)
-    if isinstance(entry, AuditRefused):
         return None
-    return entry.model_dump(exclude={"id"})
+    return {
+        "at": now,
+        "tenant": tenant,
+        "key_id": key_id,
+        "role": role,
+        "method": scope["method"][:8],
+        "path": scope["path"][:500],
+        "route": str(getattr(scope.get("route"), "path", ""))[:200],
+        "status": status,
+        "client": (scope.get("client") or ("",))[0][:100],
+        "request_id": str(state.get("request_id", ""))[:128],  # sanitised by broker.request_id
+        "detail": str(state.get("audit_detail", ""))[:500],
+    }
 
 
 def record(engine: Engine, entry: AuditEntry | AuditRefused) -> None:

@@ -10,7 +10,8 @@ itself), so the slow hash is paid once per key per process, not per request. Rev
 `revoked_at` set in the database by hand) takes effect:
 - at once in the process that revoked it (`forget`);
 - at once for state-changing requests in every process: the caller `confirm`s a cached principal against its row
-  (one primary-key read) before any POST, PUT, PATCH or DELETE;
+  (one primary-key read) before any POST, PUT, PATCH or DELETE (`POST /v1/jobs` reads the row inside the job's
+  own transaction instead, and inserts nothing when the key is revoked: `broker.services.jobs.submit_job`);
 - within `recheck_seconds` (1 s) for reads in every process: `recheck` (due once per interval per process, see
   `recheck_due`) reads the rows of every cached key id in one query and drops those revoked or deleted.
 Every refusal says the same thing ("invalid API key"): malformed, unknown, revoked and wrong keys are not told

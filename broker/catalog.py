@@ -93,6 +93,18 @@ class CatalogCache:
         """The feed that wrote a pool's current price (as of the cached snapshot)."""
         return self._feed_of.get(key, "")
 
+    def cached_book(self) -> PriceBook | None:
+        """The book as `book()` would return it without touching the database, or None when `book()` would query
+        (its re-check is due, nothing is loaded yet, or another thread is loading it). Never blocks: an event loop
+        calls this, and `book()` in a worker thread only when it gets None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            fresh = self._book is not None and time.monotonic() - self._checked < self._check_seconds
+            return self._book if fresh else None
+        finally:
+            self._lock.release()
+
     def book(self, now: datetime) -> PriceBook:
         with self._lock:
             if self._book is not None and time.monotonic() - self._checked < self._check_seconds:

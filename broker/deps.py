@@ -2,7 +2,8 @@
 
 They are `async` so FastAPI does not hand each one to a worker thread. A key verified in this process is answered
 from the verifier's cache with no thread hand-off and no database; a state-changing request (POST, PUT, PATCH,
-DELETE) also confirms the key is not revoked (one primary-key read), and once a second one request re-checks every
+DELETE) also confirms the key is not revoked (one primary-key read; `POST /v1/jobs` does that read inside the job's
+own transaction instead, see `get_principal_unconfirmed`), and once a second one request re-checks every
 cached key (broker/auth.py). Only a key not yet verified goes to the slow hash, through the process's `HashGate`:
 at most `key_hash_concurrency` hashes at once on its own threads, run at a lower CPU priority (so unverified keys
 never take the worker threads legitimate requests run on, nor their cores), at most `MAX_WAITING_PER_SLOT` per slot
@@ -101,8 +102,9 @@ def request_key(request: Request) -> str | None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
 
 
-async def authenticate(request: Request, rt: Runtime, key: str) -> Principal:
-    """The principal of `key` (see the module docstring); HTTPException 401 or 429 otherwise."""
+async def authenticate(request: Request, rt: Runtime, key: str, *, confirm: bool = True) -> Principal:
+    """The principal of `key` (see the module docstring); HTTPException 401 or 429 otherwise. `confirm=False`
+    skips the revocation re-read of a cached key on a state-changing request (see `get_principal_unconfirmed`)."""
     verifier = rt.verifier
     principal = verifier.cached(key)  # the common case: no thread hand-off, no database
     if principal is not None and verifier.recheck_due():
@@ -110,6 +112,7 @@ async def authenticate(request: Request, rt: Runtime, key: str) -> Principal:
         principal = verifier.cached(key)
     if (
         principal is not None
+        and confirm
         and request.method in STATE_CHANGING
         and not await run_in_threadpool(verifier.confirm, principal)
     ):
@@ -152,29 +155,75 @@ async def get_principal(
     return principal
 
 
-async def principal_of(request: Request, rt: Runtime) -> Principal:
+async def get_principal_unconfirmed(request: Request) -> Principal:
+    """`get_principal` without the revocation re-read of a key cached in this process, for a route whose write
+    re-reads the key's row in its own transaction (`POST /v1/jobs`: `broker.services.jobs.submit_job(key_id=...)`),
+    one round trip instead of two. Such a route must call `confirm_or_refuse` on every path that does not run that
+    transaction (a refusal, a replay), and `refuse_revoked` when the transaction finds the key revoked.
+
+    Not a dependency itself: `require(..., confirmed=False)` calls it from one dependency (FastAPI solves each
+    sub-dependency per request, which shows in a busy worker's profile)."""
+    principal = await principal_of(request, request.app.state.runtime, confirm=False)
+    request.state.principal = principal
+    return principal
+
+
+def refuse_revoked(request: Request, rt: Runtime, principal: Principal) -> HTTPException:
+    """The 401 for a key found revoked after it was authenticated: forgotten in this process, and the request is
+    audited as refused (no principal), as if authentication had refused it."""
+    rt.verifier.forget(principal.key_id)
+    request.state.principal = None
+    return _unauthorised(INVALID)
+
+
+async def confirm_or_refuse(request: Request, rt: Runtime, principal: Principal) -> None:
+    """Re-read the key's row (`KeyVerifier.confirm`); `refuse_revoked`'s 401 if it is revoked or gone."""
+    if not await run_in_threadpool(rt.verifier.confirm, principal):
+        raise refuse_revoked(request, rt, principal)
+
+
+async def principal_of(request: Request, rt: Runtime, *, confirm: bool = True) -> Principal:
     """The request's authenticated principal: 401 without a key or with an invalid one, 400 for an ambiguous one,
     429 when too many unverified keys are being hashed."""
     key = request_key(request)
     if not key:
         raise _unauthorised("Authorization: missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
-    return await authenticate(request, rt, key)
+    return await authenticate(request, rt, key, confirm=confirm)
 
 
-def require(*roles: Role) -> Callable[[Principal], Awaitable[Principal]]:
-    """A dependency that admits only the given roles (403 otherwise)."""
+def _admit(principal: Principal, roles: tuple[Role, ...]) -> Principal:
+    if principal.role not in roles:
+        allowed = ", ".join(r.value for r in roles)
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"role {principal.role.value!r} may not do this (needs {allowed})"
+        )
+    return principal
 
-    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-        if principal.role not in roles:
-            allowed = ", ".join(r.value for r in roles)
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"role {principal.role.value!r} may not do this (needs {allowed})"
-            )
-        return principal
 
-    return check
+def require(*roles: Role, confirmed: bool = True) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that admits only the given roles (403 otherwise). `confirmed=False`: the key is authenticated
+    as by `get_principal_unconfirmed` (the route re-reads it itself), in one dependency whose only sub-dependencies
+    are the two security schemes it documents (the OpenAPI document is the same as for `get_principal`)."""
+    if confirmed:
+
+        async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+            return _admit(principal, roles)
+
+        return check
+
+    async def check_unconfirmed(
+        request: Request,
+        _bearer: Annotated[Any, Security(BEARER)] = None,
+        _api_key: Annotated[Any, Security(API_KEY_HEADER)] = None,
+    ) -> Principal:
+        return _admit(await get_principal_unconfirmed(request), roles)
+
+    check_unconfirmed.authenticates_key = True  # type: ignore[attr-defined]  # for broker.http_errors
+    return check_unconfirmed
 
 
 Submitter = Annotated[Principal, Depends(require(Role.ADMIN, Role.SUBMITTER))]
+# POST /v1/jobs: the key's revocation is re-read in the job's own transaction (see get_principal_unconfirmed)
+SubmitterCheckedInWrite = Annotated[Principal, Depends(require(Role.ADMIN, Role.SUBMITTER, confirmed=False))]
 Reader = Annotated[Principal, Depends(require(Role.ADMIN, Role.SUBMITTER, Role.FINANCE))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]

@@ -90,7 +90,7 @@ def _gate_of(route: Any) -> str | None:
             dep = stack.pop()
             if dep is None:
                 continue
-            if dep.call is get_principal:
+            if dep.call is get_principal or getattr(dep.call, "authenticates_key", False):
                 found = "key"
             elif dep.call is callback_token_of:
                 found = "callback"

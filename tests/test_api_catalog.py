@@ -113,3 +113,36 @@ def test_deadline_job_is_quoted_with_finish_times(client: TestClient, clock: Mov
         assert datetime.fromisoformat(c["expected_finish_at"]) <= deadline
     late = [r for r in q["rejections"] if r["reason"] == "misses_deadline"]
     assert all("deadline" in r["message"] for r in late)
+
+
+def test_cached_book_answers_without_the_database_only_while_fresh(rt: Runtime) -> None:
+    """`POST /v1/jobs` runs on the event loop and asks `cached_book()` first: it must never query (None instead)
+    when the re-check is due or another thread holds the cache, so that `book()` then runs in a worker thread."""
+    import threading
+    import time
+
+    from broker.catalog import CatalogCache
+
+    catalog = CatalogCache(rt.engine, check_seconds=0.3)
+    assert catalog.cached_book() is None, "nothing loaded yet"
+    book = catalog.book(rt.clock())
+    assert catalog.cached_book() is book
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with catalog._lock:
+            holding.set()
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(5)
+    try:
+        assert catalog.cached_book() is None, "another thread is loading: no wait on its lock"
+    finally:
+        release.set()
+        holder.join()
+    time.sleep(0.35)
+    assert catalog.cached_book() is None, "the re-check is due"
+    assert catalog.book(rt.clock()) is book, "unchanged prices: the same book after the re-check"
+    assert catalog.cached_book() is book

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
 
 from broker.audit import entry_row
-from broker.deps import RuntimeDep, Submitter
-from broker.errors import Unprocessable
+from broker.auth import InvalidKey
+from broker.db_async import AsyncPgPool
+from broker.deps import (
+    RuntimeDep,
+    Submitter,
+    SubmitterCheckedInWrite,
+    confirm_or_refuse,
+    refuse_revoked,
+)
+from broker.errors import BrokerError, Unprocessable
 from broker.logging_setup import current_context
+from broker.runtime import Runtime
 from broker.schemas import EventPage, JobCreate, JobPage, JobPublic, JobUpdate
 from broker.services import jobs as svc
 from broker.services.events import list_events
@@ -34,34 +45,48 @@ def _links(status_code: int, description: str) -> dict[int | str, dict[str, Any]
     response_model=JobPublic,
     responses=_links(202, "the job, queued (the same job again for a repeated `Idempotency-Key`)"),
 )
-def submit_job(
+async def submit_job(
     body: JobCreate,
-    rt: RuntimeDep,
-    principal: Submitter,
+    principal: SubmitterCheckedInWrite,
     request: Request,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> JobPublic:
     """Queue a job. Retrying with the same `Idempotency-Key` returns the same job (never a second one)."""
+    # async: the checks never block, and on PostgreSQL the write is awaited on the event loop (one statement: the
+    # key's revocation check, the job, its event and its audit row); elsewhere it runs in a worker thread.
+    rt: Runtime = request.app.state.runtime
     now = rt.clock()
-    job, created = svc.submit_job(
-        rt.engine,
-        rt.catalog,
-        tenant=principal.tenant,
-        create=body,
-        idempotency_key=idempotency_key,
-        now=now,
-        request_id=current_context().get("request_id"),
-        checkpoints=rt.checkpoint_stores,
-        settings=rt.settings,
-        audit=entry_row(request.scope, status.HTTP_202_ACCEPTED, now),
-    )
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    options: dict[str, Any] = {
+        "tenant": principal.tenant,
+        "create": body,
+        "idempotency_key": idempotency_key,
+        "now": now,
+        "request_id": current_context().get("request_id"),
+        "checkpoints": rt.checkpoint_stores,
+        "settings": rt.settings,
+        "audit": entry_row(request.scope, status.HTTP_202_ACCEPTED, now),
+        "key_id": principal.key_id,  # the key's revocation is re-read in the job's transaction
+    }
+    pool: AsyncPgPool | None = getattr(request.app.state, "job_pool", None)
+    try:
+        if pool is not None:
+            public, created = await svc.submit_job_async(pool, rt.engine, rt.catalog, **options)
+        else:
+            job, created = await run_in_threadpool(partial(svc.submit_job, rt.engine, rt.catalog, **options))
+            public = svc.job_public(job, None)
+    except InvalidKey:
+        raise refuse_revoked(request, rt, principal) from None
+    except BrokerError:
+        await confirm_or_refuse(request, rt, principal)  # a revoked key is told 401, never how its job fared
+        raise
     if created:
         request.state.audited = True  # the audit row committed with the job (broker.audit)
     else:
+        await confirm_or_refuse(request, rt, principal)  # a replay wrote nothing, so nothing re-read the key
         response.headers["Idempotent-Replayed"] = "true"
-    return svc.job_public(job, None)
+    response.headers["Location"] = f"/v1/jobs/{public.id}"
+    return public
 
 
 @router.get("", operation_id="jobs.list", response_model=JobPage)

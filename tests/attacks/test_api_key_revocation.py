@@ -21,15 +21,16 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
-from sqlmodel import Session
+from sqlalchemy import func, update
+from sqlmodel import Session, select
 
 from broker.auth import Role, create_key
 from broker.db import utcnow
 from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
-from broker.tables import ApiKey
+from broker.tables import ApiKey, AuditEntry, AuditRefused, Job
 from tests.api_process import running_apis
+from tests.builders import job_body
 
 ROOT = Path(__file__).resolve().parents[2]
 RECHECK_SECONDS = 1.0  # broker.auth.RECHECK_SECONDS (checked below)
@@ -158,3 +159,46 @@ def test_key_revoked_by_hand_in_the_database_stops_working_everywhere(cluster: C
     time.sleep(RECHECK_SECONDS + 0.2)
     assert _read(first, reader_target).status_code == 401
     assert _read(second, reader_target).status_code == 401
+
+
+def _submit(base: str, key: str, **overrides: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}", **overrides.pop("headers", {})}
+    return httpx.post(f"{base}/v1/jobs", json=job_body(**overrides), headers=headers, timeout=30)
+
+
+def _rows(cluster: Cluster, key: str) -> tuple[int, int, int]:
+    """(jobs named after the key, audit_log rows of the key, refused 401 submissions counted)"""
+    with Session(cluster.rt.engine) as s:
+        jobs = s.exec(select(func.count()).select_from(Job).where(Job.name == f"by-{_id(key)}")).one()
+        audited = s.exec(select(func.count()).select_from(AuditEntry).where(AuditEntry.key_id == _id(key))).one()
+        refused = s.exec(
+            select(func.coalesce(func.sum(AuditRefused.count), 0)).where(
+                AuditRefused.route == "/v1/jobs", AuditRefused.status == 401
+            )
+        ).one()
+    return int(jobs), int(audited), int(refused)
+
+
+@pytest.mark.integration
+def test_key_revoked_through_one_process_cannot_submit_a_job_through_the_other(cluster: Cluster) -> None:
+    """`POST /v1/jobs` re-reads the key's row in the job's own statement (not before it, as other writes do): a key
+    cached by the other process is refused at once, nothing of the submission is stored, and the refusal is
+    counted as refused (not in the tenant's log). Its refusals and replays, which write nothing, re-read the row
+    before answering, so a revoked key never learns how its submission would have fared."""
+    admin, target = _keys(cluster, 2)
+    first, second = cluster.urls
+    name = f"by-{_id(target)}"
+    for base in cluster.urls:  # each process has the key cached and has submitted with it
+        assert _submit(base, target, name=name, headers={"Idempotency-Key": f"once-{base}"}).status_code == 202
+    jobs, audited, refused = _rows(cluster, target)
+    assert jobs == 2
+
+    assert httpx.delete(f"{first}/v1/keys/{_id(target)}", headers={"Authorization": f"Bearer {admin}"}).is_success
+    accepted = _submit(second, target, name=name)
+    assert accepted.status_code == 401 and accepted.json()["message"] == "invalid API key", accepted.text
+    replay = _submit(second, target, name=name, headers={"Idempotency-Key": f"once-{second}"})
+    assert replay.status_code == 401, "a replay of an earlier job is refused too"
+    past = _submit(first, target, name=name, deadline="2020-01-01T00:00:00Z")
+    assert past.status_code == 401, "a refusal (deadline in the past) is a 401 first"
+    assert _rows(cluster, target) == (jobs, audited, refused + 3), "no job, no entry in the tenant's log: counted"
+    assert _submit(second, admin, name=name).status_code == 202, "other keys go on submitting"
