@@ -26,6 +26,7 @@ from broker.launch_settings import instance_extras
 from broker.metrics import LoopMetrics
 from broker.providers_config import build_providers
 from broker.settings import Settings
+from broker.shards import ShardScope, new_replica_id
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
 from pricing.availability import Runs, load_trace_runs
@@ -56,6 +57,8 @@ class Runtime:
     metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
     last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
     extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
+    replica_id: str = field(default_factory=new_replica_id)  # this process's name on shard leases
+    shards: ShardScope | None = None  # the shards this tick works on (set by `tick`); None: every placement
     _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:

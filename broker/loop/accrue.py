@@ -40,7 +40,7 @@ from sqlmodel import Session, col, or_, select
 
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
-from broker.loop.common import lock_batch
+from broker.loop.common import in_scope, lock_batch
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook
@@ -72,7 +72,7 @@ def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: date
 
 
 def accrue_costs(rt: Runtime, now: datetime) -> int:
-    """Returns the number of ledger entries written."""
+    """Returns the number of ledger entries written (for the placements of this replica's shards)."""
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         ids = session.exec(
@@ -83,6 +83,7 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                     Placement.state == PlacementState.RUNNING.value,
                     col(Placement.accrued_until) < col(Placement.ended_at),
                 ),
+                in_scope(rt, Placement.id),
             )
             .order_by(col(Placement.id))
         ).all()

@@ -25,7 +25,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import active_blocklist, locked
+from broker.loop.common import active_blocklist, in_scope, locked
 from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
@@ -65,6 +65,7 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
                 col(Placement.instance_id).is_not(None),
                 Job.state == JobState.RUNNING.value,
                 col(Job.current_placement_id) == Placement.id,
+                in_scope(rt, Placement.id),
             )
         ).all()
         blocklist = active_blocklist(session, now)

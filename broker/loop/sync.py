@@ -40,7 +40,7 @@ from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
-from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, lock_batch, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
@@ -55,10 +55,13 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 
 
 def sync_instances(rt: Runtime, now: datetime) -> int:
-    """Returns the number of placements whose state changed."""
+    """Returns the number of placements whose state changed. Works on the live placements of this replica's
+    shards (`broker.shards`; all of them outside a tick)."""
     with Session(rt.engine) as session:
         rows = session.exec(
-            select(Placement, Job).join(Job, col(Job.id) == Placement.job_id).where(col(Placement.state).in_(_LIVE))
+            select(Placement, Job)
+            .join(Job, col(Job.id) == Placement.job_id)
+            .where(col(Placement.state).in_(_LIVE), in_scope(rt, Placement.id))
         ).all()
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
