@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -59,6 +60,8 @@ class Runtime:
     extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
     replica_id: str = field(default_factory=new_replica_id)  # this process's name on shard leases
     shards: ShardScope | None = None  # the shards this tick works on (set by `tick`); None: every placement
+    # instances as sync read them this tick, by instance id (set by `tick`): later steps' unlocked screens reuse them
+    instance_views: dict[str, Any] | None = None
     _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:

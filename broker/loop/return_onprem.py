@@ -71,7 +71,7 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
         blocklist = active_blocklist(session, now)
         rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
         refused = refused_pools_of_running_jobs(session) if rows else {}
-    views = observe_instances(rt, [p for p, _ in rows])
+    views = observe_instances(rt, [p for p, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
     returned = 0
     budgets = HardBudgetGate(rt.engine, now)
     for p, job in rows:

@@ -88,15 +88,26 @@ def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
     return 1
 
 
-def observe_instances(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
+def observe_instances(
+    rt: Runtime, placements: list[Placement], *, this_tick: bool = False
+) -> dict[str, Instance | ProviderError]:
     """Each launched placement's instance as its provider sees it now, by instance id: one batched read per
     provider (`providers.base.describe`). Providers this process does not have are left out; failures are
-    logged once per provider."""
+    logged once per provider.
+
+    Inside a tick every answer is also kept for the tick (`rt.instance_views`); `this_tick=True` takes the
+    instances sync already read this tick from there instead of asking again (for an unlocked screen only: what
+    is decided under locks reads the instance afresh)."""
+    kept = rt.instance_views
+    views: dict[str, Instance | ProviderError] = {}
     by_provider: dict[str, list[str]] = defaultdict(list)
     for p in placements:
-        if p.instance_id is not None:
+        if p.instance_id is None:
+            continue
+        if this_tick and kept is not None and p.instance_id in kept:
+            views[p.instance_id] = kept[p.instance_id]
+        else:
             by_provider[p.provider].append(p.instance_id)
-    views: dict[str, Instance | ProviderError] = {}
     for name, ids in by_provider.items():
         provider = rt.provider(name)
         if provider is None:
@@ -106,6 +117,8 @@ def observe_instances(rt: Runtime, placements: list[Placement]) -> dict[str, Ins
         if failed:
             log.warning("sync: %s could not describe %d of %d instances: %s", name, len(failed), len(ids), failed[0])
         views.update(answers)
+        if kept is not None:
+            kept.update(answers)
     return views
 
 

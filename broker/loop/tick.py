@@ -91,6 +91,7 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     and failures go to `rt.metrics`."""
     report = TickReport(at=now, tick_id=new_request_id("tick"))
     rt.shards = _claim(rt, now)
+    rt.instance_views = {}
     report.shards = len(rt.shards.shards)
     scoped = _tick_scoped(rt)
     for source in scoped:
@@ -98,7 +99,7 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     try:
         _run_steps(rt, now, steps, report)
     finally:
-        rt.shards = None
+        rt.shards = rt.instance_views = None
         for source in scoped:
             source.end_tick()
     return report
