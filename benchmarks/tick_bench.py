@@ -48,7 +48,6 @@ from broker.runtime import Runtime, build_runtime
 from broker.schemas import JobCreate
 from broker.services.jobs import new_id, submit_job
 from broker.settings import DEV_API_KEY, Settings
-from broker.shards import release_shards
 from broker.tables import Job, Placement, SimInstanceRow
 from tests.builders import job_body
 from tests.pg import start_postgres
@@ -97,7 +96,6 @@ def generate(db_url: str, workdir: Path, jobs: int, seed_jobs: int, minutes: flo
         clock.now += timedelta(minutes=minutes)
         tick(rt, clock())
     _clone(rt, jobs)
-    release_shards(rt.engine, rt.replica_id)  # the set-up replica stops cleanly: its shards are free at once
     rt.engine.dispose()
     return clock.now, time.perf_counter() - started
 
@@ -144,6 +142,7 @@ def replica(
     logging.disable(logging.WARNING)
     clock = Clock(datetime.fromisoformat(first))
     rt = build_runtime(_settings(db_url, Path(workdir), jobs, minutes), clock=clock)
+    rt.shares_work = True  # a long-running replica, as `overspill serve` runs one
     profiler = cProfile.Profile() if profile_top else None
     rows = []
     for n in range(ticks):

@@ -41,6 +41,17 @@ Clock = Callable[[], datetime]
 
 
 @dataclass
+class TickCache:
+    """What one tick's steps share, for their unlocked screens only (anything decided under row locks is read
+    afresh): the instances read this tick by instance id, and sync's snapshot of the live placements it left
+    alone (`settled`: placement id -> (placement, job) as read before it acted) with the ids it did act on."""
+
+    instances: dict[str, Any] = field(default_factory=dict)
+    settled: dict[str, tuple[Any, Any]] | None = None
+    touched: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Runtime:
     settings: Settings
     engine: Engine
@@ -59,9 +70,9 @@ class Runtime:
     last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
     extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
     replica_id: str = field(default_factory=new_replica_id)  # this process's name on shard leases
+    shares_work: bool = False  # a long-running tick replica: claims shard leases (`run_forever` sets it)
     shards: ShardScope | None = None  # the shards this tick works on (set by `tick`); None: every placement
-    # instances as sync read them this tick, by instance id (set by `tick`): later steps' unlocked screens reuse them
-    instance_views: dict[str, Any] | None = None
+    tick_cache: TickCache | None = None  # what this tick's steps share (set by `tick`)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:

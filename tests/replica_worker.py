@@ -28,6 +28,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     settings = Settings()
     rt = build_runtime(settings)
+    rt.shares_work = True  # a long-running replica, as `overspill serve` runs one
     ticks = placed = 0
     errors: list[str] = []
     placing_seconds: list[float] = []

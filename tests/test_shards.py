@@ -128,6 +128,7 @@ def test_two_replicas_each_sync_and_accrue_only_their_shards_and_nothing_twice(
 ) -> None:
     a = make_runtime(db_url)
     b = make_runtime(db_url)
+    a.shares_work = b.shares_work = True
     tick(a, clock())
     _submit(a, clock, 40)
     for _ in range(3):  # both replicas tick: jobs placed, instances started, shards rebalanced
@@ -174,3 +175,23 @@ def test_two_replicas_each_sync_and_accrue_only_their_shards_and_nothing_twice(
     for e in entries:
         spent[e.job_id] += e.usd
     assert all(spent[j.id] == j.spent_usd for j in jobs.values())
+
+
+def test_a_one_shot_tick_holds_no_lease_and_works_on_every_placement(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock
+) -> None:
+    """`overspill tick` from cron or the serverless schedule: a replica holding every shard does not stop it, and
+    it leaves no lease behind that would keep the next one-shot tick (a new process) from working."""
+    rt = make_runtime(db_url)
+    tick(rt, clock())
+    _submit(rt, clock, 6)
+    for _ in range(6):
+        tick(rt, clock.advance(minutes=1))
+    with Session(rt.engine) as s:
+        assert len(s.exec(select(Placement).where(Placement.state == "running")).all()) == 6
+    assert claim_shards(rt.engine, "long-running", clock(), LEASE).everything
+    report = tick(rt, clock.advance(minutes=1))
+    assert report.shards == SHARDS and report.count("accrue_costs") >= 6
+    with Session(rt.engine) as s:
+        assert all(p.accrued_until == clock() for p in s.exec(select(Placement).where(Placement.state == "running")))
+        assert not s.exec(select(TickShard).where(TickShard.owner == rt.replica_id)).all()

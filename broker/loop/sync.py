@@ -71,6 +71,10 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     attention = sorted(
         p.id for p, job in rows if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now)
     )
+    if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
+        touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
+        rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
+        rt.tick_cache.touched = sorted(touched)
     size = rt.settings.loop_batch_size
     for start in range(0, len(attention), size):
         changed += _sync_batch(rt, attention[start : start + size], now)
@@ -95,10 +99,10 @@ def observe_instances(
     provider (`providers.base.describe`). Providers this process does not have are left out; failures are
     logged once per provider.
 
-    Inside a tick every answer is also kept for the tick (`rt.instance_views`); `this_tick=True` takes the
+    Inside a tick every answer is also kept for the tick (`rt.tick_cache`); `this_tick=True` takes the
     instances sync already read this tick from there instead of asking again (for an unlocked screen only: what
     is decided under locks reads the instance afresh)."""
-    kept = rt.instance_views
+    kept = rt.tick_cache.instances if rt.tick_cache is not None else None
     views: dict[str, Instance | ProviderError] = {}
     by_provider: dict[str, list[str]] = defaultdict(list)
     for p in placements:

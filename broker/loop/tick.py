@@ -10,10 +10,13 @@ they read their scheduler once per tick for every step. Every step is idempotent
 ticking at once against PostgreSQL, so `overspill tick` can run from cron or a serverless schedule as well as
 from `overspill serve`'s interval loop. One step failing is logged and reported; the next still runs.
 
-Replicas share the work: before its steps a tick claims this replica's shard leases (`broker.shards`), and the
-per-placement steps (read_mailboxes, sync_instances, return_onprem, accrue_costs) read only the placements of
-those shards. The global steps (prices, pressure, bursting, interruption notices, placing pending jobs, the orphan
-sweep, budgets, reports) keep running in every replica, safe as before through row locks.
+Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runner.run_forever`: `overspill
+serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
+(`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, accrue_costs) read
+only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
+pending jobs, the orphan sweep, budgets, reports) keep running in every replica, safe as before through row
+locks. A one-shot tick (`overspill tick` from cron, the serverless schedule, a test) holds no lease and works on
+every placement: a process that lives for one tick would only keep its shards from the next one.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import sync_instances
 from broker.request_id import new_request_id
-from broker.runtime import Runtime
-from broker.shards import EVERYTHING, ShardScope, claim_shards
+from broker.runtime import Runtime, TickCache
+from broker.shards import EVERYTHING, SHARDS, ShardScope, claim_shards
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +93,16 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     steps that have schedules of their own there. Log records inside carry this round's `tick_id`; step durations
     and failures go to `rt.metrics`."""
     report = TickReport(at=now, tick_id=new_request_id("tick"))
-    rt.shards = _claim(rt, now)
-    rt.instance_views = {}
-    report.shards = len(rt.shards.shards)
+    rt.shards = _claim(rt, now) if rt.shares_work else None
+    rt.tick_cache = TickCache()
+    report.shards = len(rt.shards.shards) if rt.shards is not None else SHARDS
     scoped = _tick_scoped(rt)
     for source in scoped:
         source.begin_tick(now)
     try:
         _run_steps(rt, now, steps, report)
     finally:
-        rt.shards = rt.instance_views = None
+        rt.shards = rt.tick_cache = None
         for source in scoped:
             source.end_tick()
     return report
