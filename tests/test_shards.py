@@ -17,6 +17,7 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.finance.ledger import LEDGER_QUANTUM
+from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.schemas import JobCreate
@@ -195,3 +196,30 @@ def test_a_one_shot_tick_holds_no_lease_and_works_on_every_placement(
     with Session(rt.engine) as s:
         assert all(p.accrued_until == clock() for p in s.exec(select(Placement).where(Placement.state == "running")))
         assert not s.exec(select(TickShard).where(TickShard.owner == rt.replica_id)).all()
+
+
+def test_one_long_running_replica_sweeps_orphans_per_interval(
+    db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orphan sweep lists every cloud's instances: among replicas sharing the work, one per interval does."""
+    replicas = [make_runtime(db_url, orphan_sweep_seconds=300) for _ in range(2)]
+    listed: list[str] = []
+    for r in replicas:
+        r.shares_work = True
+        for provider in r.providers.values():
+            original = provider.list_instances
+
+            def counting(original: Callable[[], list[object]] = original, who: str = r.replica_id) -> list[object]:
+                listed.append(who)
+                return original()
+
+            monkeypatch.setattr(provider, "list_instances", counting)
+    a, b = replicas
+    sweep_orphans(a, clock())
+    sweep_orphans(b, clock())
+    assert listed and set(listed) == {a.replica_id}
+    listed.clear()
+    later = clock() + timedelta(seconds=301)
+    sweep_orphans(b, later)  # a's lease ran out: b may take it
+    sweep_orphans(a, later)
+    assert listed and len(set(listed)) == 1
