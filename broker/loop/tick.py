@@ -14,9 +14,10 @@ Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runn
 serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
 (`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, accrue_costs) read
 only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
-pending jobs, the orphan sweep, budgets, reports) keep running in every replica, safe as before through row
-locks. A one-shot tick (`overspill tick` from cron, the serverless schedule, a test) holds no lease and works on
-every placement: a process that lives for one tick would only keep its shards from the next one.
+pending jobs, budgets, reports) keep running in every replica, safe as before through row locks; the orphan
+sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick` from cron, the serverless
+schedule, a test) holds no lease and works on every placement: a process that lives for one tick would only keep
+its shards from the next one.
 """
 
 from __future__ import annotations
