@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -26,6 +27,7 @@ from broker.launch_settings import instance_extras
 from broker.metrics import LoopMetrics
 from broker.providers_config import build_providers
 from broker.settings import Settings
+from broker.shards import ShardScope, new_replica_id
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
 from pricing.availability import Runs, load_trace_runs
@@ -36,6 +38,17 @@ from providers.base import ComputeProvider, OfferingSource, QueuePressureSource
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+
+
+@dataclass
+class TickCache:
+    """What one tick's steps share, for their unlocked screens only (anything decided under row locks is read
+    afresh): the instances read this tick by instance id, and sync's snapshot of the live placements it left
+    alone (`settled`: placement id -> (placement, job) as read before it acted) with the ids it did act on."""
+
+    instances: dict[str, Any] = field(default_factory=dict)
+    settled: dict[str, tuple[Any, Any]] | None = None
+    touched: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +69,10 @@ class Runtime:
     metrics: LoopMetrics = field(default_factory=LoopMetrics)  # this process's loop events, for GET /metrics
     last_tick_seconds: float = 0.0  # how long this process's last full tick took (the ceiling guard's horizon)
     extras: dict[str, InstanceExtras] = field(default_factory=dict)  # what a launched instance bills beside compute
+    replica_id: str = field(default_factory=new_replica_id)  # this process's name on shard leases
+    shares_work: bool = False  # a long-running tick replica: claims shard leases (`run_forever` sets it)
+    shards: ShardScope | None = None  # the shards this tick works on (set by `tick`); None: every placement
+    tick_cache: TickCache | None = None  # what this tick's steps share (set by `tick`)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     )
     onprem_background_jobs_per_hour: float = Field(default=6.0, ge=0)
     tick_interval_seconds: float = 10.0
+    shard_lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a tick replica's shard leases last without renewal (each tick renews them): a replica "
+        "that stops has its share of the live placements taken over by the others after this long",
+    )
     loop_batch_size: int = Field(
         default=100,
         ge=1,

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from broker.tables import SimInstanceRow
 from providers.simulated.store import SimRecord
 
 
-def _record(row: SimInstanceRow) -> SimRecord:
+def _record(row: Any) -> SimRecord:
+    """A `SimInstanceRow` or a plain row of its table."""
     return SimRecord(
         provider=row.provider,
         launch_token=row.launch_token,
@@ -67,16 +70,16 @@ class DbSimStore:
             return _record(row) if row else None
 
     def get_many(self, provider: str, instance_ids: Sequence[str]) -> list[SimRecord]:
+        """Plain rows, no ORM object per instance (a tick reads every live instance this way)."""
         out: list[SimRecord] = []
         ids = list(instance_ids)
-        with Session(self._engine) as session:
+        table = SimInstanceRow.__table__  # type: ignore[attr-defined]
+        with self._engine.connect() as conn:
             for start in range(0, len(ids), 1000):  # bounded IN lists
                 chunk = ids[start : start + 1000]
-                rows = session.exec(
-                    select(SimInstanceRow).where(
-                        SimInstanceRow.provider == provider, col(SimInstanceRow.instance_id).in_(chunk)
-                    )
-                ).all()
+                rows = conn.execute(
+                    sa_select(table).where(table.c.provider == provider, table.c.instance_id.in_(chunk))
+                )
                 out.extend(_record(r) for r in rows)
         return out
 

@@ -282,6 +282,27 @@ class PriceChange(SQLModel, table=True):
     observed_at: datetime = _at(nullable=False)
 
 
+class TickShard(SQLModel, table=True):
+    """One of the fixed shards live placements are partitioned into (`broker.shards`): which tick replica holds
+    its lease (`owner`) and until when. A shard whose lease ran out (`until_at` past) or has no owner is free."""
+
+    __tablename__ = "tick_shard"
+
+    shard: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    owner: str | None = Field(default=None, max_length=80)
+    until_at: datetime | None = _at()
+
+
+class TickReplica(SQLModel, table=True):
+    """A tick replica's heartbeat (`seen_at`, written at the start of each of its ticks): the live replicas are
+    the ones seen within a lease, and each takes about its fair share of the shards."""
+
+    __tablename__ = "tick_replica"
+
+    replica_id: str = Field(primary_key=True, max_length=80)
+    seen_at: datetime = _at(nullable=False)
+
+
 class CheckpointCopyRow(SQLModel, table=True):
     """Resume state of checkpoint copies (`providers.storage.CopyState` as JSON, keyed by copy id) and the lease
     that keeps two replicas from staging one placement's checkpoint at once (`lease_owner`, `lease_until_at`)."""

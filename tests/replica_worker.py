@@ -4,8 +4,8 @@
 Ticks on the real clock, `OVERSPILL_TICK_INTERVAL_SECONDS` apart, until DONE_FILE exists and a tick placed
 nothing (the driver creates it once every submission has been answered), then `STEADY_TICKS` more (default 0:
 ticks with every job placed and running, to time the loop at full load), then prints one JSON line: ticks run,
-placements this replica made, every step error (a deadlock or a lost update would show here), and the duration
-of each tick of both phases.
+placements this replica made, every step error (a deadlock or a lost update would show here), the duration of
+each tick of both phases, and the shards (`broker.shards`) its last tick held.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     settings = Settings()
     rt = build_runtime(settings)
+    rt.shares_work = True  # a long-running replica, as `overspill serve` runs one
     ticks = placed = 0
     errors: list[str] = []
     placing_seconds: list[float] = []
@@ -57,6 +58,7 @@ def main() -> None:
         "errors": errors,
         "placing_tick_seconds": placing_seconds,
         "steady_tick_seconds": steady_seconds,
+        "shards": report.shards,  # of the last tick
     }
     print(json.dumps(summary), flush=True)
 

@@ -61,6 +61,7 @@ class ReplicaReport:
     violations: list[str] = field(default_factory=list)
     placing_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks while placing
     steady_tick_seconds: list[float] = field(default_factory=list)  # every replica's ticks once all were placed
+    worker_shards: list[int] = field(default_factory=list)  # shards each tick replica held at its last tick
     live_placements_at_end: int = 0
     running_at_end: int = 0  # of those, instances started (the simulated clouds take 3 minutes to start one)
     workdir: Path | None = None
@@ -82,6 +83,7 @@ class ReplicaReport:
             ("placement throughput", f"{self.placements_per_second:.0f} placements/s"),
             ("placements per tick replica", " / ".join(str(n) for n in self.worker_placed)),
             ("ticks per replica", " / ".join(str(n) for n in self.worker_ticks)),
+            ("shards held at the last tick (of 64)", " / ".join(str(n) for n in self.worker_shards)),
             ("tick duration while placing (p50 / max)", _spread(self.placing_tick_seconds)),
             (
                 f"tick duration at full load, {self.live_placements_at_end} live placements, "
@@ -240,6 +242,7 @@ def run_replicas(
         placements=placements,
         worker_placed=[s["placed"] for s in summaries],
         worker_ticks=[s["ticks"] for s in summaries],
+        worker_shards=[s.get("shards", 0) for s in summaries],
         step_errors=errors,
         violations=violations,
         placing_tick_seconds=[t for s in summaries for t in s.get("placing_tick_seconds", [])],

@@ -40,6 +40,7 @@ def test_four_tickers_and_two_apis_place_every_job_exactly_once(
     assert report.placements >= 300
     assert sum(1 for n in report.worker_placed if n > 0) >= 2, "the work was shared by several tick replicas"
     assert len(report.steady_tick_seconds) == 4, "each replica ticked once more with every job placed"
+    assert sum(1 for n in report.worker_shards if n > 0) >= 2, "the per-placement work was shared (shard leases)"
 
 
 def test_a_stale_tick_never_starts_a_placement_before_the_previous_one_ended(rt: Runtime, clock: MovableClock) -> None:

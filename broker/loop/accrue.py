@@ -20,10 +20,11 @@ whatever the work).
 The placement's `accrued_until`, its `cost_usd`, the job's `spent_usd` and the entries are written in one
 transaction under row locks, so a crash or a second replica can neither skip nor double-count a second.
 Placements are accrued `loop_batch_size` (a setting) to a transaction, set-based: the batch's rows are locked and
-read in two statements, every entry, event and new mark is computed in memory, and each kind of write is one
-statement for the whole batch (an executemany of the ledger entries, of the events, of the placements' marks and
-of the jobs' totals), so no ORM object is built or flushed per entry. Only a preempted placement's final
-accrual goes on through `record_wasted` (rare: once per preemption).
+read in two Core statements (plain rows: no ORM object per placement or job; of a job only the columns an entry
+needs), every entry, event and new mark is computed in memory, and each kind of write is one statement for the
+whole batch (an executemany of the ledger entries, of the events, of the placements' marks and of the jobs'
+totals). Only a preempted placement's final accrual goes on through the ORM and `record_wasted` (rare: once per
+preemption).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, insert, update
-from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, col, or_, select
+from sqlalchemy import bindparam, insert, select, update
+from sqlmodel import Session, col, or_
+from sqlmodel import select as orm_select
 
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
-from broker.loop.common import lock_batch
+from broker.loop.common import in_scope
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook
@@ -72,17 +73,18 @@ def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: date
 
 
 def accrue_costs(rt: Runtime, now: datetime) -> int:
-    """Returns the number of ledger entries written."""
+    """Returns the number of ledger entries written (for the placements of this replica's shards)."""
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         ids = session.exec(
-            select(Placement.id)
+            orm_select(Placement.id)
             .where(
                 col(Placement.started_at).is_not(None),
                 or_(
                     Placement.state == PlacementState.RUNNING.value,
                     col(Placement.accrued_until) < col(Placement.ended_at),
                 ),
+                in_scope(rt, Placement.id),
             )
             .order_by(col(Placement.id))
         ).all()
@@ -125,54 +127,71 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
     """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
     with Session(rt.engine) as session:
-        placements, jobs = lock_batch(session, ids, lambda p: _unaccrued(p, now))
+        placements, jobs = _lock_rows(session, ids, now)
         if not placements:
             return 0
         writes = _Writes()
         for p in placements:
             _accrue_one(p, jobs[p.job_id], book, now, extras.get((p.provider, p.capacity_type), ()), writes)
         writes.send(session)
-        _mirror(placements, jobs, writes)
-        for p in placements:
+        for p, mark in zip(placements, writes.marks, strict=True):
             crashpoint("accrue.before_commit")  # each placement's entries written, the batch not committed yet
-            if p.state == PlacementState.PREEMPTED.value and p.ended_at is not None and p.accrued_until == p.ended_at:
-                record_wasted(session, jobs[p.job_id], p, now)
+            if (
+                p.state == PlacementState.PREEMPTED.value
+                and p.ended_at is not None
+                and mark["b_accrued_until"] == p.ended_at
+            ):
+                # the objects read after the batch's writes (its rows are locked by this transaction)
+                placement = session.get(Placement, p.id, populate_existing=True)
+                job = session.get(Job, p.job_id, populate_existing=True)
+                assert placement is not None and job is not None
+                record_wasted(session, job, placement, now)
         session.commit()
         crashpoint("accrue.after_commit")
     return len(writes.entries)
 
 
-def _mirror(placements: Sequence[Placement], jobs: dict[str, Job], writes: _Writes) -> None:
-    """Make the session's objects match the rows the batch statements wrote, without marking them changed (so
-    `record_wasted`, which works on them, starts from the right totals and nothing is written twice)."""
-    for p, mark in zip(placements, writes.marks, strict=True):
-        set_committed_value(p, "accrued_until", mark["b_accrued_until"])
-        set_committed_value(p, "cost_usd", mark["b_cost_usd"])
-        set_committed_value(p, "price_segment_started_at", mark["b_seg_start"])
-        set_committed_value(p, "price_segment_hourly_usd", mark["b_seg_hourly"])
-    for job_id, usd in writes.spent.items():
-        set_committed_value(jobs[job_id], "spent_usd", usd)
+def _lock_rows(session: Session, ids: Sequence[str], now: datetime) -> tuple[list[Any], dict[str, Any]]:
+    """`broker.loop.common.lock_batch` in plain rows: the placements still to accrue (row-locked in id order,
+    skipping those another replica holds), then their jobs' entry columns (locked in id order)."""
+    conn = session.connection()
+    placements = [
+        p
+        for p in conn.execute(select(_P).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True))
+        if _unaccrued(p, now)
+    ]
+    if not placements:
+        return [], {}
+    job_ids = sorted({p.job_id for p in placements})
+    jobs = conn.execute(
+        select(_J.c.id, _J.c.tenant, _J.c.team, _J.c.project, _J.c.spent_usd)
+        .where(_J.c.id.in_(job_ids))
+        .order_by(_J.c.id)
+        .with_for_update()
+    )
+    return placements, {j.id: j for j in jobs}
 
 
-def _accrual_end(p: Placement, now: datetime) -> datetime:
+def _accrual_end(p: Any, now: datetime) -> datetime:
     return min(now, p.ended_at) if p.ended_at else now
 
 
-def _unaccrued(p: Placement, now: datetime) -> bool:
+def _unaccrued(p: Any, now: datetime) -> bool:
     """`p` started and has run past what is accrued (up to now, or its end)."""
     return p.started_at is not None and _accrual_end(p, now) > (p.accrued_until or p.started_at)
 
 
 def _accrue_one(
-    p: Placement,
-    job: Job,
+    p: Any,
+    job: Any,
     book: PriceBook,
     now: datetime,
     extras: tuple[ExtraCharge, ...],
     writes: _Writes,
 ) -> None:
     """Add to `writes` `p`'s entries (compute, then each of `extras`) from `accrued_until` to now (or its end), its
-    `cost_accrued` event, its new marks and its job's new total. Reads `p` and `job`, changes neither."""
+    `cost_accrued` event, its new marks and its job's new total. Reads `p` and `job` (a placement and a job, as
+    objects or rows), changes neither."""
     assert p.started_at is not None
     start = p.accrued_until or p.started_at
     end = _accrual_end(p, now)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlalchemy import ColumnElement, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, SQLModel, col, select
@@ -15,6 +16,9 @@ from sqlmodel.sql.expression import SelectOfScalar
 from broker.logging_setup import bind
 from broker.tables import BlockEntry, Job, Placement
 
+if TYPE_CHECKING:
+    from broker.runtime import Runtime
+
 T = TypeVar("T", bound=SQLModel)
 
 
@@ -22,6 +26,13 @@ def locked(query: SelectOfScalar[T]) -> SelectOfScalar[T]:
     """Row-lock what the query returns, skipping rows another replica holds (PostgreSQL; a no-op on SQLite,
     where the database serialises writers and every step re-checks state in its UPDATE)."""
     return query.with_for_update(skip_locked=True)
+
+
+def in_scope(rt: Runtime, placement_id: Any) -> ColumnElement[bool]:
+    """SQL condition: the placement id (`placement_id`, a column) is in a shard this replica's tick holds
+    (`broker.shards`); true when no tick scope is set (a step run on its own) or it holds every shard."""
+    scope = rt.shards
+    return true() if scope is None else scope.clause(placement_id)
 
 
 def lock_batch(

@@ -28,6 +28,7 @@ from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
+from broker.copystate import claim_lease
 from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.runtime import Runtime
@@ -172,15 +173,23 @@ def reporting_window(rt: Runtime) -> timedelta:
     return timedelta(seconds=2 * rt.settings.agent_heartbeat_seconds)
 
 
+SWEEP_LEASE = "tick:sweep_orphans"
+
+
 def sweep_orphans(rt: Runtime, now: datetime) -> int:
     """Terminate tagged instances that no live placement owns, once older than the grace period.
 
-    Runs at most every `orphan_sweep_seconds` per process (listing every provider's instances costs API calls).
+    Runs at most every `orphan_sweep_seconds` per process (listing every provider's instances costs API calls),
+    and among long-running replicas (`rt.shares_work`) only in the one that takes the sweep's lease for that
+    interval (`broker.copystate.claim_lease`): N replicas do not list every cloud N times.
     """
     last = rt.marks.get("sweep_orphans")
     if last is not None and (now - last).total_seconds() < rt.settings.orphan_sweep_seconds:
         return 0
     rt.marks["sweep_orphans"] = now
+    interval = timedelta(seconds=rt.settings.orphan_sweep_seconds)
+    if rt.shares_work and interval and not claim_lease(rt.engine, SWEEP_LEASE, rt.replica_id, now + interval, now):
+        return 0  # another replica sweeps this interval
     swept = 0
     with Session(rt.engine) as session:
         live = {

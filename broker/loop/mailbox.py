@@ -11,6 +11,9 @@ The agent writes every signed report to `<store>tenants/<tenant>/mailbox/<placem
 3. refuses what does not follow the contract (a name it never makes, an unreadable or oversized body, an unknown
    placement, another tenant's placement, a bad signature): logged, never applied, and deleted so it cannot pile
    up. An entry whose placement another replica holds locked is left for the next tick.
+With several tick replicas, each reads the mailboxes of its shards' live placements (`broker.shards`) and takes
+only the entries of placements in its shards; the others are left to the replica holding theirs (a straggler of
+a placement that ended waits until that replica next lists the mailbox).
 A store that cannot be listed is logged and tried again next tick: the reports wait there. The verdicts the final
 reports carry are applied by the sync step, which runs next (broker.loop.sync).
 """
@@ -25,7 +28,7 @@ from sqlmodel import Session, col, select
 from agent import protocol as proto
 from broker import checkpoint_layout as layout
 from broker.checkpoint_stores import CheckpointRefused
-from broker.loop.common import bind_job, locked
+from broker.loop.common import bind_job, in_scope, locked
 from broker.runtime import Runtime
 from broker.services.agent_reports import LIVE, ReportRefused, check_report, parse_report, take_report
 from broker.tables import Job, Placement
@@ -42,7 +45,7 @@ def read_mailboxes(rt: Runtime, now: datetime) -> int:
     with Session(rt.engine) as session:
         rows = session.exec(
             select(Placement.tenant, Placement.attempt_uri).where(  # type: ignore[call-overload]
-                col(Placement.state).in_(LIVE), col(Placement.attempt_uri).is_not(None)
+                col(Placement.state).in_(LIVE), col(Placement.attempt_uri).is_not(None), in_scope(rt, Placement.id)
             )
         ).all()
     boxes: dict[str, str] = {}
@@ -60,11 +63,19 @@ def read_mailboxes(rt: Runtime, now: datetime) -> int:
             continue
         for name in names:
             bind_job(None)
+            if not _ours(rt, name):
+                continue
             try:
                 taken += _take(rt, store, prefix, tenant, name, now)
             except StorageError as exc:
                 log.warning("reading the report %s%s failed (retried next tick): %s", prefix, name, exc)
     return taken
+
+
+def _ours(rt: Runtime, name: str) -> bool:
+    """The entry's placement is in this tick's shards (a name that does not parse is anyone's to refuse)."""
+    parsed = proto.parse_mailbox_entry_name(name)
+    return rt.shards is None or parsed is None or rt.shards.holds(parsed[0])
 
 
 def _mailbox_of(rt: Runtime, tenant: str, attempt_uri: str) -> str | None:

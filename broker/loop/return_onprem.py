@@ -25,7 +25,7 @@ from decimal import Decimal
 from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import active_blocklist, locked
+from broker.loop.common import active_blocklist, in_scope, locked
 from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
@@ -56,21 +56,11 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     if not open_onprem:
         return 0
     with Session(rt.engine) as session:
-        rows = session.exec(
-            select(Placement, Job)
-            .join(Job, col(Job.id) == Placement.job_id)
-            .where(
-                col(Placement.state).in_(_CLOUD_LIVE),
-                Placement.capacity_type != CapacityType.ON_PREM.value,
-                col(Placement.instance_id).is_not(None),
-                Job.state == JobState.RUNNING.value,
-                col(Job.current_placement_id) == Placement.id,
-            )
-        ).all()
+        rows = _candidates(rt, session)
         blocklist = active_blocklist(session, now)
         rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
         refused = refused_pools_of_running_jobs(session) if rows else {}
-    views = observe_instances(rt, [p for p, _ in rows])
+    views = observe_instances(rt, [p for p, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
     returned = 0
     budgets = HardBudgetGate(rt.engine, now)
     for p, job in rows:
@@ -86,6 +76,41 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
                 continue
         returned += _return_locked(rt, p.id, blocklist, now)
     return returned
+
+
+def _candidates(rt: Runtime, session: Session) -> list[tuple[Placement, Job]]:
+    """The running cloud jobs of this replica's shards with their placements (an unlocked snapshot). Inside a tick,
+    sync's snapshot of the placements it left alone is reused and only those it acted on are read again."""
+    query = (
+        select(Placement, Job)
+        .join(Job, col(Job.id) == Placement.job_id)
+        .where(
+            col(Placement.state).in_(_CLOUD_LIVE),
+            Placement.capacity_type != CapacityType.ON_PREM.value,
+            col(Placement.instance_id).is_not(None),
+            Job.state == JobState.RUNNING.value,
+            col(Job.current_placement_id) == Placement.id,
+            in_scope(rt, Placement.id),
+        )
+    )
+    cache = rt.tick_cache
+    if cache is None or cache.settled is None:
+        return list(session.exec(query).all())
+    rows = [(p, job) for p, job in cache.settled.values() if _returnable(p, job)]
+    for start in range(0, len(cache.touched), 1000):
+        rows.extend(session.exec(query.where(col(Placement.id).in_(cache.touched[start : start + 1000]))).all())
+    return rows
+
+
+def _returnable(p: Placement, job: Job) -> bool:
+    """The candidates query's condition, on a snapshot row."""
+    return (
+        p.state in _CLOUD_LIVE
+        and p.capacity_type != CapacityType.ON_PREM.value
+        and p.instance_id is not None
+        and job.state == JobState.RUNNING.value
+        and job.current_placement_id == p.id
+    )
 
 
 def _open_onprem(book: PriceBook, max_wait_hours: float) -> set[str]:

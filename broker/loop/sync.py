@@ -40,7 +40,7 @@ from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
-from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, lock_batch, locked
+from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
@@ -55,10 +55,13 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 
 
 def sync_instances(rt: Runtime, now: datetime) -> int:
-    """Returns the number of placements whose state changed."""
+    """Returns the number of placements whose state changed. Works on the live placements of this replica's
+    shards (`broker.shards`; all of them outside a tick)."""
     with Session(rt.engine) as session:
         rows = session.exec(
-            select(Placement, Job).join(Job, col(Job.id) == Placement.job_id).where(col(Placement.state).in_(_LIVE))
+            select(Placement, Job)
+            .join(Job, col(Job.id) == Placement.job_id)
+            .where(col(Placement.state).in_(_LIVE), in_scope(rt, Placement.id))
         ).all()
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
@@ -68,6 +71,10 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     attention = sorted(
         p.id for p, job in rows if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now)
     )
+    if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
+        touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
+        rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
+        rt.tick_cache.touched = sorted(touched)
     size = rt.settings.loop_batch_size
     for start in range(0, len(attention), size):
         changed += _sync_batch(rt, attention[start : start + size], now)
@@ -85,15 +92,26 @@ def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
     return 1
 
 
-def observe_instances(rt: Runtime, placements: list[Placement]) -> dict[str, Instance | ProviderError]:
+def observe_instances(
+    rt: Runtime, placements: list[Placement], *, this_tick: bool = False
+) -> dict[str, Instance | ProviderError]:
     """Each launched placement's instance as its provider sees it now, by instance id: one batched read per
     provider (`providers.base.describe`). Providers this process does not have are left out; failures are
-    logged once per provider."""
+    logged once per provider.
+
+    Inside a tick every answer is also kept for the tick (`rt.tick_cache`); `this_tick=True` takes the
+    instances sync already read this tick from there instead of asking again (for an unlocked screen only: what
+    is decided under locks reads the instance afresh)."""
+    kept = rt.tick_cache.instances if rt.tick_cache is not None else None
+    views: dict[str, Instance | ProviderError] = {}
     by_provider: dict[str, list[str]] = defaultdict(list)
     for p in placements:
-        if p.instance_id is not None:
+        if p.instance_id is None:
+            continue
+        if this_tick and kept is not None and p.instance_id in kept:
+            views[p.instance_id] = kept[p.instance_id]
+        else:
             by_provider[p.provider].append(p.instance_id)
-    views: dict[str, Instance | ProviderError] = {}
     for name, ids in by_provider.items():
         provider = rt.provider(name)
         if provider is None:
@@ -103,6 +121,8 @@ def observe_instances(rt: Runtime, placements: list[Placement]) -> dict[str, Ins
         if failed:
             log.warning("sync: %s could not describe %d of %d instances: %s", name, len(failed), len(ids), failed[0])
         views.update(answers)
+        if kept is not None:
+            kept.update(answers)
     return views
 
 

@@ -9,6 +9,15 @@ Providers with `begin_tick(now)` / `end_tick()` (the Slurm provider) are told wh
 they read their scheduler once per tick for every step. Every step is idempotent and safe with several replicas
 ticking at once against PostgreSQL, so `overspill tick` can run from cron or a serverless schedule as well as
 from `overspill serve`'s interval loop. One step failing is logged and reported; the next still runs.
+
+Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runner.run_forever`: `overspill
+serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
+(`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, accrue_costs) read
+only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
+pending jobs, budgets, reports) keep running in every replica, safe as before through row locks; the orphan
+sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick` from cron, the serverless
+schedule, a test) holds no lease and works on every placement: a process that lives for one tick would only keep
+its shards from the next one.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from broker.finance.budgets import check_budgets
@@ -32,7 +41,8 @@ from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import sync_instances
 from broker.request_id import new_request_id
-from broker.runtime import Runtime
+from broker.runtime import Runtime, TickCache
+from broker.shards import EVERYTHING, SHARDS, ShardScope, claim_shards
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +76,7 @@ class TickReport:
     at: datetime
     tick_id: str = ""
     steps: list[StepResult] = field(default_factory=list)
+    shards: int = 0  # how many shards (of broker.shards.SHARDS) this replica's per-placement steps covered
 
     @property
     def ok(self) -> bool:
@@ -83,15 +94,31 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     steps that have schedules of their own there. Log records inside carry this round's `tick_id`; step durations
     and failures go to `rt.metrics`."""
     report = TickReport(at=now, tick_id=new_request_id("tick"))
+    rt.shards = _claim(rt, now) if rt.shares_work else None
+    rt.tick_cache = TickCache()
+    report.shards = len(rt.shards.shards) if rt.shards is not None else SHARDS
     scoped = _tick_scoped(rt)
     for source in scoped:
         source.begin_tick(now)
     try:
         _run_steps(rt, now, steps, report)
     finally:
+        rt.shards = rt.tick_cache = None
         for source in scoped:
             source.end_tick()
     return report
+
+
+def _claim(rt: Runtime, now: datetime) -> ShardScope:
+    """This replica's shards for this tick. The lease outlives the tick it starts (at least three of the last
+    tick's durations plus an interval), so a slow tick does not hand its shards over while it still works on them;
+    if the claim itself fails (the database away), every shard, which is what ticks did before sharding."""
+    seconds = max(rt.settings.shard_lease_seconds, 3 * rt.last_tick_seconds + rt.settings.tick_interval_seconds)
+    try:
+        return claim_shards(rt.engine, rt.replica_id, now, timedelta(seconds=seconds))
+    except Exception:  # the per-step guard's rule: report, keep going (each step then fails or works on its own)
+        log.exception("claiming shard leases failed; this tick works on every shard")
+        return EVERYTHING
 
 
 def _tick_scoped(rt: Runtime) -> list[Any]:
