@@ -52,6 +52,15 @@ from providers.model import CostKind, PlacementState, hours_between
 
 _P = Placement.__table__  # type: ignore[attr-defined]
 _J = Job.__table__  # type: ignore[attr-defined]
+# the placement columns accrual reads (its marks, its price, its entries' labels), not the whole row
+_READ = tuple(
+    _P.c[name]
+    for name in (
+        "id", "job_id", "state", "provider", "region", "zone", "instance_type", "instance_id", "capacity_type",
+        "offering_key", "hourly_usd", "started_at", "ended_at", "accrued_until", "cost_usd",
+        "price_segment_started_at", "price_segment_hourly_usd",
+    )
+)  # fmt: skip
 _E = CostEntryRow.__table__  # type: ignore[attr-defined]
 _V = JobEvent.__table__  # type: ignore[attr-defined]
 
@@ -143,7 +152,9 @@ def _lock_rows(session: Session, ids: Sequence[str], now: datetime) -> tuple[lis
     conn = session.connection()
     placements = [
         p
-        for p in conn.execute(select(_P).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True))
+        for p in conn.execute(
+            select(*_READ).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True, of=_P)
+        )
         if _unaccrued(p, now)
     ]
     if not placements:
