@@ -147,8 +147,8 @@ def _could_return(
     """The screen before the placement policy: could `decide_return` say RETURN for any open on-prem pool of the
     job's accelerators? Whatever pool `choose_pool` picks, the verdict is `decide_return`'s on that pool, so when
     none of them would return the job (a cloud job cheaper to finish where it is, a deadline a restart would miss:
-    almost every job on almost every tick) the job stays and the policy is not asked (a pure computation per pool;
-    no placement search)."""
+    three in four jobs on a tick of `benchmarks/tick_bench.py`) the job stays and the policy is not asked (a pure
+    computation per pool; no placement search)."""
     remaining, started = _remaining(p, inst)
     pools = [o for accelerator in spec.accelerators for o in open_onprem.get(accelerator, ())]
     return any(_verdict(rt, job, spec, current, o, remaining, started, now) is not None for o in pools)
