@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from broker.loop import return_onprem as return_onprem_step
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
@@ -131,6 +132,32 @@ def test_cloud_work_stays_while_on_prem_is_busy_or_moving_saves_too_little(
     _run(rt, clock, 3)
     assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
     assert "returning_onprem" not in _events(rt, job_id)
+
+
+def test_jobs_no_open_pool_would_take_back_are_screened_out_before_the_placement_policy(
+    rt: Runtime,
+    api: TestClient,
+    onprem: ScriptedCloud,
+    clock: MovableClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    policy = return_onprem_step.choose_pool
+
+    def spy(rt: Runtime, session: Session, job: Job, *args: object, **kwargs: object) -> object:
+        asked.append(job.id)
+        return policy(rt, session, job, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(return_onprem_step, "choose_pool", spy)
+    job_id = _submit(api, rt, clock)
+    onprem.wait_hours = 0.0
+    onprem.prices = {"dc1": Decimal("12")}  # free, but dearer than the $10/h cloud: moving can never pay
+    _run(rt, clock, 3)
+    assert asked == [] and [p.provider for p in _placements(rt, job_id)] == ["aws"]
+    onprem.prices = {"dc1": Decimal("2")}  # now it pays: the job passes the screen and the policy decides
+    _run(rt, clock, 3)
+    assert asked and set(asked) == {job_id}
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws", "dc"]
 
 
 def test_the_return_check_never_explains_a_job_it_cannot_place(

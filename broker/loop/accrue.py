@@ -22,7 +22,8 @@ transaction under row locks, so a crash or a second replica can neither skip nor
 Placements are accrued `loop_batch_size` (a setting) to a transaction, set-based: the batch's rows are locked and
 read in two Core statements (plain rows: no ORM object per placement or job; of a job only the columns an entry
 needs), every entry, event and new mark is computed in memory, and each kind of write is one statement for the
-whole batch (an executemany of the ledger entries, of the events, of the placements' marks and of the jobs'
+whole batch (`broker.bulk`: on PostgreSQL one statement per table for the whole batch, the columns sent as
+arrays and unnested by the server, for the ledger entries, the events, the placements' marks and the jobs'
 totals). Only a preempted placement's final accrual goes on through the ORM and `record_wasted` (rare: once per
 preemption).
 """
@@ -35,10 +36,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import select
 from sqlmodel import Session, col, or_
 from sqlmodel import select as orm_select
 
+from broker.bulk import bulk_insert, bulk_update
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
 from broker.loop.common import in_scope
@@ -50,21 +52,17 @@ from providers.model import CostKind, PlacementState, hours_between
 
 _P = Placement.__table__  # type: ignore[attr-defined]
 _J = Job.__table__  # type: ignore[attr-defined]
-_PLACEMENT_MARKS = (
-    update(_P)
-    .where(_P.c.id == bindparam("b_id"))
-    .values(
-        accrued_until=bindparam("b_accrued_until", type_=_P.c.accrued_until.type),
-        cost_usd=bindparam("b_cost_usd", type_=_P.c.cost_usd.type),
-        price_segment_started_at=bindparam("b_seg_start", type_=_P.c.price_segment_started_at.type),
-        price_segment_hourly_usd=bindparam("b_seg_hourly", type_=_P.c.price_segment_hourly_usd.type),
+# the placement columns accrual reads (its marks, its price, its entries' labels), not the whole row
+_READ = tuple(
+    _P.c[name]
+    for name in (
+        "id", "job_id", "state", "provider", "region", "zone", "instance_type", "instance_id", "capacity_type",
+        "offering_key", "hourly_usd", "started_at", "ended_at", "accrued_until", "cost_usd",
+        "price_segment_started_at", "price_segment_hourly_usd",
     )
-)
-_JOB_SPENT = (
-    update(_J).where(_J.c.id == bindparam("b_id")).values(spent_usd=bindparam("b_spent", type_=_J.c.spent_usd.type))
-)
-_ENTRIES = insert(CostEntryRow.__table__)  # type: ignore[attr-defined]
-_EVENTS = insert(JobEvent.__table__)  # type: ignore[attr-defined]
+)  # fmt: skip
+_E = CostEntryRow.__table__  # type: ignore[attr-defined]
+_V = JobEvent.__table__  # type: ignore[attr-defined]
 
 
 def _telescoped(hourly: Decimal, seg_start: datetime, start: datetime, end: datetime) -> Decimal:
@@ -113,14 +111,11 @@ class _Writes:
     spent: dict[str, Decimal] = field(default_factory=dict)  # job id -> its new spent_usd
 
     def send(self, session: Session) -> None:
-        if self.entries:
-            session.execute(_ENTRIES, self.entries)
-        if self.events:
-            session.execute(_EVENTS, self.events)
-        if self.marks:
-            session.execute(_PLACEMENT_MARKS, self.marks)
-        if self.spent:
-            session.execute(_JOB_SPENT, [{"b_id": job_id, "b_spent": usd} for job_id, usd in self.spent.items()])
+        conn = session.connection()
+        bulk_insert(conn, _E, self.entries)
+        bulk_insert(conn, _V, self.events)
+        bulk_update(conn, _P, "id", self.marks)
+        bulk_update(conn, _J, "id", [{"id": job_id, "spent_usd": usd} for job_id, usd in self.spent.items()])
 
 
 def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetime, extras: Extras) -> int:
@@ -139,7 +134,7 @@ def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, now: datetim
             if (
                 p.state == PlacementState.PREEMPTED.value
                 and p.ended_at is not None
-                and mark["b_accrued_until"] == p.ended_at
+                and mark["accrued_until"] == p.ended_at
             ):
                 # the objects read after the batch's writes (its rows are locked by this transaction)
                 placement = session.get(Placement, p.id, populate_existing=True)
@@ -157,7 +152,9 @@ def _lock_rows(session: Session, ids: Sequence[str], now: datetime) -> tuple[lis
     conn = session.connection()
     placements = [
         p
-        for p in conn.execute(select(_P).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True))
+        for p in conn.execute(
+            select(*_READ).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True, of=_P)
+        )
         if _unaccrued(p, now)
     ]
     if not placements:
@@ -247,11 +244,11 @@ def _accrue_one(
     writes.spent[job.id] = spent
     writes.marks.append(
         {
-            "b_id": p.id,
-            "b_accrued_until": end,
-            "b_cost_usd": p.cost_usd + usd + extras_usd,
-            "b_seg_start": seg_start,
-            "b_seg_hourly": seg_hourly,
+            "id": p.id,
+            "accrued_until": end,
+            "cost_usd": p.cost_usd + usd + extras_usd,
+            "price_segment_started_at": seg_start,
+            "price_segment_hourly_usd": seg_hourly,
         }
     )
     message = f"${usd.quantize(Decimal('0.0001'))} for {hours.quantize(Decimal('0.001'))} h at ${hourly}/h"

@@ -18,6 +18,7 @@ the same row locks, so a replica syncing the placement at the same moment cannot
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -34,7 +35,7 @@ from broker.tables import Job, JobEvent, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
 from pricing.book import PriceBook
 from providers.base import ComputeProvider, Instance, NotFound, ProviderError
-from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
+from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, hours_between
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,11 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     """Returns the number of cloud placements stopped to move their jobs on-prem.
 
     Scaling: most ticks nothing can return (every on-prem queue is longer than `return_max_wait_hours`), and then
-    the step costs one read of the cloud placements. The pools each job's launches were refused by are read for
-    all jobs in one query (not one per job). The decision is taken first on an unlocked snapshot (the
-    placement, its job, the instance read in one batch per provider); only a job that would move is locked, read
-    again and decided again before anything is stopped."""
+    the step costs one read of the cloud placements. Otherwise each job is screened first (`_could_return`: the
+    return policy on each open on-prem pool, no placement search); only the jobs that pass are asked the placement
+    policy, with the pools each job's launches were refused by read for all of them in one query. The decision is
+    taken first on an unlocked snapshot (the placement, its job, the instance read in one batch per provider); only
+    a job that would move is locked, read again and decided again before anything is stopped."""
     if not rt.settings.return_onprem:
         return 0
     book = rt.catalog.book(now)
@@ -56,18 +58,27 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     if not open_onprem:
         return 0
     with Session(rt.engine) as session:
-        rows = _candidates(rt, session)
+        rows = [(p, job, spec_of(job)) for p, job in _candidates(rt, session)]
         blocklist = active_blocklist(session, now)
-        rows = [(p, job) for p, job in rows if open_onprem & set(spec_of(job).accelerators)]
-        refused = refused_pools_of_running_jobs(session) if rows else {}
-    views = observe_instances(rt, [p for p, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
-    returned = 0
-    budgets = HardBudgetGate(rt.engine, now)
-    for p, job in rows:
+        rows = [(p, job, spec) for p, job, spec in rows if open_onprem.keys() & set(spec.accelerators)]
+    views = observe_instances(rt, [p for p, _, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
+    screened = []
+    for p, job, spec in rows:
         view = views.get(p.instance_id or "")
         current = book.get(p.offering_key)
-        if not isinstance(view, Instance) or current is None:
-            continue
+        if (
+            isinstance(view, Instance)
+            and current is not None
+            and _could_return(rt, p, job, spec, view, current, open_onprem, now)
+        ):
+            screened.append((p, job, view, current))
+    if not screened:
+        return 0
+    with Session(rt.engine) as session:
+        refused = refused_pools_of_running_jobs(session)
+    returned = 0
+    budgets = HardBudgetGate(rt.engine, now)
+    for p, job, view, current in screened:
         with Session(rt.engine) as session:
             verdict = _decide(
                 rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset())
@@ -113,13 +124,68 @@ def _returnable(p: Placement, job: Job) -> bool:
     )
 
 
-def _open_onprem(book: PriceBook, max_wait_hours: float) -> set[str]:
-    """The accelerators some on-prem pool could start within `max_wait_hours` (no other job can return)."""
-    return {
-        o.accelerator
-        for o in book
-        if o.capacity_type is CapacityType.ON_PREM and o.expected_wait_hours <= max_wait_hours
-    }
+def _open_onprem(book: PriceBook, max_wait_hours: float) -> dict[str, list[Offering]]:
+    """By accelerator, the on-prem pools that could start a job within `max_wait_hours` (no other pool can take a
+    job back: `decide_return` keeps a job in the cloud for any other)."""
+    out: dict[str, list[Offering]] = defaultdict(list)
+    for o in book:
+        if o.capacity_type is CapacityType.ON_PREM and o.expected_wait_hours <= max_wait_hours:
+            out[o.accelerator].append(o)
+    return out
+
+
+def _could_return(
+    rt: Runtime,
+    p: Placement,
+    job: Job,
+    spec: JobSpec,
+    inst: Instance,
+    current: Offering,
+    open_onprem: dict[str, list[Offering]],
+    now: datetime,
+) -> bool:
+    """The screen before the placement policy: could `decide_return` say RETURN for any open on-prem pool of the
+    job's accelerators? Whatever pool `choose_pool` picks, the verdict is `decide_return`'s on that pool, so when
+    none of them would return the job (a cloud job cheaper to finish where it is, a deadline a restart would miss:
+    three in four jobs on a tick of `benchmarks/tick_bench.py`) the job stays and the policy is not asked (a pure
+    computation per pool; no placement search)."""
+    remaining, started = _remaining(p, inst)
+    pools = [o for accelerator in spec.accelerators for o in open_onprem.get(accelerator, ())]
+    return any(_verdict(rt, job, spec, current, o, remaining, started, now) is not None for o in pools)
+
+
+def _remaining(p: Placement, inst: Instance) -> tuple[Decimal, bool]:
+    """(the work left if `p` stopped now: all of it less what the instance's last checkpoint saved, started?)."""
+    started = p.started_at is not None
+    done = Decimal("0")
+    if started and inst.checkpointed_work_hours is not None:
+        done = inst.checkpointed_work_hours
+    return max(Decimal("0"), p.work_hours_at_start - done), started
+
+
+def _verdict(
+    rt: Runtime,
+    job: Job,
+    spec: JobSpec,
+    current: Offering,
+    onprem: Offering,
+    remaining: Decimal,
+    started: bool,
+    now: datetime,
+) -> _Return | None:
+    """`federation.burst.decide_return` for moving `job` from `current` to the on-prem pool `onprem`."""
+    params = BurstParams(
+        onprem_usd_per_gpu_hour=float(onprem.price.hourly_usd / onprem.accelerator_count),
+        return_min_saving_usd=rt.settings.return_min_saving_usd,
+        return_max_wait_hours=rt.settings.return_max_wait_hours,
+        restart_hours=rt.settings.restart_hours,
+        placement=rt.params,
+    )
+    cloud = CloudOption(current, 1, rt.params)
+    decision = decide_return(CloudJob(job.id, spec, cloud, remaining, started), now, onprem.expected_wait_hours, params)
+    if decision.verdict is not Verdict.RETURN:
+        return None
+    return _Return(onprem, decision.reason)
 
 
 def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: datetime) -> int:
@@ -171,12 +237,7 @@ def _decide(
 ) -> _Return | None:
     """Should `job` move on-prem now (module docstring)? Reads only; None when it stays. `refused` is the job's
     `refused_pools` when the caller read them for every job at once (else they are read here)."""
-    started = p.started_at is not None
-    done = Decimal("0")
-    if started and inst.checkpointed_work_hours is not None:
-        done = inst.checkpointed_work_hours
-    remaining = max(Decimal("0"), p.work_hours_at_start - done)
-    spec = spec_of(job)
+    remaining, started = _remaining(p, inst)
     ctx = replace(
         placement_context(rt, job, now, blocklist | (refused if refused is not None else refused_pools(session, job))),
         remaining_work_hours=remaining,
@@ -184,19 +245,7 @@ def _decide(
     best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
-    onprem = best.offering
-    params = BurstParams(
-        onprem_usd_per_gpu_hour=float(onprem.price.hourly_usd / onprem.accelerator_count),
-        return_min_saving_usd=rt.settings.return_min_saving_usd,
-        return_max_wait_hours=rt.settings.return_max_wait_hours,
-        restart_hours=rt.settings.restart_hours,
-        placement=rt.params,
-    )
-    cloud = CloudOption(current, 1, rt.params)
-    decision = decide_return(CloudJob(job.id, spec, cloud, remaining, started), now, onprem.expected_wait_hours, params)
-    if decision.verdict is not Verdict.RETURN:
-        return None
-    return _Return(onprem, decision.reason)
+    return _verdict(rt, job, spec_of(job), current, best.offering, remaining, started, now)
 
 
 def _act(

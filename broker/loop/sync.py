@@ -1,12 +1,12 @@
 """Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
 
-Scaling: the step first reads every live placement with its job (no locks) and asks each provider about all of
-its instances at once (`providers.base.describe`: one DescribeInstances per 200 ids on AWS, one query for the
-simulated clouds). A placement that is settled (its instance runs as recorded, or still starts as recorded, the
-job is not cancelled and the ceiling guard passes) needs nothing and takes no lock and no transaction: with
-thousands of running jobs almost every placement is settled on almost every tick. Every other one goes through
-the locked path below, which reads the placement, the job and the instance again before acting, so a decision
-is never taken on the unlocked snapshot.
+Scaling: the step first reads every live placement with its job (no locks, plain rows: `_snapshot`) and asks
+each provider about all of its instances at once (`providers.base.describe`: one DescribeInstances per 200 ids
+on AWS, one query for the simulated clouds). A placement that is settled (its instance runs as recorded, or
+still starts as recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock
+and no transaction: with thousands of running jobs almost every placement is settled on almost every tick.
+Every other one goes through the locked path below, which reads the placement, the job and the instance again
+before acting, so a decision is never taken on the unlocked snapshot.
 
 Placements that need attention are handled `loop_batch_size` (a setting) to a transaction (`_sync_batch`).
 For each of them (row-locked, so one replica handles it):
@@ -35,7 +35,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
@@ -52,17 +54,14 @@ from providers.model import JobState, Outcome, PlacementState, hours_between
 log = logging.getLogger(__name__)
 
 _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
+_P = Placement.__table__  # type: ignore[attr-defined]
+_J = Job.__table__  # type: ignore[attr-defined]
 
 
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
     shards (`broker.shards`; all of them outside a tick)."""
-    with Session(rt.engine) as session:
-        rows = session.exec(
-            select(Placement, Job)
-            .join(Job, col(Job.id) == Placement.job_id)
-            .where(col(Placement.state).in_(_LIVE), in_scope(rt, Placement.id))
-        ).all()
+    rows = _snapshot(rt)
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
@@ -79,6 +78,22 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     for start in range(0, len(attention), size):
         changed += _sync_batch(rt, attention[start : start + size], now)
     return changed
+
+
+def _snapshot(rt: Runtime) -> list[tuple[Any, Any]]:
+    """The live placements of this replica's shards with their jobs, unlocked, as plain rows (two Core reads, no
+    ORM object per placement or job: at tens of thousands of running jobs building them was a fifth of the tick).
+    Rows answer the same attribute names as the objects, for the screens that read them."""
+    live = (_P.c.state.in_(_LIVE), in_scope(rt, _P.c.id))
+    with rt.engine.connect() as conn:
+        placements = conn.execute(core_select(_P).where(*live)).all()
+        jobs = {
+            j.id: j
+            for j in conn.execute(
+                core_select(_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
+            )
+        }
+    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs]
 
 
 def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
