@@ -20,7 +20,7 @@ from decimal import Decimal
 from functools import cache
 from typing import Any
 
-from sqlalchemy import JSON, Integer, Table, bindparam, insert, update
+from sqlalchemy import JSON, Boolean, Float, Integer, Table, bindparam, insert, update
 from sqlalchemy.engine import Connection
 
 from broker.db import Money, UTCDateTime
@@ -37,6 +37,10 @@ def _pg_type(column: Any) -> str:
         return "bigint"
     if isinstance(kind, JSON):
         return "json"
+    if isinstance(kind, Boolean):
+        return "boolean"
+    if isinstance(kind, Float):
+        return "double precision"
     return "text"
 
 

@@ -61,7 +61,8 @@ def test_bulk_insert_and_update_write_every_row_exactly(
         ]
         bulk_insert(conn, JobEvent.__table__, events)  # type: ignore[attr-defined]
         spent = [
-            {"id": j, "spent_usd": Decimal("0.1234567891") * (n + 1), "updated_at": _AT} for n, j in enumerate(jobs)
+            {"id": j, "spent_usd": Decimal("0.1234567891") * (n + 1), "updated_at": _AT, "origin_settled": n == 0}
+            for n, j in enumerate(jobs)
         ]
         bulk_update(conn, Job.__table__, "id", spent[:2])  # type: ignore[attr-defined]
         session.commit()
@@ -77,3 +78,4 @@ def test_bulk_insert_and_update_write_every_row_exactly(
         loaded = {j: session.get(Job, j) for j in jobs}
         assert [loaded[j].spent_usd for j in jobs] == [Decimal("0.1234567891"), Decimal("0.2469135782"), 0]  # type: ignore[union-attr]
         assert loaded[jobs[0]].updated_at == _AT  # type: ignore[union-attr]
+        assert [loaded[j].origin_settled for j in jobs] == [True, False, False]  # type: ignore[union-attr]  # a bool
