@@ -41,9 +41,9 @@ import logging
 import os
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -62,6 +62,7 @@ from providers.slurm_transport import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 API = "/slurm/v0.0.38"
 DB_API = "/slurmdb/v0.0.38"
@@ -202,19 +203,18 @@ class RestTransport:
 
     # ---- the transport ------------------------------------------------------------------------------------
 
-    def jobs(self) -> list[SlurmJob]:
-        doc = self.request("GET", f"{API}/jobs")
+    def _parsed(self, path: str, parse: Callable[[Any], list[T]], doc: Any) -> list[T]:
+        """`parse(doc)` of the answer to `GET path`; an unreadable one is `SlurmCommandError` naming the endpoint."""
         try:
-            return parse_squeue(doc)
+            return parse(doc)
         except SlurmParseError as exc:
-            raise SlurmCommandError(f"slurmrestd GET {API}/jobs: unreadable: {exc}", provider=self.name) from exc
+            raise SlurmCommandError(f"slurmrestd GET {path}: unreadable: {exc}", provider=self.name) from exc
+
+    def jobs(self) -> list[SlurmJob]:
+        return self._parsed(f"{API}/jobs", parse_squeue, self.request("GET", f"{API}/jobs"))
 
     def nodes(self) -> list[SlurmNode]:
-        doc = self.request("GET", f"{API}/nodes")
-        try:
-            return parse_sinfo(doc)
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"slurmrestd GET {API}/nodes: unreadable: {exc}", provider=self.name) from exc
+        return self._parsed(f"{API}/nodes", parse_sinfo, self.request("GET", f"{API}/nodes"))
 
     def accounting(self, ids: Sequence[str]) -> list[SlurmJob]:
         path = f"{DB_API}/jobs"
@@ -229,10 +229,7 @@ class RestTransport:
                 return self._fallback("accounting", "slurmrestd runs without openapi/dbv0.0.38").accounting(ids)
             raise
         errors = [e for e in doc.get("errors") or [] if not _nothing_found(e)]
-        try:
-            return parse_sacct({**doc, "errors": errors})
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"slurmrestd GET {path}: unreadable: {exc}", provider=self.name) from exc
+        return self._parsed(path, parse_sacct, {**doc, "errors": errors})
 
     def update_job(
         self, target: str, *, comment: str | None = None, dependency: str | None = None, priority: int | None = None
@@ -253,11 +250,7 @@ class RestTransport:
 
     def _verify_update(self, target: str, path: str, comment: str | None, dependency: str | None) -> None:
         """The array task `target` carries the comment and dependency just sent, else `SlurmCommandError`."""
-        doc = self.request("GET", path)
-        try:
-            jobs = parse_squeue(doc)
-        except SlurmParseError as exc:
-            raise SlurmCommandError(f"slurmrestd GET {path}: unreadable: {exc}", provider=self.name) from exc
+        jobs = self._parsed(path, parse_squeue, self.request("GET", path))
         job = next((j for j in jobs if j.target == target), None)
         wrong = []
         if job is None:
