@@ -57,7 +57,9 @@ def test_logs_are_readable_while_running_followed_to_the_end_and_after_the_insta
 ) -> None:
     monkeypatch.setattr(logs_route, "FOLLOW_POLL_SECONDS", 0.2)
     with aws(moto_url, tmp_path, monkeypatch) as c:
-        env = {"TRAIN_STEPS": "400", "TRAIN_STEP_SECONDS": "0.02", "TRAIN_CHECKPOINT_EVERY": "100"}
+        # 20 s of work: the agent ships a chunk every 5 s, so the first read lands well before the end even on a
+        # loaded machine (at 8 s of work a slow first upload once let the whole run finish first)
+        env = {"TRAIN_STEPS": "400", "TRAIN_STEP_SECONDS": "0.05", "TRAIN_CHECKPOINT_EVERY": "100"}
         job_id = c.submit(env=env)
         p = c.launched(job_id)
         assert p.instance_id is not None
