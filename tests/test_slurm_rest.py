@@ -92,7 +92,13 @@ def test_accounting_over_http_and_nothing_found_is_no_records(slurm: SlurmCluste
     def ours() -> list[BatchJob]:  # job ids repeat across test sessions: this one's record carries the comment
         return [r for r in rest.accounting([str(done)]) if r.job_id == done and r.comment == "acct-check"]
 
-    wait_until(lambda: [r.state for r in ours()] == ["FAILED"], "slurmdbd to record the failed job", timeout=20)
+    # slurmdbd may file the end before the start: until the start arrives the record is a placeholder named
+    # "allocation" with no partition, so wait for the whole record, not only the FAILED state
+    wait_until(
+        lambda: [(r.state, r.name, r.partition) for r in ours()] == [("FAILED", "wrap", "gpu")],
+        "slurmdbd to record the failed job whole",
+        timeout=30,
+    )
     time.sleep(1)  # the job's end record too, not only its start
     assert rest.accounting([str(done)]) == CliTransport(slurm.broker_runner()).accounting([str(done)])  # sacct's
     assert rest.accounting(["987654"]) == []  # slurmdbd's "Nothing found": no records, no error
