@@ -18,6 +18,9 @@ What it measures, per backend (`--db sqlite|postgresql|both`, default both):
      whole machine kept busy ("other load" is the rest: someone else's processes), how wrk's keep-alive
      connections ended up spread over the uvicorn workers, and (PostgreSQL) how many new database connections
      the broker opened, all read from /proc and pg_stat_database (Linux).
+  `--rate R` paces wrk to R requests a second in all (its `delay()` hook hands out send slots on the monotonic
+  clock) instead of saturating the server: the latency at that load, which is what "p99 at 1,000 req/s" means;
+  the report says when the achieved rate fell short of the offered one.
   `--repeat N` measures N times against the same server (after one warm-up) and prints the medians: the
   spread of connections over workers is decided by the kernel at connect time and moves the figures.
   Optionally (`--py-spy DIR`) one uvicorn worker is sampled with py-spy during the run (only samples holding the
@@ -32,6 +35,7 @@ Run (from the repository root, in the environment where the project is installed
     python benchmarks/submit_load_bench.py --db sqlite --workers 1 --duration 20 --connections 64
     python benchmarks/submit_load_bench.py --db postgresql --pg-url postgresql://postgres@127.0.0.1:5432/postgres
     python benchmarks/submit_load_bench.py --json
+    python benchmarks/submit_load_bench.py --db postgresql --rate 1000 --repeat 3   # p99 at 1,000 req/s offered
 """
 
 from __future__ import annotations
@@ -73,6 +77,34 @@ JOB_BODY: dict[str, Any] = {
     "max_total_usd": "50",
 }
 
+# `--rate`: wrk asks `delay()` before each request on a connection; each wrk thread hands out send slots
+# `interval` ms apart (LuaJIT's ffi reads the monotonic clock), so the thread offers rate/threads requests a second
+# whatever the answers' speed, as long as a connection is free. A thread that fell behind starts again from now
+# (no burst to catch up): the achieved req/s then falls below the offered rate, and the report says so.
+PACING_LUA = """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct {{ long tv_sec; long tv_nsec; }} ovs_timespec;
+int clock_gettime(int clk_id, ovs_timespec *tp);
+]]
+local ts = ffi.new("ovs_timespec")
+local interval = {interval_ms}
+local next_slot = nil
+
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)  -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+
+function delay()
+  local now = now_ms()
+  if next_slot == nil or next_slot < now then next_slot = now end
+  local wait = next_slot - now
+  next_slot = next_slot + interval
+  return math.floor(wait)
+end
+"""
+
 LUA_TEMPLATE = """
 wrk.method = "POST"
 wrk.body = [==[{body}]==]
@@ -93,6 +125,7 @@ function response(status, headers, body)
   codes[status] = (codes[status] or 0) + 1
 end
 
+{pacing}
 function done(summary, latency, requests)
   local total = {{}}
   for _, t in ipairs(threads) do
@@ -120,6 +153,7 @@ class Result:
     duration_s: float
     run: int = 1
     offerings_seeded: int = 0
+    offered_per_s: float | None = None  # `--rate`: the paced load; None: as fast as the connections allow
     requests: int = 0
     requests_per_s: float = 0.0
     p50_ms: float = 0.0
@@ -390,8 +424,10 @@ def postgres_database(pg_url: str | None) -> Database:
 # ---------------------------------------------------------------------------------------------- wrk
 
 
-def write_lua(path: Path) -> None:
-    path.write_text(LUA_TEMPLATE.format(body=json.dumps(JOB_BODY), key=DEV_API_KEY))
+def write_lua(path: Path, rate: float | None = None, threads: int = 1) -> None:
+    """wrk's script: the job, the key, the status counts; with `rate`, paced to that many requests a second."""
+    pacing = PACING_LUA.format(interval_ms=repr(threads * 1000.0 / rate)) if rate else ""
+    path.write_text(LUA_TEMPLATE.format(body=json.dumps(JOB_BODY), key=DEV_API_KEY, pacing=pacing))
 
 
 def wrk_command(url: str, script: Path, threads: int, connections: int, seconds: int, timeout: int) -> list[str]:
@@ -518,7 +554,7 @@ def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., Non
         seeded = seed_database(env, workdir)
         say(f"[{backend}] migrated and seeded {seeded} offerings in {time.perf_counter() - t0:.1f} s")
         script = workdir / "submit.lua"
-        write_lua(script)
+        write_lua(script, args.rate, args.threads)
         with uvicorn_server(env, workdir, args.workers) as (proc, port):
             url = f"http://127.0.0.1:{port}/v1/jobs"
             say(f"[{backend}] uvicorn pid {proc.pid}, {args.workers} worker(s) on {url}")
@@ -527,6 +563,7 @@ def bench_backend(backend: str, args: argparse.Namespace, say: Callable[..., Non
             for run in range(1, args.repeat + 1):
                 result = Result(backend, args.workers, args.connections, args.threads, args.duration, run=run)
                 result.offerings_seeded = seeded
+                result.offered_per_s = args.rate
                 try:
                     measure(result, db, proc, port, url, script, args, say)
                 except Exception as exc:  # report and go on
@@ -678,6 +715,12 @@ def print_table(results: Sequence[Result]) -> None:
         if r.error:
             continue
         extra = []
+        if r.offered_per_s:
+            share = r.requests_per_s / r.offered_per_s
+            extra.append(
+                f"offered {r.offered_per_s:g} req/s, achieved {share:.0%}"
+                + ("" if share >= 0.98 else " (NOT SUSTAINED)")
+            )
         if r.statuses:
             extra.append("statuses " + ", ".join(f"{k}: {v}" for k, v in sorted(r.statuses.items())))
         if any(r.socket_errors.values()):
@@ -721,6 +764,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured whole seconds first, 0: none (default 2)")
     parser.add_argument("--timeout", type=int, default=10, help="wrk request timeout, whole s (default 10)")
     parser.add_argument("--repeat", type=int, default=1, help="measured runs per backend, same server (default 1)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="offer this many requests a second in all (paced by wrk's delay() hook) instead of as many as the "
+        "connections allow: the latency at a given load rather than at saturation",
+    )
     parser.add_argument("--settle", type=float, default=1.0, help="pause before counting rows, s (default 1)")
     parser.add_argument("--pg-url", help="admin URL of an existing PostgreSQL (a fresh database is created)")
     parser.add_argument("--py-spy", metavar="DIR", help="sample one uvicorn worker with py-spy, raw stacks in DIR")
@@ -736,6 +785,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--workers, --connections, --threads, --repeat, --duration and --timeout must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must be 0 or more")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be more than 0 requests a second")
     if args.threads > args.connections:
         parser.error("wrk needs at least one connection per thread: --threads <= --connections")
 
@@ -746,7 +797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = ("sqlite", "postgresql") if args.db == "both" else (args.db,)
     say(
         f"submit_load_bench: {os.cpu_count()} CPUs, wrk -t{args.threads} -c{args.connections} "
-        f"-d{args.duration}s after {args.warmup} s warm-up, OVERSPILL_SIMULATED="
+        f"-d{args.duration}s after {args.warmup} s warm-up, "
+        f"{f'offered {args.rate:g} req/s' if args.rate else 'unpaced (saturation)'}, OVERSPILL_SIMULATED="
         f"{os.environ.get('OVERSPILL_SIMULATED', 'true')}, broker access log {'on' if args.access_log else 'off'}"
     )
     results = [r for b in backends for r in bench_backend(b, args, say)]
