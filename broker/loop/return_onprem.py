@@ -77,7 +77,7 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     with Session(rt.engine) as session:
         refused = refused_pools_of_running_jobs(session)
     returned = 0
-    budgets = HardBudgetGate(rt.engine, now)
+    budgets = HardBudgetGate(rt.engine, now, rt.extras)
     for p, job, view, current in screened:
         with Session(rt.engine) as session:
             verdict = _decide(

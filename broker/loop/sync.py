@@ -475,12 +475,14 @@ def guard_horizon_seconds(rt: Runtime) -> float:
 
 def _projected_spend(rt: Runtime, p: Placement, job: Job, now: datetime) -> tuple[Decimal, Decimal]:
     """(the job's spend by the end of the guard horizon if `p` keeps running, the hourly price assumed): the
-    higher of the placement's price and the pool's current one, over what is not accrued yet plus the horizon
-    (or the run's remaining work, if shorter). The price includes what the instance bills beside compute (boot
-    disk, public IPv4: `rt.extras`), which the ledger accrues next to it."""
+    highest of the placement's price, its price segment's (what its unaccrued stretch is charged at) and the
+    pool's current one, over what is not accrued yet (up to an accrual cadence and a tick: `broker.loop.accrue`)
+    plus the horizon (or the run's remaining work, if shorter). The price includes what the instance bills beside
+    compute (boot disk, public IPv4: `rt.extras`), which the ledger accrues next to it."""
     assert p.started_at is not None
     hourly = rt.catalog.book(now).get(p.offering_key)
-    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
+    segment = p.price_segment_hourly_usd or p.hourly_usd
+    price = max(p.hourly_usd, segment, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
     accrued_until = p.accrued_until or p.started_at
     unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
     if p.checkpointed_work_hours is not None:  # the agent reports real progress: what its checkpoint has not saved
