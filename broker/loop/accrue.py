@@ -1,16 +1,18 @@
 """Tick step: accrue the cost of the started placements that are due, as append-only ledger entries.
 
 Cadence (`accrual_cadence_seconds`, default 60): a tick's cost should grow with what changed, not with what runs,
-so a running placement is not accrued on every tick. It is due
-- once its unaccrued stretch reaches the cadence: it is then accrued up to the last point of its own grid (every
-  cadence, at a phase hashed from its id: `_grid_point`), so placements that started together still spread over
-  the ticks, about tick-interval/cadence of them on each;
+so a running placement is not accrued on every tick. Each placement has its own grid, a point every cadence at a
+phase hashed from its id (`grid_point`), and it is due
+- when a point of its grid passed since its mark: it is then accrued up to that point, so placements that started
+  (or were marked, at a midnight or a price move) together still spread over the ticks, about
+  tick-interval/cadence of them on each;
 - at once when it ended (up to its end), or when its pool's price moved (up to now: the stretch at the old price,
   the new one from the tick that sees it), or when a UTC midnight passed (at least up to the midnight, so each
   day's ledger is complete one tick after it ends).
 A cadence of 0 accrues every running placement up to now on every tick. Which placements may be due is one SQL
-condition (`_Due.clauses`: the mark older than a cadence or than midnight, or an offering whose price differs from
-a placement's price segment, found by one DISTINCT read); each locked row is then decided exactly (`_Due.end`).
+condition (`_Due.clauses`: a mark a cadence old or older, before midnight or off its grid (at its start, at a new
+price segment, at midnight), or an offering whose price differs from a placement's price segment, found by one
+DISTINCT read); `_Due.end` decides each of those candidates before any lock is taken, and again under the lock.
 Between accruals the ledger and `job.spent_usd` trail the spend by up to a cadence and a tick: the ceiling guard
 (`broker.loop.sync`), budgets and a lowered ceiling (`broker.finance.unaccrued`) add that stretch.
 No event per accrual: the accrual that reaches a placement's end writes its one `cost_accrued` event (its total).
@@ -55,8 +57,7 @@ from typing import Any
 
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
-from sqlmodel import Session, col, or_
-from sqlmodel import select as orm_select
+from sqlmodel import Session, or_
 
 from broker.bulk import bulk_insert, bulk_update
 from broker.crashpoints import crashpoint
@@ -79,6 +80,13 @@ _READ = tuple(
         "price_segment_started_at", "price_segment_hourly_usd",
     )
 )  # fmt: skip
+# what deciding whether a placement is due reads (`_Due.end`), before locking only the due ones
+_DUE_READ = tuple(
+    _P.c[name]
+    for name in (
+        "id", "started_at", "ended_at", "accrued_until", "offering_key", "price_segment_hourly_usd",
+    )
+)  # fmt: skip
 _E = CostEntryRow.__table__  # type: ignore[attr-defined]
 _V = JobEvent.__table__  # type: ignore[attr-defined]
 
@@ -94,18 +102,19 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         due = _Due.at(rt, session.connection(), book, now)
-        ids = session.exec(
-            orm_select(Placement.id)
+        candidates = session.connection().execute(
+            select(*_DUE_READ)
             .where(
-                col(Placement.started_at).is_not(None),
+                _P.c.started_at.is_not(None),
                 or_(
-                    and_(Placement.state == PlacementState.RUNNING.value, or_(*due.clauses())),
-                    col(Placement.accrued_until) < col(Placement.ended_at),
+                    and_(_P.c.state == PlacementState.RUNNING.value, or_(*due.clauses())),
+                    _P.c.accrued_until < _P.c.ended_at,
                 ),
-                in_scope(rt, Placement.id),
+                in_scope(rt, _P.c.id),
             )
-            .order_by(col(Placement.id))
-        ).all()
+            .order_by(_P.c.id)
+        )
+        ids = [p.id for p in candidates if due.end(p) is not None]
     written = 0
     size = rt.settings.loop_batch_size
     extras = {
@@ -146,11 +155,15 @@ class _Due:
         return cls(now, timedelta(seconds=rt.settings.accrual_cadence_seconds), midnight, book, moved)
 
     def clauses(self) -> list[Any]:
-        """SQL for "a running placement that may be due" (a superset: `end` decides for each row)."""
+        """SQL for "a running placement that may be due" (a superset: `end` decides for each row): its mark a
+        cadence old or more, or before midnight, or off its grid (at its start, at a price move: a new segment
+        starts at the mark, at midnight), or its offering's price moved."""
         out = [
             _P.c.accrued_until.is_(None),
             _P.c.accrued_until <= self.now - self.cadence,
-            _P.c.accrued_until < self.midnight,
+            _P.c.accrued_until <= self.midnight,
+            _P.c.accrued_until == _P.c.started_at,
+            _P.c.accrued_until == _P.c.price_segment_started_at,
         ]
         if self.moved:
             out.append(_P.c.offering_key.in_(sorted(self.moved)))
@@ -159,7 +172,7 @@ class _Due:
     def end(self, p: Any) -> datetime | None:
         """Up to when `p` accrues now, or None when it is not due: its end, once it ended; now, when its price
         moved (or the cadence is 0); else, once its unaccrued stretch reached the cadence, its last grid point
-        (`_grid_point`); and at least the last UTC midnight, once one passed."""
+        (`grid_point`); and at least the last UTC midnight, once one passed."""
         if p.started_at is None:
             return None
         start = p.accrued_until or p.started_at
@@ -168,10 +181,8 @@ class _Due:
             end = min(self.now, p.ended_at)
         elif not self.cadence or _price_moved(self.book, p.offering_key, p.price_segment_hourly_usd):
             end = self.now
-        elif start <= self.now - self.cadence:
-            end = _grid_point(p.id, self.now, self.cadence)
-        else:
-            end = None
+        else:  # its grid point passed since its mark (a mark off the grid rejoins it at the next one)
+            end = grid_point(p.id, self.now, self.cadence)
         if p.ended_at is None and start < self.midnight:
             end = max(end or self.midnight, self.midnight)
         return end if end is not None and end > start else None
@@ -182,7 +193,7 @@ def _price_moved(book: PriceBook, offering_key: str, segment_hourly: Decimal | N
     return current is not None and segment_hourly is not None and current.price.hourly_usd != segment_hourly
 
 
-def _grid_point(pid: str, now: datetime, cadence: timedelta) -> datetime:
+def grid_point(pid: str, now: datetime, cadence: timedelta) -> datetime:
     """The last point at or before `now` of the placement's own accrual grid: every `cadence` from a phase in
     `[0, cadence)` hashed from its id. Placements accrue when their stretch crosses their grid point, so however
     they started (tens of thousands cloned at one instant, or restored after an outage), about
