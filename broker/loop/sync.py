@@ -1,10 +1,14 @@
 """Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
 
-Scaling: the step first reads every live placement with its job (no locks, plain rows: `_snapshot`) and asks
-each provider about all of its instances at once (`providers.base.describe`: one DescribeInstances per 200 ids
-on AWS, one query for the simulated clouds). A placement that is settled (its instance runs as recorded, or
-still starts as recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock
-and no transaction: with thousands of running jobs almost every placement is settled on almost every tick.
+Scaling: the step first reads every live placement with its job (no locks, plain rows of only the columns the
+screens read: `_snapshot`) and asks each provider about all of its instances at once (`providers.base.describe`:
+one DescribeInstances per 200 ids on AWS, one query for the simulated clouds, whose store re-reads only what can
+change: `broker.simstore`). A placement that is settled (its instance runs as recorded, or still starts as
+recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock and no
+transaction: with thousands of running jobs almost every placement is settled on almost every tick. The ceiling
+guard is computed by the database in the same read, for every placement at once (`_near_ceiling`: a bound of the
+projection from above), so a settled placement costs a dict lookup and a few comparisons; only a placement near
+its ceiling, or on a pool whose price rose, is projected exactly in Decimal (`_projected_spend`).
 Every other one goes through the locked path below, which reads the placement, the job and the instance again
 before acting, so a decision is never taken on the unlocked snapshot.
 
@@ -37,11 +41,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import Float, Numeric, cast, literal
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
+from broker.finance.unaccrued import hours_and_rate
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
@@ -61,14 +67,16 @@ _J = Job.__table__  # type: ignore[attr-defined]
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
     shards (`broker.shards`; all of them outside a tick)."""
-    rows = _snapshot(rt)
+    rows, risen = _snapshot(rt, now)
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
         if p.instance_id is None:
             changed += _relaunch(rt, p.id, now)
     attention = sorted(
-        p.id for p, job in rows if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now)
+        p.id
+        for p, job in rows
+        if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now, risen)
     )
     if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
         touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
@@ -80,20 +88,79 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     return changed
 
 
-def _snapshot(rt: Runtime) -> list[tuple[Any, Any]]:
-    """The live placements of this replica's shards with their jobs, unlocked, as plain rows (two Core reads, no
-    ORM object per placement or job: at tens of thousands of running jobs building them was a fifth of the tick).
-    Rows answer the same attribute names as the objects, for the screens that read them."""
+# What the unlocked screens read of a live placement and of its job (`_settled`, `_projected_spend`,
+# `broker.loop.return_onprem._returnable`): not the whole rows (a job's spec, a placement's user data).
+_SNAP_P = tuple(
+    _P.c[name]
+    for name in (
+        "id", "job_id", "state", "provider", "offering_key", "capacity_type", "instance_id", "hourly_usd",
+        "price_segment_hourly_usd", "started_at", "accrued_until", "work_hours_at_start", "checkpointed_work_hours",
+        "outcome", "notice_deadline_at",
+    )
+)  # fmt: skip
+_SNAP_J = tuple(
+    _J.c[name]
+    for name in ("id", "state", "spent_usd", "max_total_usd", "current_placement_id", "updated_at", "tenant", "team",
+                 "project")
+)  # fmt: skip
+# the set-based ceiling screen leaves to the exact projection every placement within this much of its ceiling
+GUARD_MARGIN_USD = Decimal("0.01")
+
+
+def _snapshot(rt: Runtime, now: datetime) -> tuple[list[tuple[Any, Any]], frozenset[str]]:
+    """The live placements of this replica's shards with their jobs, unlocked, as plain rows of the columns the
+    screens read (two Core reads, no ORM object per placement or job), and the offerings whose price rose above
+    some running placement's rate. Each placement row carries `near_ceiling`, the ceiling guard computed by the
+    database for all of them at once (`_near_ceiling`)."""
     live = (_P.c.state.in_(_LIVE), in_scope(rt, _P.c.id))
     with rt.engine.connect() as conn:
-        placements = conn.execute(core_select(_P).where(*live)).all()
+        near = _near_ceiling(rt, conn.dialect.name, now).label("near_ceiling")
+        placements = conn.execute(
+            core_select(*_SNAP_P, near).select_from(_P.join(_J, _J.c.id == _P.c.job_id)).where(*live)
+        ).all()
         jobs = {
             j.id: j
             for j in conn.execute(
-                core_select(_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
+                core_select(*_SNAP_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
             )
         }
-    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs]
+        risen = _risen_offerings(rt, conn, now)
+    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs], risen
+
+
+def _near_ceiling(rt: Runtime, dialect: str, now: datetime) -> Any:
+    """SQL, per placement: could its job's spend reach its ceiling (less `GUARD_MARGIN_USD`) within the guard
+    horizon? A bound of `_projected_spend` from above: the placement's highest rate on record plus the most any
+    instance bills beside compute, over its unaccrued hours plus the whole horizon. False lets the screen skip the
+    exact projection; a pool whose price rose above the rate on record is left to it too (`_risen_offerings`)."""
+    hours, rate = hours_and_rate(dialect, now)
+    extra = max((ex.hourly_usd(c) for ex in rt.extras.values() for c in ("spot", "on_demand", "reserved")), default=0)
+    horizon = Decimal(str(guard_horizon_seconds(rt))) / 3600
+    if dialect == "postgresql":
+        spent, ceiling = cast(_J.c.spent_usd, Numeric()), cast(_J.c.max_total_usd, Numeric())
+        add, horizon_h, margin = literal(Decimal(extra), Numeric()), literal(horizon, Numeric()), GUARD_MARGIN_USD
+        return spent + (rate + add) * (hours + horizon_h) > ceiling - literal(margin, Numeric())
+    spent, ceiling = _J.c.spent_usd, _J.c.max_total_usd
+    return cast(spent, Float) + (rate + float(extra)) * (hours + float(horizon)) > cast(ceiling, Float) - float(
+        GUARD_MARGIN_USD
+    )
+
+
+def _risen_offerings(rt: Runtime, conn: Any, now: datetime) -> frozenset[str]:
+    """The offerings whose price in the book now is above the rate on record (placement or segment price) of some
+    running placement in scope: one DISTINCT read, a few rows per pool."""
+    book = rt.catalog.book(now)
+    pairs = conn.execute(
+        core_select(_P.c.offering_key, _P.c.hourly_usd, _P.c.price_segment_hourly_usd)
+        .where(_P.c.state == PlacementState.RUNNING.value, in_scope(rt, _P.c.id))
+        .distinct()
+    )
+    risen = set()
+    for key, hourly, segment in pairs:
+        current = book.get(key)
+        if current is not None and current.price.hourly_usd > max(hourly, segment or hourly):
+            risen.add(key)
+    return frozenset(risen)
 
 
 def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
@@ -141,7 +208,9 @@ def observe_instances(
     return views
 
 
-def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError | None, now: datetime) -> bool:
+def _settled(
+    rt: Runtime, p: Any, job: Any, view: Instance | ProviderError | None, now: datetime, risen: frozenset[str]
+) -> bool:
     """True when syncing `p` would change nothing: no cancellation to act on, the instance in the state recorded
     (starting, or running with its start recorded) and the ceiling guard passing. Read on the unlocked snapshot,
     so it only ever lets the step skip work; anything else is decided under the row locks.
@@ -161,6 +230,8 @@ def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError
         return p.state == PlacementState.QUEUED.value
     if view.state is not InstanceState.RUNNING or p.state != PlacementState.RUNNING.value or p.started_at is None:
         return False
+    if not p.near_ceiling and p.offering_key not in risen:
+        return True  # the database's bound of the projection is below the ceiling
     projected, _ = _projected_spend(rt, p, job, now)
     return projected <= job.max_total_usd
 
