@@ -142,7 +142,11 @@ class _Memo:
     ) -> _Memo:
         pools = [o for offerings in open_onprem.values() for o in offerings]
         world = hash(
-            (tuple((o.key, o.price.hourly_usd, o.available) for o in book), frozenset(o.key for o in pools), blocklist)
+            (
+                frozenset((o.key, o.price.hourly_usd, o.available) for o in book),
+                frozenset(o.key for o in pools),
+                blocklist,
+            )
         )
         return cls(
             rt,
@@ -234,13 +238,16 @@ def _candidates(rt: Runtime, session: Session) -> list[tuple[Any, Any]]:
     return rows
 
 
+_ON_PREM, _RUNNING = CapacityType.ON_PREM.value, JobState.RUNNING.value  # (an enum's `.value` is a slow read)
+
+
 def _returnable(p: Placement, job: Job) -> bool:
     """The candidates query's condition, on a snapshot row."""
     return (
         p.state in _CLOUD_LIVE
-        and p.capacity_type != CapacityType.ON_PREM.value
+        and p.capacity_type != _ON_PREM
         and p.instance_id is not None
-        and job.state == JobState.RUNNING.value
+        and job.state == _RUNNING
         and job.current_placement_id == p.id
     )
 

@@ -208,6 +208,11 @@ def observe_instances(
     return views
 
 
+# read once: an enum member's `.value` is a descriptor call, and `_settled` runs for every live placement
+_CANCELLED, _QUEUED, _RUN = JobState.CANCELLED.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value
+_PENDING, _UP = InstanceState.PENDING, InstanceState.RUNNING
+
+
 def _settled(
     rt: Runtime, p: Any, job: Any, view: Instance | ProviderError | None, now: datetime, risen: frozenset[str]
 ) -> bool:
@@ -220,15 +225,15 @@ def _settled(
     one whose provider this process does not have (`None`)."""
     if view is None:
         return True
-    if job.state == JobState.CANCELLED.value or isinstance(view, NotFound):
+    if job.state == _CANCELLED or isinstance(view, NotFound):
         return False
     if p.outcome is not None or p.notice_deadline_at is not None:
         return False  # the agent reported its outcome, or works to an interruption notice's deadline
     if isinstance(view, ProviderError):
         return True
-    if view.state is InstanceState.PENDING:
-        return p.state == PlacementState.QUEUED.value
-    if view.state is not InstanceState.RUNNING or p.state != PlacementState.RUNNING.value or p.started_at is None:
+    if view.state is _PENDING:
+        return p.state == _QUEUED
+    if view.state is not _UP or p.state != _RUN or p.started_at is None:
         return False
     if not p.near_ceiling and p.offering_key not in risen:
         return True  # the database's bound of the projection is below the ceiling
