@@ -8,7 +8,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import String, any_, bindparam
 from sqlalchemy import select as sa_select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -28,6 +30,13 @@ def _record(row: Any) -> SimRecord:
         data=dict(row.data),
         terminated_at=row.terminated_at,
     )
+
+
+def _among(conn: Any, column: Any, values: list[str]) -> Any:
+    """`column IN values`: on PostgreSQL as `column = ANY(array)`, one parameter however many values."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("among", values, type_=ARRAY(String)))
+    return column.in_(values)
 
 
 class DbSimStore:
@@ -84,9 +93,12 @@ class DbSimStore:
             self._known.clear()
         table = SimInstanceRow.__table__  # type: ignore[attr-defined]
         with self._engine.connect() as conn:
-            for start in range(0, len(ids), 1000):  # bounded IN lists
-                chunk = ids[start : start + 1000]
-                where = (table.c.provider == provider, table.c.instance_id.in_(chunk))
+            # PostgreSQL: every id in one array parameter (an IN list costs the driver a placeholder per id);
+            # elsewhere bounded IN lists
+            size = (len(ids) or 1) if conn.dialect.name == "postgresql" else 1000
+            for start in range(0, len(ids), size):
+                chunk = ids[start : start + size]
+                where = (table.c.provider == provider, _among(conn, table.c.instance_id, chunk))
                 missing = []
                 for iid, token, terminated in conn.execute(
                     sa_select(table.c.instance_id, table.c.launch_token, table.c.terminated_at).where(*where)
@@ -100,7 +112,7 @@ class DbSimStore:
                         out.append(known)
                 if missing:
                     rows = conn.execute(
-                        sa_select(table).where(table.c.provider == provider, table.c.instance_id.in_(missing))
+                        sa_select(table).where(table.c.provider == provider, _among(conn, table.c.instance_id, missing))
                     )
                     out.extend(self._keep(_record(r)) for r in rows)
         return out
