@@ -199,19 +199,28 @@ class _Memo:
 def _with_specs(
     rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]
 ) -> list[tuple[Any, Any, Instance, Offering]]:
-    """`rows` with each job as its whole row (spec included): the snapshot carries only the columns the screens
-    read. One read per 1,000 jobs."""
+    """`rows` with each placement and job as its whole row (the job's spec included): sync's snapshot carries only
+    the columns every screen reads. One read of each table per 1,000 rows."""
     if not rows:
         return []
-    ids = sorted({job.id for _, job, _, _ in rows})
-    table = Job.__table__  # type: ignore[attr-defined]
-    full: dict[str, Any] = {}
+    placements = Placement.__table__  # type: ignore[attr-defined]
+    jobs = Job.__table__  # type: ignore[attr-defined]
+    full_p = _whole(rt, placements, sorted({p.id for p, _, _, _ in rows}))
+    full_j = _whole(rt, jobs, sorted({job.id for _, job, _, _ in rows}))
+    return [
+        (full_p[p.id], full_j[job.id], view, current)
+        for p, job, view, current in rows
+        if p.id in full_p and job.id in full_j
+    ]
+
+
+def _whole(rt: Runtime, table: Any, ids: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     with rt.engine.connect() as conn:
         for start in range(0, len(ids), 1000):
-            full.update(
-                (j.id, j) for j in conn.execute(core_select(table).where(table.c.id.in_(ids[start : start + 1000])))
-            )
-    return [(p, full[job.id], view, current) for p, job, view, current in rows if job.id in full]
+            chunk = ids[start : start + 1000]
+            out.update((r.id, r) for r in conn.execute(core_select(table).where(table.c.id.in_(chunk))))
+    return out
 
 
 def _candidates(rt: Runtime, session: Session) -> list[tuple[Any, Any]]:

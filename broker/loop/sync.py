@@ -73,11 +73,15 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     for p, _ in rows:
         if p.instance_id is None:
             changed += _relaunch(rt, p.id, now)
-    attention = sorted(
-        p.id
-        for p, job in rows
-        if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now, risen)
-    )
+    attention, exact = [], []
+    for p, job in rows:
+        if p.instance_id is not None:
+            verdict = _settled(p, job, views.get(p.instance_id), risen)
+            if verdict is None:
+                exact.append(p.id)
+            elif not verdict:
+                attention.append(p.id)
+    attention = sorted(attention + _over_ceiling(rt, exact, now))
     if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
         touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
         rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
@@ -88,21 +92,43 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     return changed
 
 
-# What the unlocked screens read of a live placement and of its job (`_settled`, `_projected_spend`,
-# `broker.loop.return_onprem._returnable`): not the whole rows (a job's spec, a placement's user data).
+# What the unlocked screens read of every live placement and of its job (`_settled`,
+# `broker.loop.return_onprem._returnable` and its memo): not the whole rows (a job's spec, a placement's user data,
+# the money columns only the exact projection reads: `_over_ceiling` reads those for the few that need it).
 _SNAP_P = tuple(
     _P.c[name]
     for name in (
-        "id", "job_id", "state", "provider", "offering_key", "capacity_type", "instance_id", "hourly_usd",
-        "price_segment_hourly_usd", "started_at", "accrued_until", "work_hours_at_start", "checkpointed_work_hours",
-        "outcome", "notice_deadline_at",
+        "id", "job_id", "state", "provider", "offering_key", "capacity_type", "instance_id", "started_at", "outcome",
+        "notice_deadline_at",
     )
 )  # fmt: skip
 _SNAP_J = tuple(
     _J.c[name]
-    for name in ("id", "state", "spent_usd", "max_total_usd", "current_placement_id", "updated_at", "tenant", "team",
-                 "project")
+    for name in ("id", "state", "current_placement_id", "updated_at", "tenant", "team", "project")
 )  # fmt: skip
+
+
+def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
+    """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
+    rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole,
+    one query per 1,000."""
+    over = []
+    with rt.engine.connect() as conn:
+        for start in range(0, len(ids), 1000):
+            rows = conn.execute(
+                core_select(_P, _J.c.spent_usd, _J.c.max_total_usd)
+                .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
+                .where(_P.c.id.in_(ids[start : start + 1000]))
+            )
+            for p in rows:
+                if p.started_at is None:
+                    continue
+                projected, _ = _projected_spend(rt, p, p, now)
+                if projected > p.max_total_usd:
+                    over.append(p.id)
+    return over
+
+
 # the set-based ceiling screen leaves to the exact projection every placement within this much of its ceiling
 GUARD_MARGIN_USD = Decimal("0.01")
 
@@ -213,12 +239,11 @@ _CANCELLED, _QUEUED, _RUN = JobState.CANCELLED.value, PlacementState.QUEUED.valu
 _PENDING, _UP = InstanceState.PENDING, InstanceState.RUNNING
 
 
-def _settled(
-    rt: Runtime, p: Any, job: Any, view: Instance | ProviderError | None, now: datetime, risen: frozenset[str]
-) -> bool:
+def _settled(p: Any, job: Any, view: Instance | ProviderError | None, risen: frozenset[str]) -> bool | None:
     """True when syncing `p` would change nothing: no cancellation to act on, the instance in the state recorded
-    (starting, or running with its start recorded) and the ceiling guard passing. Read on the unlocked snapshot,
-    so it only ever lets the step skip work; anything else is decided under the row locks.
+    (starting, or running with its start recorded) and the ceiling guard passing; None when only the exact ceiling
+    projection can tell (`_over_ceiling`). Read on the unlocked snapshot, so it only ever lets the step skip work;
+    anything else is decided under the row locks.
 
     An instance its provider could not answer for (`ProviderError`, logged by `observe_instances`) is left for the
     next tick, as the locked path would leave it, unless its job was cancelled (terminating needs no answer); so is
@@ -237,8 +262,7 @@ def _settled(
         return False
     if not p.near_ceiling and p.offering_key not in risen:
         return True  # the database's bound of the projection is below the ceiling
-    projected, _ = _projected_spend(rt, p, job, now)
-    return projected <= job.max_total_usd
+    return None
 
 
 def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
