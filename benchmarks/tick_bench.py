@@ -1,7 +1,8 @@
 """The control loop at scale: how long one tick and each of its steps take with thousands of running jobs, on one
 replica or shared by several (shard leases, broker/shards.py).
 
-The built-in simulated market and on-prem cluster, on a clock the script moves by `--minutes` per tick. Setting
+The built-in simulated market and on-prem cluster, on a clock the script moves by `--minutes` per set-up tick and
+by `--step-seconds` (10, the broker's tick interval) per measured round. Setting
 up: `--seed-jobs` jobs (5 accelerator choices, 1-8 GPUs, 20-26 h of work, so none finishes during the run) are
 submitted through the service, placed and started by three ticks, then cloned in bulk (Core executemany of jobs,
 placements and simulated instances; each clone carries its template's state) up to `--jobs` running jobs. Then
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import insert, select
 
+from broker.loop.accrue import grid_point
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
 from broker.schemas import JobCreate
@@ -102,6 +104,7 @@ def generate(db_url: str, workdir: Path, jobs: int, seed_jobs: int, minutes: flo
 
 def _clone(rt: Runtime, jobs: int) -> None:
     """Copy the running seed jobs (job, placement, simulated instance) until there are `jobs` running jobs."""
+    cadence = timedelta(seconds=rt.settings.accrual_cadence_seconds or 1)
     with rt.engine.begin() as conn:
         placements = [dict(r) for r in conn.execute(select(_P).where(_P.c.state == "running")).mappings()]
         if not placements:
@@ -117,8 +120,12 @@ def _clone(rt: Runtime, jobs: int) -> None:
                 job_id, pid, token = new_id("job"), new_id("plc"), f"bench-{n}-{os.urandom(6).hex()}"
                 instance_id = f"{sim['instance_id'][:40]}-c{n}"
                 job_rows.append({**job, "id": job_id, "name": f"clone-{n}", "current_placement_id": pid})
+                # accrued up to the clone's own accrual grid point (its phase is its id's), as a placement that
+                # has run a while is, rather than all at the template's mark
+                mark = p["accrued_until"] and grid_point(pid, p["accrued_until"], cadence)
                 placement_rows.append(
                     {**p, "id": pid, "job_id": job_id, "launch_token": token, "instance_id": instance_id}
+                    | {"accrued_until": mark}
                 )
                 sim_rows.append({**sim, "launch_token": token, "instance_id": instance_id})
             conn.execute(insert(_J), job_rows)
@@ -132,6 +139,7 @@ def replica(
     workdir: str,
     jobs: int,
     minutes: float,
+    step_seconds: float,
     first: str,
     ticks: int,
     barrier: Any,
@@ -146,7 +154,7 @@ def replica(
     profiler = cProfile.Profile() if profile_top else None
     rows = []
     for n in range(ticks):
-        clock.now = datetime.fromisoformat(first) + timedelta(minutes=minutes * (n + 1))
+        clock.now = datetime.fromisoformat(first) + timedelta(seconds=step_seconds * (n + 1))
         barrier.wait()
         if profiler is not None and n >= 3:
             profiler.enable()
@@ -173,12 +181,21 @@ def replica(
     out.put((index, rows, profile))
 
 
-def run(db_url: str, jobs: int, ticks: int, minutes: float, replicas: int, seed_jobs: int, profile_top: int) -> dict:
+def run(
+    db_url: str,
+    jobs: int,
+    ticks: int,
+    minutes: float,
+    replicas: int,
+    seed_jobs: int,
+    profile_top: int,
+    step_seconds: float,
+) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="tick-bench-"))
     first, setup_seconds = generate(db_url, workdir, jobs, seed_jobs, minutes)
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(replicas), ctx.Queue()
-    args = (db_url, str(workdir), jobs, minutes, first.isoformat(), ticks, barrier, out)
+    args = (db_url, str(workdir), jobs, minutes, step_seconds, first.isoformat(), ticks, barrier, out)
     procs = [ctx.Process(target=replica, args=(i, *args, profile_top if i == 0 else 0)) for i in range(replicas)]
     for p in procs:
         p.start()
@@ -256,13 +273,19 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=6, help="rounds: every replica ticks once per round")
     parser.add_argument("--replicas", type=int, default=1, help="tick processes sharing the work")
     parser.add_argument("--seed-jobs", type=int, default=500, help="jobs submitted and placed; the rest are clones")
-    parser.add_argument("--minutes", type=float, default=2.0, help="simulated minutes between ticks")
+    parser.add_argument("--minutes", type=float, default=2.0, help="simulated minutes between the set-up ticks")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=10.0,
+        help="simulated seconds between the measured rounds (default: the broker's tick interval)",
+    )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N of replica 0's profile")
     parser.add_argument("--db", choices=["postgresql", "sqlite"], default="postgresql")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    options = (args.jobs, args.ticks, args.minutes, args.replicas, args.seed_jobs, args.profile)
+    options = (args.jobs, args.ticks, args.minutes, args.replicas, args.seed_jobs, args.profile, args.step_seconds)
     if args.db == "postgresql":
         pg = start_postgres()
         try:

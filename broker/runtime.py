@@ -73,6 +73,9 @@ class Runtime:
     shares_work: bool = False  # a long-running tick replica: claims shard leases (`run_forever` sets it)
     shards: ShardScope | None = None  # the shards this tick works on (set by `tick`); None: every placement
     tick_cache: TickCache | None = None  # what this tick's steps share (set by `tick`)
+    # return-on-prem's verdicts "stays in the cloud" by placement id, with the inputs they were taken on
+    # (`broker.loop.return_onprem`): a placement whose inputs did not move is not screened again
+    return_memo: dict[str, Any] = field(default_factory=dict)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
 
     def provider(self, name: str) -> ComputeProvider | None:

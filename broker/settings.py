@@ -56,6 +56,13 @@ class Settings(BaseSettings):
         ge=1,
         description="placements the sync and accrual steps handle per transaction (fewer commits; shorter locks)",
     )
+    accrual_cadence_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="a running placement's cost is written to the ledger once its unaccrued stretch reaches this "
+        "long (at once when it ends, its price changes or a UTC day ends); 0 accrues every placement every tick. "
+        "Ceilings and budgets add the unaccrued stretch, so a longer cadence never lets them be overspent",
+    )
     price_stale_after_seconds: float = 3 * 3600
 
     interruption_traces: dict[str, Path] = Field(

@@ -4,10 +4,13 @@ instances outlive a broker crash and every replica sees the same ones."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import String, any_, bindparam
 from sqlalchemy import select as sa_select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -29,11 +32,24 @@ def _record(row: Any) -> SimRecord:
     )
 
 
+def _among(conn: Any, column: Any, values: list[str]) -> Any:
+    """`column IN values`: on PostgreSQL as `column = ANY(array)`, one parameter however many values."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("among", values, type_=ARRAY(String)))
+    return column.in_(values)
+
+
 class DbSimStore:
-    """Implements `providers.simulated.store.SimStore` on the broker's database."""
+    """Implements `providers.simulated.store.SimStore` on the broker's database.
+
+    A record's columns other than `terminated_at` never change once inserted, so `get_many` (a tick reads every
+    live instance) keeps each record it read and afterwards reads only `(instance_id, launch_token,
+    terminated_at)` of known instances: no JSON parsed per instance per tick. Every read still goes to the
+    database, so an instance another replica terminated or a token that changed is seen at once."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._known: dict[tuple[str, str], SimRecord] = {}  # (provider, instance_id) -> the record last read
 
     def insert_if_absent(self, record: SimRecord) -> SimRecord:
         with Session(self._engine) as session:
@@ -70,18 +86,40 @@ class DbSimStore:
             return _record(row) if row else None
 
     def get_many(self, provider: str, instance_ids: Sequence[str]) -> list[SimRecord]:
-        """Plain rows, no ORM object per instance (a tick reads every live instance this way)."""
+        """Plain rows, no ORM object per instance; of the instances read before only the columns that can change."""
         out: list[SimRecord] = []
         ids = list(instance_ids)
+        if len(self._known) > 2 * len(ids) + 100_000:  # bounded: mostly instances long gone
+            self._known.clear()
         table = SimInstanceRow.__table__  # type: ignore[attr-defined]
         with self._engine.connect() as conn:
-            for start in range(0, len(ids), 1000):  # bounded IN lists
-                chunk = ids[start : start + 1000]
-                rows = conn.execute(
-                    sa_select(table).where(table.c.provider == provider, table.c.instance_id.in_(chunk))
-                )
-                out.extend(_record(r) for r in rows)
+            # PostgreSQL: every id in one array parameter (an IN list costs the driver a placeholder per id);
+            # elsewhere bounded IN lists
+            size = (len(ids) or 1) if conn.dialect.name == "postgresql" else 1000
+            for start in range(0, len(ids), size):
+                chunk = ids[start : start + size]
+                where = (table.c.provider == provider, _among(conn, table.c.instance_id, chunk))
+                missing = []
+                for iid, token, terminated in conn.execute(
+                    sa_select(table.c.instance_id, table.c.launch_token, table.c.terminated_at).where(*where)
+                ):
+                    known = self._known.get((provider, iid))
+                    if known is None or known.launch_token != token:
+                        missing.append(iid)
+                    elif known.terminated_at != terminated:
+                        out.append(self._keep(replace(known, terminated_at=terminated)))
+                    else:
+                        out.append(known)
+                if missing:
+                    rows = conn.execute(
+                        sa_select(table).where(table.c.provider == provider, _among(conn, table.c.instance_id, missing))
+                    )
+                    out.extend(self._keep(_record(r)) for r in rows)
         return out
+
+    def _keep(self, record: SimRecord) -> SimRecord:
+        self._known[(record.provider, record.instance_id)] = record
+        return record
 
     def mark_terminated(self, provider: str, instance_id: str, at: datetime) -> None:
         with Session(self._engine) as session:

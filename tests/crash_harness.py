@@ -132,6 +132,9 @@ def broker_settings(env: Env, db_url: str, ami: str, queue_url: str) -> dict[str
         "orphan_grace_seconds": 0,
         "orphan_sweep_seconds": 0,
         "tick_interval_seconds": 10,
+        # a cadence of a second: the placements the scenario started a second before are due in the crashing
+        # tick, accrued up to their own grid points (`broker.loop.accrue`), and again in each recovery tick
+        "accrual_cadence_seconds": 1,
         "aws_interruption_redeliver_seconds": REDELIVER_SECONDS,
         "checkpoint_stores": {"aws/us-east-1": _store(env)},  # the agent's spec, logs and reports
     }

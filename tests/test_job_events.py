@@ -1,6 +1,6 @@
 """A job's timeline and state as the API shows them on the simulated market: pages in time order with a cursor,
-a kind filter, folded accruals; `starting` until the instance is up, remaining work counting down while it runs,
-and where a job ran once it ended."""
+a kind filter, one cost event per placement (older per-tick accruals folded); `starting` until the instance is
+up, remaining work counting down while it runs, and where a job ran once it ended."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from itertools import pairwise
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlmodel import Session, select
 
 from broker.loop.tick import tick
 from broker.runtime import Runtime
+from broker.tables import CostEntryRow, JobEvent
 from tests.builders import job_body
 from tests.conftest import MovableClock
 
@@ -45,7 +47,7 @@ def test_events_page_by_cursor_in_time_order_with_a_kind_filter(
     everything = _events(client, job_id, fold="false", limit=1000)
     assert everything["next_cursor"] is None
     raw = everything["items"]
-    assert len(raw) > 12 and raw[0]["kind"] == "submitted"
+    assert len(raw) > 5 and raw[0]["kind"] == "submitted"
     assert [_at(e) for e in raw] == sorted(_at(e) for e in raw)
     paged: list[dict[str, Any]] = []
     after = None
@@ -64,18 +66,45 @@ def test_events_page_by_cursor_in_time_order_with_a_kind_filter(
     assert _events(client, job_id, after=raw[-1]["id"], fold="false")["items"] == []
 
 
-def test_accruals_are_folded_per_placement_without_losing_money(
+def test_one_cost_event_per_placement_holds_its_whole_cost(
     rt: Runtime, client: TestClient, clock: MovableClock
 ) -> None:
     job_id, _ = _run_a_job(client, rt, clock)
     raw = [e for e in _events(client, job_id, fold="false", limit=1000)["items"] if e["kind"] == "cost_accrued"]
-    folded = [e for e in _events(client, job_id)["items"] if e["kind"] == "cost_accrued"]
-    assert len(raw) >= 10 and len(folded) <= 2  # the last accrual may land after `finished`
-    assert sum(e["data"].get("accruals", 1) for e in folded) == len(raw)
+    with Session(rt.engine) as s:
+        entries = s.exec(select(CostEntryRow).where(CostEntryRow.job_id == job_id)).all()
+    assert len(raw) == 1 < len(entries)  # not one per tick: the accrual that reaches the placement's end
+    [event] = raw
+    data = {k: Decimal(v) for k, v in event["data"].items() if k.endswith("_usd") or k == "usd"}
+    assert data["usd"] == sum((e.usd for e in entries), Decimal("0")) == data["spent_usd"] > 0
+    assert data["compute_usd"] + data["extras_usd"] == data["usd"]
+    assert Decimal(client.get(f"/v1/jobs/{job_id}").json()["spent_usd"]) == data["spent_usd"]
+
+
+def test_accruals_written_one_per_tick_are_still_folded_without_losing_money(
+    rt: Runtime, client: TestClient, clock: MovableClock
+) -> None:
+    """Timelines written before accrual ran on a cadence hold one `cost_accrued` per tick: the API folds them."""
+    job = client.post("/v1/jobs", json=job_body()).json()
+    start = clock()
+    with Session(rt.engine) as s:
+        for n in range(4):
+            usd = Decimal("1.25") * (n + 1)
+            data = {"placement_id": "plc-old", "usd": str(usd), "compute_usd": str(usd), "extras_usd": "0"}
+            data["spent_usd"] = str(Decimal("1.25") * sum(range(1, n + 2)))
+            s.add(
+                JobEvent(
+                    job_id=job["id"], tenant="demo", at=start + timedelta(minutes=10 * (n + 1)), kind="cost_accrued",
+                    message=f"${usd}", data=data,
+                )
+            )  # fmt: skip
+        s.commit()
+    raw = [e for e in _events(client, job["id"], fold="false")["items"] if e["kind"] == "cost_accrued"]
+    [folded] = [e for e in _events(client, job["id"])["items"] if e["kind"] == "cost_accrued"]
+    assert len(raw) == 4 and folded["data"]["accruals"] == 4 and "accruals from" in folded["message"]
     for key in ("usd", "compute_usd", "extras_usd"):
-        assert sum(Decimal(e["data"][key]) for e in folded) == sum(Decimal(e["data"][key]) for e in raw)
-    assert folded[0]["data"]["from"] and "accruals from" in folded[0]["message"]
-    assert folded[-1]["data"]["spent_usd"] == raw[-1]["data"]["spent_usd"]
+        assert Decimal(folded["data"][key]) == sum(Decimal(e["data"][key]) for e in raw)
+    assert folded["data"]["spent_usd"] == raw[-1]["data"]["spent_usd"] == "12.50"
 
 
 def test_hostile_event_queries_are_422_naming_the_parameter(

@@ -20,7 +20,8 @@ from broker.loop import return_onprem as return_onprem_step
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
-from providers.model import CapacityType
+from providers.base import Instance
+from providers.model import CapacityType, Offering
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
@@ -157,6 +158,52 @@ def test_jobs_no_open_pool_would_take_back_are_screened_out_before_the_placement
     onprem.prices = {"dc1": Decimal("2")}  # now it pays: the job passes the screen and the policy decides
     _run(rt, clock, 3)
     assert asked and set(asked) == {job_id}
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws", "dc"]
+
+
+def test_a_job_is_screened_again_only_when_its_inputs_moved(
+    rt: Runtime,
+    api: TestClient,
+    cloud: ScriptedCloud,
+    onprem: ScriptedCloud,
+    clock: MovableClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A steady tick costs a dict lookup per cloud job: one found to stay is screened again only when its pool's
+    price rose, an on-prem pool got cheaper (or opened), it saved a checkpoint (less work left) or the job itself
+    changed; never twice on the same inputs."""
+    screened: list[tuple[Decimal | None, Decimal]] = []  # (its checkpointed work, its pool's price) when screened
+    screen = return_onprem_step._could_return
+
+    def spy(
+        rt: Runtime, p: Placement, job: Job, spec: object, inst: Instance, current: Offering, *args: object
+    ) -> bool:
+        screened.append((inst.checkpointed_work_hours, current.price.hourly_usd))
+        return screen(rt, p, job, spec, inst, current, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(return_onprem_step, "_could_return", spy)
+    job_id = _submit(api, rt, clock)
+    onprem.wait_hours = 0.0
+    onprem.prices = {"dc1": Decimal("12")}  # free, but dearer than the $10/h cloud: moving can never pay
+    _run(rt, clock, 2)
+    assert screened
+    screened.clear()
+    for _ in range(7):
+        _run(rt, clock, 1)
+        assert len(screened) == len(set(screened)) <= 3  # at most once per checkpoint (every 30 min)
+    cloud.prices = {"us-east-1a": Decimal("9")}  # staying got cheaper: the verdict still stands
+    before = len(screened)
+    _run(rt, clock, 1)
+    assert all(price == 10 for _, price in screened[before:])  # a checkpoint's screen, if any, was at $10
+    cloud.prices = {"us-east-1a": Decimal("11")}  # staying got dearer: screened again at once (it still stays)
+    _run(rt, clock, 1)
+    assert screened[-1][1] == 11
+    before = len(screened)
+    assert api.patch(f"/v1/jobs/{job_id}", json={"max_total_usd": "150"}).status_code == 200  # its own change
+    _run(rt, clock, 1)
+    assert len(screened) == before + 1
+    onprem.prices = {"dc1": Decimal("2")}  # on-prem got cheaper: screened again, and now it moves
+    _run(rt, clock, 3)
     assert [p.provider for p in _placements(rt, job_id)] == ["aws", "dc"]
 
 

@@ -127,8 +127,10 @@ def _submit(rt: Runtime, clock: MovableClock, n: int) -> None:
 def test_two_replicas_each_sync_and_accrue_only_their_shards_and_nothing_twice(
     db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock
 ) -> None:
-    a = make_runtime(db_url)
-    b = make_runtime(db_url)
+    # every tick accrues every running placement of its shards up to its own time (no cadence), so each
+    # placement's mark names the replica that accrued it
+    a = make_runtime(db_url, accrual_cadence_seconds=0)
+    b = make_runtime(db_url, accrual_cadence_seconds=0)
     a.shares_work = b.shares_work = True
     tick(a, clock())
     _submit(a, clock, 40)
@@ -183,7 +185,7 @@ def test_a_one_shot_tick_holds_no_lease_and_works_on_every_placement(
 ) -> None:
     """`overspill tick` from cron or the serverless schedule: a replica holding every shard does not stop it, and
     it leaves no lease behind that would keep the next one-shot tick (a new process) from working."""
-    rt = make_runtime(db_url)
+    rt = make_runtime(db_url, accrual_cadence_seconds=0)  # each tick accrues every running placement up to now
     tick(rt, clock())
     _submit(rt, clock, 6)
     for _ in range(6):

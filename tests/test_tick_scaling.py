@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,7 +21,7 @@ from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import guard_horizon_seconds, sync_instances
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, Placement
+from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.base import Instance, ProviderError
 from providers.model import CapacityType, hours_between
 from tests.builders import job_body
@@ -144,6 +145,44 @@ def test_accrual_in_batches_writes_each_jobs_exact_ledger(
             [p] = s.exec(select(Placement).where(Placement.job_id == job_id)).all()
             entries = s.exec(select(CostEntryRow.usd).where(CostEntryRow.job_id == job_id)).all()
             assert p.started_at is not None and p.ended_at is not None
+            assert (
+                sum(entries, Decimal(0)) == job.spent_usd == Decimal("10.25") * hours_between(p.started_at, p.ended_at)
+            )
+
+
+def test_steady_accrual_writes_each_placement_once_per_cadence_spread_over_the_ticks(
+    srt: Runtime, api: TestClient, cloud: BatchCloud, clock: MovableClock
+) -> None:
+    """10 s ticks, a 60 s accrual cadence: each running placement is accrued once per cadence at its own phase (not
+    all of them on one tick, though they all started together), with no event per accrual, the ledger never more
+    than a cadence behind, and the entries still summing to the exact cost."""
+    assert srt.settings.accrual_cadence_seconds == 60
+    cloud.prices = {"z1": Decimal("10.25"), "z2": Decimal("10.25")}
+    ids = _submit(api, 12, work_gpu_hours="2", max_total_usd="50")
+    for _ in range(2):
+        tick(srt, clock.advance(minutes=10))
+    for _ in range(6):  # a cadence of 10 s ticks: every placement reaches its own accrual grid
+        tick(srt, clock.advance(seconds=10))
+    with Session(srt.engine) as s:
+        events = len(s.exec(select(JobEvent.id).where(JobEvent.kind == "cost_accrued")).all())
+    per_tick = []
+    for _ in range(12):  # two cadences
+        now = clock.advance(seconds=10)
+        per_tick.append(tick(srt, now).count("accrue_costs"))
+        with Session(srt.engine) as s:
+            marks = s.exec(select(Placement.accrued_until).where(Placement.state == "running")).all()
+        assert len(marks) == 12 and all(m is not None and now - m < timedelta(seconds=60) for m in marks)
+    assert sum(per_tick) == 24 and max(per_tick) < 12  # each placement twice (one entry each), spread out
+    with Session(srt.engine) as s:
+        assert len(s.exec(select(JobEvent.id).where(JobEvent.kind == "cost_accrued")).all()) == events
+    for _ in range(14):
+        tick(srt, clock.advance(minutes=10))
+    with Session(srt.engine) as s:
+        for job_id in ids:
+            job = s.get(Job, job_id)
+            [p] = s.exec(select(Placement).where(Placement.job_id == job_id)).all()
+            entries = s.exec(select(CostEntryRow.usd).where(CostEntryRow.job_id == job_id)).all()
+            assert job is not None and job.state == "succeeded" and p.started_at and p.ended_at
             assert (
                 sum(entries, Decimal(0)) == job.spent_usd == Decimal("10.25") * hours_between(p.started_at, p.ended_at)
             )

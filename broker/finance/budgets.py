@@ -2,7 +2,9 @@
 the hard-budget gate that keeps new cloud placements on-prem.
 
 - Period: `monthly` is the calendar month in UTC containing `now`; `custom` is `[starts_at, ends_at)`.
-- Spent: the sum of the tenant's ledger entries for that team (or project) whose period starts in the window.
+- Spent: the sum of the tenant's ledger entries for that team (or project) whose period starts in the window,
+  plus, while the window runs, what its running placements cost since their last accrual (accrual runs on a
+  cadence: `broker.finance.unaccrued`), so alerts and the gate never trail the spend by a cadence.
 - Forecast (method): linear on the period-to-date run rate, `spent x period length / time elapsed`; equal to
   `spent` once the period is over. Simple and explainable; it over-reacts on the first day of a period.
 - Alerts: each threshold (percent of the amount) fires once per budget period. `check_budgets` (a tick step)
@@ -21,7 +23,7 @@ the hard-budget gate that keeps new cloud placements on-prem.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,9 +37,11 @@ from sqlmodel import Session, col, select
 from broker.finance.dispatch import run_bounded
 from broker.finance.notify import NotifyError, post_webhook, send_email
 from broker.finance.outbound import UnsafeTarget
+from broker.finance.unaccrued import unaccrued_usd
 from broker.runtime import Runtime
 from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
 from pricing.book import PriceBook
+from pricing.extras import InstanceExtras
 from providers.model import CapacityType
 
 log = logging.getLogger(__name__)
@@ -60,7 +64,16 @@ def window(b: BudgetRow, now: datetime) -> tuple[datetime, datetime]:
     return month_window(now)
 
 
-def spent(session: Session, b: BudgetRow, start: datetime, end: datetime) -> Decimal:
+def spent(
+    session: Session,
+    b: BudgetRow,
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
+    extras: Mapping[str, InstanceExtras] | None = None,
+) -> Decimal:
+    """The ledger's entries of the budget's team or project in `[start, end)`, plus (given `now` inside the
+    window) what its running placements have cost since their last accrual (`broker.finance.unaccrued`)."""
     field = CostEntryRow.team if b.scope == "team" else CostEntryRow.project
     amounts = session.exec(
         select(CostEntryRow.usd).where(
@@ -70,7 +83,14 @@ def spent(session: Session, b: BudgetRow, start: datetime, end: datetime) -> Dec
             col(CostEntryRow.period_start_at) < end,
         )
     ).all()
-    return sum(amounts, ZERO)
+    total = sum(amounts, ZERO)
+    if now is None or not start <= now < end:
+        return total
+    job = Job.__table__  # type: ignore[attr-defined]
+    owner = job.c.team if b.scope == "team" else job.c.project
+    return total + unaccrued_usd(
+        session.connection(), now, job.c.tenant == b.tenant, owner == b.name, since=start, extras=extras
+    )
 
 
 def forecast(spent_usd: Decimal, start: datetime, end: datetime, now: datetime) -> Decimal:
@@ -95,9 +115,11 @@ class BudgetStatus:
         return self.spent_usd * 100 / self.budget.amount_usd if self.budget.amount_usd > 0 else Decimal("100")
 
 
-def status(session: Session, b: BudgetRow, now: datetime) -> BudgetStatus:
+def status(
+    session: Session, b: BudgetRow, now: datetime, extras: Mapping[str, InstanceExtras] | None = None
+) -> BudgetStatus:
     start, end = window(b, now)
-    total = spent(session, b, start, end)
+    total = spent(session, b, start, end, now, extras)
     fired = session.exec(
         select(BudgetAlertRow.threshold)
         .where(BudgetAlertRow.budget_id == b.id, BudgetAlertRow.period_start_at == start)
@@ -118,9 +140,10 @@ class HardBudgetGate:
 
     `db` is an open session, used for every read, or an engine, from which a short session is opened for each."""
 
-    def __init__(self, db: Session | Engine, now: datetime) -> None:
+    def __init__(self, db: Session | Engine, now: datetime, extras: Mapping[str, InstanceExtras] | None = None) -> None:
         self._db = db
         self._now = now
+        self._extras = extras
         with self._reading() as session:
             self._budgets = session.exec(
                 select(BudgetRow).where(BudgetRow.hard == True).order_by(col(BudgetRow.id))  # noqa: E712
@@ -153,7 +176,7 @@ class HardBudgetGate:
         if not start <= self._now < end:
             return None
         with self._reading() as session:
-            total = spent(session, b, start, end)
+            total = spent(session, b, start, end, self._now, self._extras)
         if total < b.amount_usd:
             return None
         return (
@@ -175,7 +198,7 @@ def check_budgets(rt: Runtime, now: datetime) -> int:
         budgets = session.exec(select(BudgetRow).order_by(col(BudgetRow.id))).all()
     for b in budgets:
         with Session(rt.engine) as session:
-            st = status(session, b, now)
+            st = status(session, b, now, rt.extras)
         if not st.start <= now < st.end or b.amount_usd <= 0:
             continue
         for threshold in sorted(set(b.thresholds)):

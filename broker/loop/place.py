@@ -39,6 +39,7 @@ from broker.attempt_spec import boots_agent
 from broker.availability import pool_outlooks
 from broker.crashpoints import crashpoint
 from broker.finance.budgets import HardBudgetGate, onprem_only
+from broker.finance.unaccrued import unaccrued_usd
 from broker.loop.attempt import (
     MAX_SPEC_FAILURES,
     AttemptStoreUnavailable,
@@ -77,6 +78,8 @@ from providers.base import (
     Throttled,
 )
 from providers.model import CapacityType, JobSpec, JobState, PlacementState, Tags
+
+_P = Placement.__table__  # type: ignore[attr-defined]
 
 _CLOUD_CAPACITY = tuple(c.value for c in CapacityType if c is not CapacityType.ON_PREM)
 
@@ -136,7 +139,7 @@ def place_pending(rt: Runtime, now: datetime) -> int:
             .limit(rt.settings.max_placements_per_tick)
         ).all()
     placed: list[str] = []
-    budgets = HardBudgetGate(rt.engine, now)
+    budgets = HardBudgetGate(rt.engine, now, rt.extras)
     for job_id in ids:
         bind_job(None)
         placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets)
@@ -163,6 +166,9 @@ def _place_one(
             return None, book  # another replica has it, or it changed state
         bind_job(job)
         ctx = placement_context(rt, job, now, blocklist | refused_pools(session, job))
+        # a run that ended this tick is accrued later in it (accrue_costs): its stretch counts against the ceiling
+        ended = unaccrued_usd(session.connection(), now, _P.c.job_id == job.id, extras=rt.extras)
+        ctx = replace(ctx, spent_usd=ctx.spent_usd + ended) if ended else ctx
         best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets)
         if best is None:
             if pause:

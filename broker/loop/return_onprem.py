@@ -22,7 +22,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
@@ -46,50 +48,182 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     """Returns the number of cloud placements stopped to move their jobs on-prem.
 
     Scaling: most ticks nothing can return (every on-prem queue is longer than `return_max_wait_hours`), and then
-    the step costs one read of the cloud placements. Otherwise each job is screened first (`_could_return`: the
-    return policy on each open on-prem pool, no placement search); only the jobs that pass are asked the placement
-    policy, with the pools each job's launches were refused by read for all of them in one query. The decision is
-    taken first on an unlocked snapshot (the placement, its job, the instance read in one batch per provider); only
-    a job that would move is locked, read again and decided again before anything is stopped."""
+    the step costs nothing per job. Otherwise a job is screened only when its inputs moved since it was last found
+    to stay (`_Memo`: its own state, price and checkpointed work, the open on-prem pools): the rest cost a dict
+    lookup. A job screened is first put to the return policy on each open on-prem pool (`_could_return`, no
+    placement search); only the jobs that pass are asked the placement policy, with the pools each job's launches
+    were refused by read for all of them in one query. The decision is taken first on an unlocked snapshot (the
+    placement, its job, the instance read in one batch per provider); only a job that would move is locked, read
+    again and decided again before anything is stopped."""
     if not rt.settings.return_onprem:
         return 0
     book = rt.catalog.book(now)
     open_onprem = _open_onprem(book, rt.settings.return_max_wait_hours)
     if not open_onprem:
+        rt.return_memo.clear()  # pools reopening are a change for every job
         return 0
     with Session(rt.engine) as session:
-        rows = [(p, job, spec_of(job)) for p, job in _candidates(rt, session)]
+        pairs = _candidates(rt, session)
         blocklist = active_blocklist(session, now)
-        rows = [(p, job, spec) for p, job, spec in rows if open_onprem.keys() & set(spec.accelerators)]
-    views = observe_instances(rt, [p for p, _, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
-    screened = []
-    for p, job, spec in rows:
+    views = observe_instances(rt, [p for p, _ in pairs], this_tick=True)  # sync's read, for the unlocked screen
+    budgets = HardBudgetGate(rt.engine, now, rt.extras)
+    memo = _Memo.at(rt, book, open_onprem, blocklist, budgets, now)
+    fresh = []
+    for p, job in pairs:
         view = views.get(p.instance_id or "")
         current = book.get(p.offering_key)
-        if (
-            isinstance(view, Instance)
-            and current is not None
-            and _could_return(rt, p, job, spec, view, current, open_onprem, now)
+        if isinstance(view, Instance) and current is not None and not memo.stays(p, job, view, current):
+            fresh.append((p, job, view, current))
+    screened = []
+    for p, job, view, current in _with_specs(rt, fresh):
+        spec = spec_of(job)
+        if open_onprem.keys() & set(spec.accelerators) and _could_return(
+            rt, p, job, spec, view, current, open_onprem, now
         ):
             screened.append((p, job, view, current))
+        else:
+            memo.keep(p, job, view, current, spec, by_policy=False)
     if not screened:
+        memo.save()
         return 0
     with Session(rt.engine) as session:
         refused = refused_pools_of_running_jobs(session)
     returned = 0
-    budgets = HardBudgetGate(rt.engine, now)
     for p, job, view, current in screened:
         with Session(rt.engine) as session:
             verdict = _decide(
                 rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset())
             )
             if verdict is None:
+                memo.keep(p, job, view, current, spec_of(job), by_policy=True)
                 continue
         returned += _return_locked(rt, p.id, blocklist, now)
+    memo.save()
     return returned
 
 
-def _candidates(rt: Runtime, session: Session) -> list[tuple[Placement, Job]]:
+# a verdict of the placement policy (which weighs every pool, availability history, budgets...) is taken again at
+# least this often even when none of the inputs the memo keys on moved
+POLICY_VERDICT_SECONDS = 300.0
+
+
+@dataclass
+class _Memo:
+    """Which cloud jobs were found to stay, on what inputs: a job is screened again only when they moved.
+
+    A job's own inputs: its placement's state, whether it started, the work its last checkpoint saved, the job's
+    `updated_at` (a changed ceiling or deadline), and its pool's price and reclaim rate, which may fall (staying
+    then pays more; the reclaim rate the broker blends from experience falls a little every tick without a
+    reclaim) but not rise. Beside them, a verdict of the return policy alone (`decide_return` on each open on-prem
+    pool said keep) depends only on the open on-prem pools' prices (and, for a job with a deadline, their waits):
+    a pool opening or getting cheaper screens every job again. A verdict of the placement policy (it chose a cloud
+    pool) depends on the whole price book, the blocklist and the job's hard-budget gate, and is retaken after
+    `POLICY_VERDICT_SECONDS` whatever moved (on-prem waits and reclaim rates drift every tick). Time alone never
+    turns a verdict of the return policy: with less work left, and the deadline nearer, moving pays less and a
+    restart risks more."""
+
+    rt: Runtime
+    now: datetime
+    budgets: HardBudgetGate
+    prices: frozenset[tuple[str, Decimal]]  # the open on-prem pools and their prices
+    waits: frozenset[tuple[str, Decimal, float]]  # ... and their waits
+    world: int  # the price book's prices, waits and availability, and the blocklist
+    kept: dict[str, tuple[Any, ...]]
+
+    @classmethod
+    def at(
+        cls,
+        rt: Runtime,
+        book: PriceBook,
+        open_onprem: dict[str, list[Offering]],
+        blocklist: frozenset[str],
+        budgets: HardBudgetGate,
+        now: datetime,
+    ) -> _Memo:
+        pools = [o for offerings in open_onprem.values() for o in offerings]
+        world = hash(
+            (
+                frozenset((o.key, o.price.hourly_usd, o.available) for o in book),
+                frozenset(o.key for o in pools),
+                blocklist,
+            )
+        )
+        return cls(
+            rt,
+            now,
+            budgets,
+            frozenset((o.key, o.price.hourly_usd) for o in pools),
+            frozenset((o.key, o.price.hourly_usd, o.expected_wait_hours) for o in pools),
+            world,
+            {},
+        )
+
+    @staticmethod
+    def _own(p: Any, job: Any, view: Instance) -> tuple[Any, ...]:
+        return (p.state, p.started_at is not None, view.checkpointed_work_hours, job.updated_at)
+
+    def stays(self, p: Any, job: Any, view: Instance, current: Offering) -> bool:
+        """Found to stay before, on the same inputs, its pool no dearer and no riskier than then (then it is kept
+        for the next tick too)."""
+        known = self.rt.return_memo.get(p.id)
+        if known is None or known[0] != self._own(p, job, view):
+            return False
+        price, rate = known[4]
+        if current.price.hourly_usd > price or current.interruption_rate_per_hour > rate:
+            return False  # staying in the cloud costs more than when it was decided
+        kind, around, since = known[1], known[2], known[3]
+        if kind == "policy":
+            fresh = (self.now - since).total_seconds() < POLICY_VERDICT_SECONDS
+            same = fresh and around == (self.world, self.budgets.block_reason(job))
+        else:
+            same = around == (self.waits if kind == "deadline" else self.prices)
+        if same:
+            self.kept[p.id] = known
+        return same
+
+    def keep(self, p: Any, job: Any, view: Instance, current: Offering, spec: JobSpec, *, by_policy: bool) -> None:
+        """Remember that `p` stays, and on what."""
+        own, pool = self._own(p, job, view), (current.price.hourly_usd, current.interruption_rate_per_hour)
+        if by_policy:
+            self.kept[p.id] = (own, "policy", (self.world, self.budgets.block_reason(job)), self.now, pool)
+        elif spec.deadline_at is not None:
+            self.kept[p.id] = (own, "deadline", self.waits, self.now, pool)
+        else:
+            self.kept[p.id] = (own, "price", self.prices, self.now, pool)
+
+    def save(self) -> None:
+        """The verdicts for the next tick: those still standing (a placement gone or moved drops out)."""
+        self.rt.return_memo = self.kept
+
+
+def _with_specs(
+    rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]
+) -> list[tuple[Any, Any, Instance, Offering]]:
+    """`rows` with each placement and job as its whole row (the job's spec included): sync's snapshot carries only
+    the columns every screen reads. One read of each table per 1,000 rows."""
+    if not rows:
+        return []
+    placements = Placement.__table__  # type: ignore[attr-defined]
+    jobs = Job.__table__  # type: ignore[attr-defined]
+    full_p = _whole(rt, placements, sorted({p.id for p, _, _, _ in rows}))
+    full_j = _whole(rt, jobs, sorted({job.id for _, job, _, _ in rows}))
+    return [
+        (full_p[p.id], full_j[job.id], view, current)
+        for p, job, view, current in rows
+        if p.id in full_p and job.id in full_j
+    ]
+
+
+def _whole(rt: Runtime, table: Any, ids: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with rt.engine.connect() as conn:
+        for start in range(0, len(ids), 1000):
+            chunk = ids[start : start + 1000]
+            out.update((r.id, r) for r in conn.execute(core_select(table).where(table.c.id.in_(chunk))))
+    return out
+
+
+def _candidates(rt: Runtime, session: Session) -> list[tuple[Any, Any]]:
     """The running cloud jobs of this replica's shards with their placements (an unlocked snapshot). Inside a tick,
     sync's snapshot of the placements it left alone is reused and only those it acted on are read again."""
     query = (
@@ -107,19 +241,22 @@ def _candidates(rt: Runtime, session: Session) -> list[tuple[Placement, Job]]:
     cache = rt.tick_cache
     if cache is None or cache.settled is None:
         return list(session.exec(query).all())
-    rows = [(p, job) for p, job in cache.settled.values() if _returnable(p, job)]
+    rows: list[tuple[Any, Any]] = [(p, job) for p, job in cache.settled.values() if _returnable(p, job)]
     for start in range(0, len(cache.touched), 1000):
         rows.extend(session.exec(query.where(col(Placement.id).in_(cache.touched[start : start + 1000]))).all())
     return rows
+
+
+_ON_PREM, _RUNNING = CapacityType.ON_PREM.value, JobState.RUNNING.value  # (an enum's `.value` is a slow read)
 
 
 def _returnable(p: Placement, job: Job) -> bool:
     """The candidates query's condition, on a snapshot row."""
     return (
         p.state in _CLOUD_LIVE
-        and p.capacity_type != CapacityType.ON_PREM.value
+        and p.capacity_type != _ON_PREM
         and p.instance_id is not None
-        and job.state == JobState.RUNNING.value
+        and job.state == _RUNNING
         and job.current_placement_id == p.id
     )
 

@@ -1,10 +1,14 @@
 """Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
 
-Scaling: the step first reads every live placement with its job (no locks, plain rows: `_snapshot`) and asks
-each provider about all of its instances at once (`providers.base.describe`: one DescribeInstances per 200 ids
-on AWS, one query for the simulated clouds). A placement that is settled (its instance runs as recorded, or
-still starts as recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock
-and no transaction: with thousands of running jobs almost every placement is settled on almost every tick.
+Scaling: the step first reads every live placement with its job (no locks, plain rows of only the columns the
+screens read: `_snapshot`) and asks each provider about all of its instances at once (`providers.base.describe`:
+one DescribeInstances per 200 ids on AWS, one query for the simulated clouds, whose store re-reads only what can
+change: `broker.simstore`). A placement that is settled (its instance runs as recorded, or still starts as
+recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock and no
+transaction: with thousands of running jobs almost every placement is settled on almost every tick. The ceiling
+guard is computed by the database in the same read, for every placement at once (`_near_ceiling`: a bound of the
+projection from above), so a settled placement costs a dict lookup and a few comparisons; only a placement near
+its ceiling, or on a pool whose price rose, is projected exactly in Decimal (`_projected_spend`).
 Every other one goes through the locked path below, which reads the placement, the job and the instance again
 before acting, so a decision is never taken on the unlocked snapshot.
 
@@ -37,11 +41,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import Float, Numeric, cast, literal
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
 from broker.crashpoints import crashpoint
+from broker.finance.unaccrued import hours_and_rate
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.runtime import Runtime
@@ -61,15 +67,21 @@ _J = Job.__table__  # type: ignore[attr-defined]
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
     shards (`broker.shards`; all of them outside a tick)."""
-    rows = _snapshot(rt)
+    rows, risen = _snapshot(rt, now)
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
         if p.instance_id is None:
             changed += _relaunch(rt, p.id, now)
-    attention = sorted(
-        p.id for p, job in rows if p.instance_id is not None and not _settled(rt, p, job, views.get(p.instance_id), now)
-    )
+    attention, exact = [], []
+    for p, job in rows:
+        if p.instance_id is not None:
+            verdict = _settled(p, job, views.get(p.instance_id), risen)
+            if verdict is None:
+                exact.append(p.id)
+            elif not verdict:
+                attention.append(p.id)
+    attention = sorted(attention + _over_ceiling(rt, exact, now))
     if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
         touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
         rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
@@ -80,20 +92,101 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
     return changed
 
 
-def _snapshot(rt: Runtime) -> list[tuple[Any, Any]]:
-    """The live placements of this replica's shards with their jobs, unlocked, as plain rows (two Core reads, no
-    ORM object per placement or job: at tens of thousands of running jobs building them was a fifth of the tick).
-    Rows answer the same attribute names as the objects, for the screens that read them."""
+# What the unlocked screens read of every live placement and of its job (`_settled`,
+# `broker.loop.return_onprem._returnable` and its memo): not the whole rows (a job's spec, a placement's user data,
+# the money columns only the exact projection reads: `_over_ceiling` reads those for the few that need it).
+_SNAP_P = tuple(
+    _P.c[name]
+    for name in (
+        "id", "job_id", "state", "provider", "offering_key", "capacity_type", "instance_id", "started_at", "outcome",
+        "notice_deadline_at",
+    )
+)  # fmt: skip
+_SNAP_J = tuple(
+    _J.c[name]
+    for name in ("id", "state", "current_placement_id", "updated_at", "tenant", "team", "project")
+)  # fmt: skip
+
+
+def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
+    """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
+    rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole,
+    one query per 1,000."""
+    over = []
+    with rt.engine.connect() as conn:
+        for start in range(0, len(ids), 1000):
+            rows = conn.execute(
+                core_select(_P, _J.c.spent_usd, _J.c.max_total_usd)
+                .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
+                .where(_P.c.id.in_(ids[start : start + 1000]))
+            )
+            for p in rows:
+                if p.started_at is None:
+                    continue
+                projected, _ = _projected_spend(rt, p, p, now)
+                if projected > p.max_total_usd:
+                    over.append(p.id)
+    return over
+
+
+# the set-based ceiling screen leaves to the exact projection every placement within this much of its ceiling
+GUARD_MARGIN_USD = Decimal("0.01")
+
+
+def _snapshot(rt: Runtime, now: datetime) -> tuple[list[tuple[Any, Any]], frozenset[str]]:
+    """The live placements of this replica's shards with their jobs, unlocked, as plain rows of the columns the
+    screens read (two Core reads, no ORM object per placement or job), and the offerings whose price rose above
+    some running placement's rate. Each placement row carries `near_ceiling`, the ceiling guard computed by the
+    database for all of them at once (`_near_ceiling`)."""
     live = (_P.c.state.in_(_LIVE), in_scope(rt, _P.c.id))
     with rt.engine.connect() as conn:
-        placements = conn.execute(core_select(_P).where(*live)).all()
+        near = _near_ceiling(rt, conn.dialect.name, now).label("near_ceiling")
+        placements = conn.execute(
+            core_select(*_SNAP_P, near).select_from(_P.join(_J, _J.c.id == _P.c.job_id)).where(*live)
+        ).all()
         jobs = {
             j.id: j
             for j in conn.execute(
-                core_select(_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
+                core_select(*_SNAP_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
             )
         }
-    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs]
+        risen = _risen_offerings(rt, conn, now)
+    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs], risen
+
+
+def _near_ceiling(rt: Runtime, dialect: str, now: datetime) -> Any:
+    """SQL, per placement: could its job's spend reach its ceiling (less `GUARD_MARGIN_USD`) within the guard
+    horizon? A bound of `_projected_spend` from above: the placement's highest rate on record plus the most any
+    instance bills beside compute, over its unaccrued hours plus the whole horizon. False lets the screen skip the
+    exact projection; a pool whose price rose above the rate on record is left to it too (`_risen_offerings`)."""
+    hours, rate = hours_and_rate(dialect, now)
+    extra = max((ex.hourly_usd(c) for ex in rt.extras.values() for c in ("spot", "on_demand", "reserved")), default=0)
+    horizon = Decimal(str(guard_horizon_seconds(rt))) / 3600
+    if dialect == "postgresql":
+        spent, ceiling = cast(_J.c.spent_usd, Numeric()), cast(_J.c.max_total_usd, Numeric())
+        add, horizon_h, margin = literal(Decimal(extra), Numeric()), literal(horizon, Numeric()), GUARD_MARGIN_USD
+        return spent + (rate + add) * (hours + horizon_h) > ceiling - literal(margin, Numeric())
+    spent, ceiling = _J.c.spent_usd, _J.c.max_total_usd
+    return cast(spent, Float) + (rate + float(extra)) * (hours + float(horizon)) > cast(ceiling, Float) - float(
+        GUARD_MARGIN_USD
+    )
+
+
+def _risen_offerings(rt: Runtime, conn: Any, now: datetime) -> frozenset[str]:
+    """The offerings whose price in the book now is above the rate on record (placement or segment price) of some
+    running placement in scope: one DISTINCT read, a few rows per pool."""
+    book = rt.catalog.book(now)
+    pairs = conn.execute(
+        core_select(_P.c.offering_key, _P.c.hourly_usd, _P.c.price_segment_hourly_usd)
+        .where(_P.c.state == PlacementState.RUNNING.value, in_scope(rt, _P.c.id))
+        .distinct()
+    )
+    risen = set()
+    for key, hourly, segment in pairs:
+        current = book.get(key)
+        if current is not None and current.price.hourly_usd > max(hourly, segment or hourly):
+            risen.add(key)
+    return frozenset(risen)
 
 
 def _relaunch(rt: Runtime, pid: str, now: datetime) -> int:
@@ -141,28 +234,35 @@ def observe_instances(
     return views
 
 
-def _settled(rt: Runtime, p: Placement, job: Job, view: Instance | ProviderError | None, now: datetime) -> bool:
+# read once: an enum member's `.value` is a descriptor call, and `_settled` runs for every live placement
+_CANCELLED, _QUEUED, _RUN = JobState.CANCELLED.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value
+_PENDING, _UP = InstanceState.PENDING, InstanceState.RUNNING
+
+
+def _settled(p: Any, job: Any, view: Instance | ProviderError | None, risen: frozenset[str]) -> bool | None:
     """True when syncing `p` would change nothing: no cancellation to act on, the instance in the state recorded
-    (starting, or running with its start recorded) and the ceiling guard passing. Read on the unlocked snapshot,
-    so it only ever lets the step skip work; anything else is decided under the row locks.
+    (starting, or running with its start recorded) and the ceiling guard passing; None when only the exact ceiling
+    projection can tell (`_over_ceiling`). Read on the unlocked snapshot, so it only ever lets the step skip work;
+    anything else is decided under the row locks.
 
     An instance its provider could not answer for (`ProviderError`, logged by `observe_instances`) is left for the
     next tick, as the locked path would leave it, unless its job was cancelled (terminating needs no answer); so is
     one whose provider this process does not have (`None`)."""
     if view is None:
         return True
-    if job.state == JobState.CANCELLED.value or isinstance(view, NotFound):
+    if job.state == _CANCELLED or isinstance(view, NotFound):
         return False
     if p.outcome is not None or p.notice_deadline_at is not None:
         return False  # the agent reported its outcome, or works to an interruption notice's deadline
     if isinstance(view, ProviderError):
         return True
-    if view.state is InstanceState.PENDING:
-        return p.state == PlacementState.QUEUED.value
-    if view.state is not InstanceState.RUNNING or p.state != PlacementState.RUNNING.value or p.started_at is None:
+    if view.state is _PENDING:
+        return p.state == _QUEUED
+    if view.state is not _UP or p.state != _RUN or p.started_at is None:
         return False
-    projected, _ = _projected_spend(rt, p, job, now)
-    return projected <= job.max_total_usd
+    if not p.near_ceiling and p.offering_key not in risen:
+        return True  # the database's bound of the projection is below the ceiling
+    return None
 
 
 def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
@@ -475,12 +575,14 @@ def guard_horizon_seconds(rt: Runtime) -> float:
 
 def _projected_spend(rt: Runtime, p: Placement, job: Job, now: datetime) -> tuple[Decimal, Decimal]:
     """(the job's spend by the end of the guard horizon if `p` keeps running, the hourly price assumed): the
-    higher of the placement's price and the pool's current one, over what is not accrued yet plus the horizon
-    (or the run's remaining work, if shorter). The price includes what the instance bills beside compute (boot
-    disk, public IPv4: `rt.extras`), which the ledger accrues next to it."""
+    highest of the placement's price, its price segment's (what its unaccrued stretch is charged at) and the
+    pool's current one, over what is not accrued yet (up to an accrual cadence and a tick: `broker.loop.accrue`)
+    plus the horizon (or the run's remaining work, if shorter). The price includes what the instance bills beside
+    compute (boot disk, public IPv4: `rt.extras`), which the ledger accrues next to it."""
     assert p.started_at is not None
     hourly = rt.catalog.book(now).get(p.offering_key)
-    price = max(p.hourly_usd, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
+    segment = p.price_segment_hourly_usd or p.hourly_usd
+    price = max(p.hourly_usd, segment, hourly.price.hourly_usd if hourly else p.hourly_usd) + extra_hourly_usd(rt, p)
     accrued_until = p.accrued_until or p.started_at
     unaccrued = hours_between(accrued_until, now) if now > accrued_until else Decimal("0")
     if p.checkpointed_work_hours is not None:  # the agent reports real progress: what its checkpoint has not saved

@@ -6,8 +6,9 @@ Contract of `list_events(engine, tenant, job_id, after=, limit=, kinds=, fold=)`
   that event, so `next_cursor` is the last item's id, and a client watching a running job polls with the id of
   the last item it has seen. An `after` that is not an event of this job is a 422 naming `after`.
 - `kinds` keeps only events of those kinds.
-- With `fold` (the default) each run of consecutive `cost_accrued` events of one placement (the loop writes one
-  per tick, hundreds per job-hour) is one item: its `id` and `at` are the run's last, `data` sums `usd`,
+- With `fold` (the default) each run of consecutive `cost_accrued` events of one placement is one item (the loop
+  now writes one per placement, at its end, `broker.loop.accrue`; timelines written before it accrued on a cadence
+  hold one per tick, hundreds per job-hour): its `id` and `at` are the run's last, `data` sums `usd`,
   `compute_usd` and `extras_usd`, keeps the last `spent_usd`, and adds `accruals` (how many) and `from` (the
   first one's time). `fold=False` returns every accrual as written.
 """

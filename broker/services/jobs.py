@@ -26,6 +26,7 @@ from broker.catalog import CatalogCache
 from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
 from broker.db_async import AsyncPgPool
 from broker.errors import Conflict, NotFoundError, Unprocessable
+from broker.finance.unaccrued import unaccrued_usd
 from broker.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
 from broker.services import jobs_pg
 from broker.settings import Settings
@@ -496,10 +497,14 @@ def update_job(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now:
             raise Conflict("state", f"job already {job.state}: nothing left to change")
         if job.origin and job.origin_settled:
             raise Conflict("state", f"job handed back to its on-prem queue ({job.origin}): it runs there")
-        if update.max_total_usd is not None and update.max_total_usd < job.spent_usd:
-            raise Unprocessable(
-                "max_total_usd", f"${update.max_total_usd} is below the ${job.spent_usd} this job has already spent"
-            )
+        if update.max_total_usd is not None:
+            # what it has spent: the ledger, and the running placement's stretch not accrued yet
+            own = Placement.__table__.c.job_id == job.id  # type: ignore[attr-defined]
+            spent = job.spent_usd + unaccrued_usd(session.connection(), now, own)
+            if update.max_total_usd < spent:
+                raise Unprocessable(
+                    "max_total_usd", f"${update.max_total_usd} is below the ${spent} this job has already spent"
+                )
         if update.deadline is not None and update.deadline <= now:
             raise Unprocessable("deadline", "the deadline is in the past")
         said = []
