@@ -24,8 +24,8 @@ at its price and makes one unit of work; launching one (from idle or another poo
 makes none (the changeover) and burns a unit of slack; waiting burns a unit of slack for free. A spot pool can be
 launched or kept only while up; a reclaim at the next unit sends the job idle and loses `loss` units of work (half
 the checkpoint interval when the cloud's notice is too short to save: `RunState.reclaim_loss_hours`), i.e. burns
-that much slack. Slack below 0 is a missed deadline: infinite cost (a large constant, so any policy with a positive
-probability of missing is never chosen).
+that much slack. Slack below 0 is a missed deadline: infinite cost, so an action with any possible future (any
+positive-probability path) that misses it is never chosen.
 
 Solve: backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint transition
 matrix (the Kronecker product of the two pools' chains). The table (best action per state) does not depend on the
@@ -70,8 +70,7 @@ from federation.strategies import (
 from pricing.book import PriceBook
 from providers.model import CapacityType, Offering
 
-BIG = 1e9  # the cost of a missed deadline (finite so that 0 x BIG stays 0 in the expectations)
-INFEASIBLE = 1e6  # a value above this means some reachable future misses the deadline
+INF = math.inf  # the cost of a missed deadline
 IDLE, OD = 0, 1  # modes; spot pool i is mode 2 + i
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _QUANT = 8.0  # hazard quantisation: steps per e-fold of the hazard
@@ -204,6 +203,7 @@ def solve(
     `loss`: units of work a reclaim loses."""
     p, ups = joint(chains)
     pt = p.T.copy()
+    reach = (pt > 0).astype(float)  # which next joint states are possible at all
     n, nj = len(chains), p.shape[0]
     modes = 2 + n
     cost = np.array([0.0, od_hourly * unit, *(c.price * unit for c in chains)])
@@ -212,24 +212,27 @@ def solve(
     action = np.zeros((levels + 1, slack + 1, modes, nj), dtype=np.int8)
     ok = np.ones((levels + 1, slack + 1, modes, nj), dtype=bool)
     values = [v.copy()] if keep_values else []
-    big_row = np.full((1, modes, nj), BIG)
+    inf_row = np.full((1, modes, nj), INF)
     for tau in range(1, levels + 1):
         # a reclaim: spot mode i with pool i down at the start of the unit is idle, `loss` units of slack poorer
         vf = v.copy()
         live = sig < tau - 1  # states of the previous level with work left
-        lost = np.concatenate([np.full((loss, nj), BIG), v[: slack + 1 - loss, IDLE]]) if loss else v[:, IDLE]
+        lost = np.concatenate([np.full((loss, nj), INF), v[: slack + 1 - loss, IDLE]]) if loss else v[:, IDLE]
         for i in range(n):
             sel = np.ix_(live, ~ups[i])
             vf[:, 2 + i][sel] = lost[sel]
-        ev = vf @ pt  # expectation over the next joint pool state: (slack, mode, joint)
-        evs = np.concatenate([big_row, ev[:-1]])  # the same one unit of slack poorer
+        # expectation over the next joint pool state; infinite if any possible next state misses the deadline
+        finite = np.isfinite(vf)
+        ev = np.where(finite, vf, 0.0) @ pt
+        ev[((~finite).astype(float) @ reach) > 0] = INF
+        evs = np.concatenate([inf_row, ev[:-1]])  # the same one unit of slack poorer
         go = cost[None, :, None] + evs  # switch to (or launch) mode t: a unit of slack for the changeover
         go[:, IDLE] = evs[:, IDLE]  # waiting burns a unit of slack for free
         stay = cost[None, :, None] + ev  # keep running mode m: a unit of work
         for i in range(n):
-            go[:, 2 + i, ~ups[i]] = BIG
-            stay[:, 2 + i, ~ups[i]] = BIG
-        stay[:, IDLE] = BIG
+            go[:, 2 + i, ~ups[i]] = INF
+            stay[:, 2 + i, ~ups[i]] = INF
+        stay[:, IDLE] = INF
         best_go = go.argmin(axis=1)  # (slack, joint)
         go_v = np.take_along_axis(go, best_go[:, None, :], axis=1)[:, 0]
         new = np.minimum(go_v[:, None, :], stay)
@@ -237,9 +240,9 @@ def solve(
         done = sig >= tau
         new[done] = 0.0
         act[done] = IDLE
-        v = np.minimum(new, BIG)
+        v = new
         action[tau] = act
-        ok[tau] = v < INFEASIBLE
+        ok[tau] = np.isfinite(v)
         if keep_values:
             values.append(v.copy())
     return Table(action, ok, v, levels, slack, tuple(values))
