@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import federation.forecast  # noqa: F401  (registers the forecasting strategy)
+import federation.forecast  # registers the forecasting strategy
+import federation.model_dp  # noqa: F401  (registers the model DP strategy)
 from federation.simulate import US_EAST_1
 from federation.simulate.deadline import run_deadline
 from federation.simulate.experiments import DeadlineConfig, deadline_jobs, load_aws_v100_trace, percentile

@@ -116,16 +116,23 @@ def _hazards(model: RunModel, edges: Sequence[float], unit: float) -> list[int]:
     return out
 
 
-def _fit(lengths: RunLengths) -> RunModel:
-    return RunModel.fit([Run(_EPOCH, h) for h in lengths.hours])
+def _fit(lengths: RunLengths, prior_weight: float) -> RunModel:
+    return RunModel.fit([Run(_EPOCH, h) for h in lengths.hours], prior_weight=prior_weight)
 
 
-def pool_chain(look: PoolOutlook, price: float, unit: float, up_buckets: int = 6, down_buckets: int = 4) -> PoolChain:
+def pool_chain(
+    look: PoolOutlook,
+    price: float,
+    unit: float,
+    up_buckets: int = 6,
+    down_buckets: int = 4,
+    prior_weight: float = 3.0,
+) -> PoolChain:
     """The chain of one pool from its history (`look.up_runs`, `look.down_runs`: runs that ended before now)."""
     up_edges = log_edges(unit, up_buckets, 2.0)
     down_edges = log_edges(unit, down_buckets, 4.0)
-    hz_up = _hazards(_fit(look.up_runs), up_edges, unit)
-    hz_down = _hazards(_fit(look.down_runs), down_edges, unit)
+    hz_up = _hazards(_fit(look.up_runs, prior_weight), up_edges, unit)
+    hz_down = _hazards(_fit(look.down_runs, prior_weight), down_edges, unit)
     return chain_from_hazards(hz_up, hz_down, up_edges, down_edges, price, unit)
 
 
@@ -281,6 +288,8 @@ class ModelDP:
     min_samples: int = 5
     up_buckets: int = 6
     down_buckets: int = 4
+    prior_weight: float = 3.0
+    exploit: bool = False
     fallback: Overspill = field(default_factory=Overspill)
 
     def __post_init__(self) -> None:
@@ -291,6 +300,8 @@ class ModelDP:
         base = self.fallback.decide(state, book)
         if state.job.deadline_at is None or base.move is Move.PAUSE or not state.outlook:
             return base
+        if self.exploit and current_alive(state) and state.on({CapacityType.SPOT}):
+            return base  # `exploit`: a running spot pool is Overspill's to keep or leave
         safe = pools(state, book, NON_SPOT)
         if not safe:
             return base
@@ -307,7 +318,14 @@ class ModelDP:
         if pair is None:
             return base
         chains = [
-            pool_chain(state.outlook[o.key], float(o.price.hourly_usd), unit, self.up_buckets, self.down_buckets)
+            pool_chain(
+                state.outlook[o.key],
+                float(o.price.hourly_usd),
+                unit,
+                self.up_buckets,
+                self.down_buckets,
+                self.prior_weight,
+            )
             for o in pair
         ]
         work = math.ceil((state.work + state.restart_left_hours) / unit - 1e-9)
