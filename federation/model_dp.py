@@ -164,12 +164,11 @@ def chain_from_hazards(
 @dataclass(frozen=True, slots=True)
 class Table:
     """A solved DP: `action[tau, sigma, mode, joint]` the best mode to be in for the next unit (0 idle, 1
-    on-demand, 2 + i spot pool i), `ok[...]` whether that state's expected cost is finite (the deadline is
-    safe on the grid), `value[sigma, mode, joint]` at the top level `levels` (and, with `keep_values`,
+    on-demand, 2 + i spot pool i; -1 when every action has a possible future that misses the deadline),
+    `value[sigma, mode, joint]` at the top level `levels` (and, with `keep_values`,
     `values[tau]` at every level)."""
 
     action: np.ndarray
-    ok: np.ndarray
     value: np.ndarray
     levels: int
     slack: int
@@ -217,7 +216,6 @@ def solve(
     sig = np.arange(slack + 1)
     v = np.zeros((slack + 1, modes, nj))
     action = np.zeros((levels + 1, slack + 1, modes, nj), dtype=np.int8)
-    ok = np.ones((levels + 1, slack + 1, modes, nj), dtype=bool)
     values = [v.copy()] if keep_values else []
     inf_row = np.full((1, modes, nj), INF)
     for tau in range(1, levels + 1):
@@ -248,11 +246,10 @@ def solve(
         new[done] = 0.0
         act[done] = IDLE
         v = new
-        action[tau] = act
-        ok[tau] = np.isfinite(v)
+        action[tau] = np.where(np.isfinite(v), act, -1)
         if keep_values:
             values.append(v.copy())
-    return Table(action, ok, v, levels, slack, tuple(values))
+    return Table(action, v, levels, slack, tuple(values))
 
 
 _TABLES: OrderedDict[tuple[object, ...], Table] = OrderedDict()
@@ -348,9 +345,9 @@ class ModelDP:
                 return base  # on another safe pool (e.g. on-prem): today's strategy
         looks = [state.outlook[o.key] for o in pair]
         j = joint_index(chains, [c.state_of(lk.up, lk.age_hours) for c, lk in zip(chains, looks, strict=True)])
-        if not table.ok[work + sigma, sigma, mode, j]:
-            return base  # every action risks the deadline on the DP's grid
         act = int(table.action[work + sigma, sigma, mode, j])
+        if act < 0:
+            return base  # every action risks the deadline on the DP's grid
         why = f"model DP (slack {sigma} x {unit:g} h, work {work} units)"
         if act == IDLE:
             return wait(self.name, f"{why}: waiting has the least expected cost")
