@@ -285,7 +285,7 @@ class ModelDP:
     min_samples: int = 5
     up_buckets: int = 6
     down_buckets: int = 4
-    prior_weight: float = 3.0
+    prior_weight: float = 30.0
     exploit: bool = False
     fallback: Overspill = field(default_factory=Overspill)
 
