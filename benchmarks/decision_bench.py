@@ -11,6 +11,7 @@ market); the live loop adds its database reads (availability history, placements
 Run (from the repository root):
     python benchmarks/decision_bench.py
     python benchmarks/decision_bench.py --all-zones --start-every 48
+    python benchmarks/decision_bench.py --policies overspill,model_dp
 """
 
 from __future__ import annotations
