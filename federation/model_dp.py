@@ -9,8 +9,10 @@ only the pools' current states, so waiting is never overrated.
 Status (benchmarks/README.md, "branch `policy3`"): registered as "model_dp", not the default. It does not beat
 `Overspill` where the gap is (AWS us-east-1, second half: 1.197x vs 1.158x the optimum with the notice): trusting
 the model fitted on the past, it spends slack early and is then forced onto on-demand in the scarcer second half.
-On the GCP H100 tables it is within 0.5% of `Overspill` (slightly below on every second half). Decision time: a
-look-up (p50 0.2 ms) but 9% of decisions re-solve a table (p50 50 ms, up to 0.6 s), so p99 is 183 ms.
+On the GCP H100 tables it is within 0.5% of `Overspill` (slightly below on every second half); on the 2022 AWS
+markets (two zones: the pair is the whole market) it is below `Overspill` in three of four tables and well above
+it in the fourth (8 GPUs, no notice). Decision time: a look-up (p50 0.2 ms) but 9% of decisions re-solve a table
+(p50 50 ms, up to 0.6 s), so p99 is 183 ms.
 
 State (per planning unit of u = the changeover, `restart_hours`, at least one tick): time left tau and slack left
 sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool A or B); and each
