@@ -11,6 +11,7 @@ market); the live loop adds its database reads (availability history, placements
 Run (from the repository root):
     python benchmarks/decision_bench.py
     python benchmarks/decision_bench.py --all-zones --start-every 48
+    python benchmarks/decision_bench.py --policies overspill,model_dp
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import federation.forecast  # noqa: F401  (registers the forecasting strategy)
+import federation.forecast  # registers the forecasting strategy
+import federation.model_dp  # noqa: F401  (registers the model DP strategy)
 from federation.simulate import US_EAST_1
 from federation.simulate.deadline import run_deadline
 from federation.simulate.experiments import DeadlineConfig, deadline_jobs, load_aws_v100_trace, percentile

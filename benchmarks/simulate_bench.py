@@ -35,6 +35,8 @@ writes a chart (needs matplotlib). Data is read in place from `--data`, `$OVERSP
 from (on-demand $ and spot $ over the optimum's, changeovers, redone work, on-demand hours bought while spot was up
 or once the slack was gone, idle hours while spot was up) and the worst jobs of ours
 (`federation/simulate/explain.py`); `--only TEXT` runs just the deadline tables whose title contains TEXT.
+`--policies a,b,c` runs those deadline policies instead of the default set (the optimum is always there; include
+`on_demand` for the "x on-demand" column), e.g. to add `model_dp` (`federation/model_dp.py`, not in the default set).
 `--hindsight` re-tunes ours (`Overspill`) on a grid (`federation/simulate/tuning.py`) on the first half of each
 table's trace, scores that choice on the second, and also tunes it on the second half itself: the best the family
 reaches with parameters chosen knowing the jobs it is scored on (an upper bound for tuning; decisions still see only
@@ -58,7 +60,7 @@ import sys
 import time
 from pathlib import Path
 
-from federation.simulate import run_simulation
+from federation.simulate import DeadlineConfig, run_simulation
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only score the availability model on the 2023 trace's held-out half (federation/simulate/modelcheck.py)",
     )
     ap.add_argument("--only", help="run only the deadline tables whose title contains this (e.g. 'us-east-1')")
+    ap.add_argument(
+        "--policies",
+        help="comma-separated deadline policies instead of the default set (e.g. add model_dp: "
+        "on_demand,greedy_safety_net,uniform_progress,overspill,model_dp)",
+    )
     ap.add_argument("--png", type=Path, help="also write a chart to this PNG file (needs matplotlib)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -104,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Availability model, fitted on the first half of {trace.source}, scored on the second (9 zones):")
         print(model_table(model_check(trace, (0.0, 0.5, 1.0, 2.0))))
         return 0
+    deadline = DeadlineConfig(policies=tuple(args.policies.split(","))) if args.policies else None
     report = run_simulation(
         data_dir(args.data),
+        deadline=deadline,
         suite=args.suite,
         quick=args.quick,
         workers=args.workers,

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-import federation.forecast  # noqa: F401  (registers the forecasting strategy)
+import federation.forecast  # registers the forecasting strategy
+import federation.model_dp  # noqa: F401  (registers the model DP strategy)
 from federation.burst import BurstParams
 from federation.simulate.cluster import BurstPolicy, ClusterRun, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
@@ -45,6 +46,7 @@ POLICY_SOURCES = {
     "overspill": "ours: cost model + slack accounting + availability history",
     "overspill_no_history": "ours without availability history (a broker with no availability feed)",
     "forecast": "ours, forecasting: MPC over sampled availability futures (exact DP per future)",
+    "model_dp": "ours, expected-value DP on the availability model's state space (two pools, age buckets)",
     "optimum": "omniscient offline optimum (DP, lower bound)",
 }
 
@@ -114,7 +116,7 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
 def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
     return (
         {"restart_hours": cfg.restart_hours}
-        if name.removesuffix(BLIND) in ("uniform_progress", "overspill", "greedy_safety_net", "forecast")
+        if name.removesuffix(BLIND) in ("uniform_progress", "overspill", "greedy_safety_net", "forecast", "model_dp")
         else {}
     )
 

@@ -1,0 +1,410 @@
+"""An expected-value deadline policy: the exact DP on the availability model's own state space (issue 18, point 1).
+
+Role: `ModelDP` decides like `federation.strategies.Overspill` (its fallback and safety net) but, with enough
+history and slack to spare, takes the first action of the policy that minimises the *expected* cost to finish by
+the deadline under a Markov model of the spot pools fitted on their past only. Unlike `federation.forecast`
+(which solves each sampled future with hindsight), the DP is non-anticipative: it decides at each step knowing
+only the pools' current states, so waiting is never overrated.
+
+Status (benchmarks/README.md, "branch `policy3`"): registered as "model_dp", not the default. It does not beat
+`Overspill` where the gap is (AWS us-east-1, second half: 1.197x vs 1.158x the optimum with the notice): trusting
+the model fitted on the past, it spends slack early and is then forced onto on-demand in the scarcer second half.
+On the GCP H100 tables it is within 0.5% of `Overspill` (slightly below on every second half); on the 2022 AWS
+markets (two zones: the pair is the whole market) it is below `Overspill` in three of four tables and well above
+it in the fourth (8 GPUs, no notice). Decision time: a look-up (p50 0.2 ms) but 9% of decisions re-solve a table
+(p50 50 ms, up to 0.6 s), so p99 is 183 ms.
+
+State (per planning unit of u = the changeover, `restart_hours`, at least one tick): time left tau and slack left
+sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool A or B); and each
+of the two pools' state: up or down, and the current run's age bucket (log-scale edges u x 2^j for up runs,
+u x 4^j for down runs). Pool A is the running spot pool, or the best by price per hour of progress
+(`Overspill`'s ranking: spot pools up by price x E / (E - d), E the mean residual up time at the current age,
+then pools down by their expected remaining down time); B is the next best. On-demand is always there.
+
+Transitions (per unit, pools independent): from a bucket of an up run with representative age a, the run goes on
+with probability S(u | a) (the `availability_model.RunModel` survival fitted on the pool's past up runs, seen
+through `RunState.outlook`, with `prior_weight` pseudo-runs of the exponential of the same mean: 30 by default,
+chosen on the first half of the 2023 AWS trace, where the empirical age dependence taken at face value did worse,
+see benchmarks/README.md), and then moves to the next age bucket with probability u / the bucket's width;
+otherwise it ends (down, age 0). The same for down runs. Hazards are quantised on a log grid (8 steps per e-fold)
+so a small change in history gives the same chain and the solved table is reused.
+
+Actions and costs (as the simulator charges them, `federation.simulate.deadline`): staying on a pool costs one unit
+at its price and makes one unit of work; launching one (from idle or another pool) costs one unit at its price,
+makes none (the changeover) and burns a unit of slack; waiting burns a unit of slack for free. A spot pool can be
+launched or kept only while up; a reclaim at the next unit sends the job idle and loses `loss` units of work (half
+the checkpoint interval when the cloud's notice is too short to save: `RunState.reclaim_loss_hours`), i.e. burns
+that much slack. Slack below 0 is a missed deadline: infinite cost, so an action with any possible future (any
+positive-probability path) that misses it is never chosen.
+
+Solve: backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint transition
+matrix (the Kronecker product of the two pools' chains). The table (best action per state) does not depend on the
+job, only on the two chains, the prices, u and the loss, so it is cached (`_TABLES`, least recently used) and
+re-solved only when the quantised model or a price changes; a decision is then one look-up.
+
+Contract: pure (no clock, no I/O); deterministic for a given state; information is the history before now only
+(`RunState.outlook`, the book at now). Falls back to `Overspill` (today's strategy) without a deadline, when a
+pool of the pair has fewer than `min_samples` past up or down runs, when the slack is within the safety margin
+(2d + loss + one tick, + d + one tick: `Overspill`'s rules there guarantee the deadline), and when the DP sees
+every action as infeasible on its grid. `exploit` (off by default) leaves a running spot pool to `Overspill`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import ClassVar
+
+import numpy as np
+
+from federation.availability_model import Run, RunModel
+from federation.strategies import (
+    NON_SPOT,
+    Move,
+    Overspill,
+    Plan,
+    PoolOutlook,
+    RunLengths,
+    RunState,
+    current_alive,
+    keep,
+    launch,
+    pools,
+    register,
+    wait,
+)
+from pricing.book import PriceBook
+from providers.model import CapacityType, Offering
+
+INF = math.inf  # the cost of a missed deadline
+IDLE, OD = 0, 1  # modes; spot pool i is mode 2 + i
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_QUANT = 8.0  # hazard quantisation: steps per e-fold of the hazard
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChain:
+    """One spot pool as a Markov chain over (up or down, age bucket): `matrix[i, j]` the probability of going
+    from state i to state j in one unit, `up[i]` whether state i is up, `price` its hourly price.
+    States 0 .. len(up_edges) - 1 are up buckets, the rest down buckets. `key` identifies the chain for caching."""
+
+    matrix: np.ndarray
+    up: np.ndarray
+    price: float
+    up_edges: tuple[float, ...]
+    down_edges: tuple[float, ...]
+    key: tuple[object, ...]
+
+    def state_of(self, up: bool, age_hours: float) -> int:
+        """The chain state of a pool that is `up` (or down) since `age_hours`."""
+        edges = self.up_edges if up else self.down_edges
+        b = max(0, bisect_right(edges, age_hours + 1e-9) - 1)
+        return b if up else len(self.up_edges) + b
+
+
+def log_edges(unit: float, count: int, ratio: float) -> tuple[float, ...]:
+    """Age bucket edges 0, u, u r, u r^2, ... (`count` buckets, the last open)."""
+    return (0.0, *(unit * ratio**j for j in range(count - 1)))
+
+
+def _quantise(h: float) -> int:
+    return round(math.log(min(max(h, 1e-6), 1 - 1e-6)) * _QUANT)
+
+
+def _hazards(model: RunModel, edges: Sequence[float], unit: float) -> list[int]:
+    """Per age bucket, the quantised probability that a run of that age ends within one unit."""
+    out = []
+    for b, lo in enumerate(edges):
+        hi = edges[b + 1] if b + 1 < len(edges) else math.inf
+        width = hi - lo
+        age = lo + (width - unit) / 2 if math.isfinite(width) else 1.5 * lo
+        out.append(_quantise(1.0 - model.survival(unit, max(age, 0.0))))
+    return out
+
+
+def _fit(lengths: RunLengths, prior_weight: float) -> RunModel:
+    return RunModel.fit([Run(_EPOCH, h) for h in lengths.hours], prior_weight=prior_weight)
+
+
+def pool_chain(
+    look: PoolOutlook,
+    price: float,
+    unit: float,
+    up_buckets: int = 6,
+    down_buckets: int = 4,
+    prior_weight: float = 3.0,
+) -> PoolChain:
+    """The chain of one pool from its history (`look.up_runs`, `look.down_runs`: runs that ended before now)."""
+    up_edges = log_edges(unit, up_buckets, 2.0)
+    down_edges = log_edges(unit, down_buckets, 4.0)
+    hz_up = _hazards(_fit(look.up_runs, prior_weight), up_edges, unit)
+    hz_down = _hazards(_fit(look.down_runs, prior_weight), down_edges, unit)
+    return chain_from_hazards(hz_up, hz_down, up_edges, down_edges, price, unit)
+
+
+def chain_from_hazards(
+    hz_up: Sequence[int],
+    hz_down: Sequence[int],
+    up_edges: Sequence[float],
+    down_edges: Sequence[float],
+    price: float,
+    unit: float,
+) -> PoolChain:
+    """The chain for quantised hazards (see `_quantise`) per up and down age bucket."""
+    nu, nd = len(up_edges), len(down_edges)
+    m = np.zeros((nu + nd, nu + nd))
+    for edges, hz, first, other in ((up_edges, hz_up, 0, nu), (down_edges, hz_down, nu, 0)):
+        for b in range(len(edges)):
+            h = math.exp(hz[b] / _QUANT)
+            hi = edges[b + 1] if b + 1 < len(edges) else math.inf
+            adv = min(1.0, unit / (hi - edges[b])) if math.isfinite(hi) else 0.0
+            i = first + b
+            m[i, other] += h  # the run ends: the other kind starts at age 0
+            m[i, i + 1 if adv > 0 else i] += (1 - h) * adv
+            m[i, i] += (1 - h) * (1 - adv)
+    up = np.array([True] * nu + [False] * nd)
+    key = (tuple(hz_up), tuple(hz_down), tuple(up_edges), tuple(down_edges), round(price, 6))
+    return PoolChain(m, up, price, tuple(up_edges), tuple(down_edges), key)
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A solved DP: `action[tau, sigma, mode, joint]` the best mode to be in for the next unit (0 idle, 1
+    on-demand, 2 + i spot pool i; -1 when every action has a possible future that misses the deadline),
+    `value[sigma, mode, joint]` at the top level `levels` (and, with `keep_values`,
+    `values[tau]` at every level)."""
+
+    action: np.ndarray
+    value: np.ndarray
+    levels: int
+    slack: int
+    values: tuple[np.ndarray, ...] = ()
+
+
+def joint(chains: Sequence[PoolChain]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The joint transition matrix of independent pools and, per pool, which joint states have it up."""
+    m = np.ones((1, 1))
+    ups: list[np.ndarray] = []
+    for c in chains:
+        m = np.kron(m, c.matrix)
+    for i, c in enumerate(chains):
+        mask = np.ones(1, dtype=bool)
+        for j, other in enumerate(chains):
+            mask = np.kron(mask, c.up if i == j else np.ones(len(other.up), dtype=bool)).astype(bool)
+        ups.append(mask)
+    return m, ups
+
+
+def joint_index(chains: Sequence[PoolChain], states: Sequence[int]) -> int:
+    idx = 0
+    for c, s in zip(chains, states, strict=True):
+        idx = idx * len(c.up) + s
+    return idx
+
+
+def solve(
+    chains: Sequence[PoolChain],
+    od_hourly: float,
+    unit: float,
+    loss: int,
+    levels: int,
+    slack: int,
+    keep_values: bool = False,
+) -> Table:
+    """Backward induction (module docstring) for time left 0 .. `levels` units and slack 0 .. `slack` units;
+    `loss`: units of work a reclaim loses."""
+    p, ups = joint(chains)
+    pt = p.T.copy()
+    reach = (pt > 0).astype(float)  # which next joint states are possible at all
+    n, nj = len(chains), p.shape[0]
+    modes = 2 + n
+    cost = np.array([0.0, od_hourly * unit, *(c.price * unit for c in chains)])
+    sig = np.arange(slack + 1)
+    v = np.zeros((slack + 1, modes, nj))
+    action = np.zeros((levels + 1, slack + 1, modes, nj), dtype=np.int8)
+    values = [v.copy()] if keep_values else []
+    inf_row = np.full((1, modes, nj), INF)
+    for tau in range(1, levels + 1):
+        # a reclaim: spot mode i with pool i down at the start of the unit is idle, `loss` units of slack poorer
+        vf = v.copy()
+        live = sig < tau - 1  # states of the previous level with work left
+        lost = np.concatenate([np.full((loss, nj), INF), v[: slack + 1 - loss, IDLE]]) if loss else v[:, IDLE]
+        for i in range(n):
+            sel = np.ix_(live, ~ups[i])
+            vf[:, 2 + i][sel] = lost[sel]
+        # expectation over the next joint pool state; infinite if any possible next state misses the deadline
+        finite = np.isfinite(vf)
+        ev = np.where(finite, vf, 0.0) @ pt
+        ev[((~finite).astype(float) @ reach) > 0] = INF
+        evs = np.concatenate([inf_row, ev[:-1]])  # the same one unit of slack poorer
+        go = cost[None, :, None] + evs  # switch to (or launch) mode t: a unit of slack for the changeover
+        go[:, IDLE] = evs[:, IDLE]  # waiting burns a unit of slack for free
+        stay = cost[None, :, None] + ev  # keep running mode m: a unit of work
+        for i in range(n):
+            go[:, 2 + i, ~ups[i]] = INF
+            stay[:, 2 + i, ~ups[i]] = INF
+        stay[:, IDLE] = INF
+        best_go = go.argmin(axis=1)  # (slack, joint)
+        go_v = np.take_along_axis(go, best_go[:, None, :], axis=1)[:, 0]
+        new = np.minimum(go_v[:, None, :], stay)
+        act = np.where(stay <= go_v[:, None, :], np.arange(modes)[None, :, None], best_go[:, None, :])
+        done = sig >= tau
+        new[done] = 0.0
+        act[done] = IDLE
+        v = new
+        action[tau] = np.where(np.isfinite(v), act, -1)
+        if keep_values:
+            values.append(v.copy())
+    return Table(action, v, levels, slack, tuple(values))
+
+
+_TABLES: OrderedDict[tuple[object, ...], Table] = OrderedDict()
+_MAX_TABLES = 12
+
+
+def cached_table(
+    chains: Sequence[PoolChain], od_hourly: float, unit: float, loss: int, levels: int, slack: int
+) -> Table:
+    """`solve`, memoised per (chains, prices, unit, loss); a table serves any query within its levels and slack
+    (larger tables are built in steps of 48 levels and 16 slack units so that jobs share them)."""
+    key = (tuple(c.key for c in chains), round(od_hourly, 6), round(unit, 9), loss)
+    found = _TABLES.get(key)
+    if found is not None and found.levels >= levels and found.slack >= slack:
+        _TABLES.move_to_end(key)
+        return found
+    lv = -(-max(levels, found.levels if found else 0) // 48) * 48
+    sl = -(-max(slack, found.slack if found else 0) // 16) * 16
+    table = solve(chains, od_hourly, unit, loss, lv, sl)
+    _TABLES[key] = table
+    _TABLES.move_to_end(key)
+    while len(_TABLES) > _MAX_TABLES:
+        _TABLES.popitem(last=False)
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDP:
+    """The expected-value DP on the availability model's state space, `Overspill` as fallback (module docstring)."""
+
+    name: ClassVar[str] = "model_dp"
+    restart_hours: float = 0.25
+    min_samples: int = 5
+    up_buckets: int = 6
+    down_buckets: int = 4
+    prior_weight: float = 30.0
+    exploit: bool = False
+    fallback: Overspill = field(default_factory=Overspill)
+
+    def __post_init__(self) -> None:
+        if self.fallback.restart_hours != self.restart_hours:
+            object.__setattr__(self, "fallback", Overspill(restart_hours=self.restart_hours))
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        base = self.fallback.decide(state, book)
+        if state.job.deadline_at is None or base.move is Move.PAUSE or not state.outlook:
+            return base
+        if self.exploit and current_alive(state) and state.on({CapacityType.SPOT}):
+            return base  # `exploit`: a running spot pool is Overspill's to keep or leave
+        safe = pools(state, book, NON_SPOT)
+        if not safe:
+            return base
+        d, g = self.restart_hours, state.tick_hours
+        unit = state.ticks(max(d, g))
+        left = state.hours_to_deadline() or 0.0
+        slack = left - state.work - state.restart_left_hours
+        up_spot = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []
+        loss_h = max((state.spot_loss_hours(o.provider) for o in up_spot), default=0.0)
+        margin = state.ticks(2 * d + loss_h) + g
+        if slack < margin + d + g:
+            return base  # the safety net's ground
+        pair = self._pair(state, book, up_spot)
+        if pair is None:
+            return base
+        chains = [
+            pool_chain(
+                state.outlook[o.key],
+                float(o.price.hourly_usd),
+                unit,
+                self.up_buckets,
+                self.down_buckets,
+                self.prior_weight,
+            )
+            for o in pair
+        ]
+        work = math.ceil((state.work + state.restart_left_hours) / unit - 1e-9)
+        sigma = math.floor(slack / unit + 1e-9)
+        if work <= 0:
+            return base
+        loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
+        od = safe[0]
+        table = cached_table(chains, float(od.price.hourly_usd), unit, loss, work + sigma, sigma)
+        alive = current_alive(state)
+        mode = IDLE
+        if alive and state.current is not None:
+            if state.current.capacity_type is CapacityType.SPOT:
+                if state.current.key != pair[0].key:
+                    return base
+                mode = 2
+            elif state.current.key == od.key:
+                mode = OD
+            else:
+                return base  # on another safe pool (e.g. on-prem): today's strategy
+        looks = [state.outlook[o.key] for o in pair]
+        j = joint_index(chains, [c.state_of(lk.up, lk.age_hours) for c, lk in zip(chains, looks, strict=True)])
+        act = int(table.action[work + sigma, sigma, mode, j])
+        if act < 0:
+            return base  # every action risks the deadline on the DP's grid
+        why = f"model DP (slack {sigma} x {unit:g} h, work {work} units)"
+        if act == IDLE:
+            return wait(self.name, f"{why}: waiting has the least expected cost")
+        if act == OD:
+            if mode == OD:
+                return keep(state, self.name, f"{why}: stay on on-demand")
+            return launch(state, self.name, od, f"{why}: on-demand has the least expected cost")
+        target = pair[act - 2]
+        if not any(o.key == target.key for o in up_spot):
+            return base  # the book disagrees with the outlook: let today's strategy decide
+        if mode == act:
+            return keep(state, self.name, f"{why}: stay on spot {target.key}")
+        return launch(state, self.name, target, f"{why}: spot {target.key} has the least expected cost")
+
+    def _pair(self, state: RunState, book: PriceBook, up_spot: list[Offering]) -> list[Offering] | None:
+        """Pool A (the running spot pool, or the best) and B (the next best): spot pools up by price per hour of
+        progress, then pools down by expected remaining down time. None when a pool lacks history."""
+        from federation.forecast import pools_of_shape
+
+        every = {o.key: o for o in pools_of_shape(state, book)}
+        ranked: list[tuple[int, float, str]] = []
+        for key, off in every.items():
+            look = state.outlook.get(key)
+            if look is None:
+                continue
+            if look.up:
+                e = self.fallback.expected_up_hours(state, off)
+                dd = self.restart_hours + state.reclaim_loss_hours(off) / 2
+                eff = float(off.price.hourly_usd) * (e / (e - dd)) if math.isfinite(e) and e > dd else math.inf
+                ranked.append((0 if math.isfinite(eff) else 1, eff, key))
+            else:
+                res = look.down_runs.mean_residual(look.age_hours, 1)
+                ranked.append((2, res if res is not None else math.inf, key))
+        ranked.sort()
+        keys = [k for _, _, k in ranked]
+        cur = state.current
+        if cur is not None and current_alive(state) and cur.key in every and cur.capacity_type is CapacityType.SPOT:
+            keys = [state.current.key] + [k for k in keys if k != state.current.key]
+        pair = [every[k] for k in keys[:2]]
+        if not pair:
+            return None
+        for o in pair:
+            look = state.outlook[o.key]
+            if len(look.up_runs.hours) < self.min_samples or len(look.down_runs.hours) < self.min_samples:
+                return None
+        # a pool up now but not in the book as available (or vice versa) is judged by the book at launch time
+        return pair
+
+
+register(ModelDP.name, ModelDP)
