@@ -7,8 +7,13 @@ table, not one per row. JSON, not arrays: the driver dumps arrays element by ele
 slower than one `json.dumps`; Decimal goes as its exact text, so nothing is rounded. Elsewhere
 (SQLite) they fall back to an executemany of the equivalent statement, with the same effect.
 
-Contract: `rows` are dicts with the same keys, values in Python form (Decimal, tz-aware datetime, str, int, None,
-dict for a JSON column); the statements run in the caller's transaction (`conn`), which commits or rolls back.
+Reads by many ids the same way: `among` is `column IN ids` as one array parameter on PostgreSQL (an IN list costs
+the driver a placeholder per id), and `select_among` runs a query for any number of ids (one statement on
+PostgreSQL, IN lists of 1,000 elsewhere).
+
+Contract of the writes: `rows` are dicts with the same keys, values in Python form (Decimal, tz-aware datetime,
+str, int, None, dict for a JSON column); the statements run in the caller's transaction (`conn`), which commits
+or rolls back.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from decimal import Decimal
 from functools import cache
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, Integer, Table, bindparam, insert, update
+from sqlalchemy import JSON, Boolean, Float, Integer, String, Table, any_, bindparam, insert, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from broker.db import Money, UTCDateTime
@@ -102,3 +108,19 @@ def bulk_update(conn: Connection, table: Table, key: str, rows: Sequence[dict[st
         conn.execute(statement, [{"b_key": row[key], **{f"b_{n}": row[n] for n in names}} for row in rows])
         return
     conn.exec_driver_sql(_pg_update_sql(table, key, names), _batch(rows, (key, *names)))
+
+
+def among(conn: Connection, column: Any, values: Sequence[str]) -> Any:
+    """`column IN values`: on PostgreSQL as `column = ANY(array)`, one parameter however many values."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("among", list(values), type_=ARRAY(String)))
+    return column.in_(values)
+
+
+def select_among(conn: Connection, query: Any, column: Any, ids: Sequence[str]) -> list[Any]:
+    """The rows of `query` whose `column` is among `ids`: one statement on PostgreSQL, one per 1,000 ids elsewhere."""
+    size = (len(ids) or 1) if conn.dialect.name == "postgresql" else 1000
+    rows: list[Any] = []
+    for start in range(0, len(ids), size):
+        rows.extend(conn.execute(query.where(among(conn, column, ids[start : start + size]))))
+    return rows

@@ -8,13 +8,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam
 from sqlalchemy import select as sa_select
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from broker.bulk import among
 from broker.tables import SimInstanceRow
 from providers.simulated.store import SimRecord
 
@@ -30,13 +29,6 @@ def _record(row: Any) -> SimRecord:
         data=dict(row.data),
         terminated_at=row.terminated_at,
     )
-
-
-def _among(conn: Any, column: Any, values: list[str]) -> Any:
-    """`column IN values`: on PostgreSQL as `column = ANY(array)`, one parameter however many values."""
-    if conn.dialect.name == "postgresql":
-        return column == any_(bindparam("among", values, type_=ARRAY(String)))
-    return column.in_(values)
 
 
 class DbSimStore:
@@ -98,7 +90,7 @@ class DbSimStore:
             size = (len(ids) or 1) if conn.dialect.name == "postgresql" else 1000
             for start in range(0, len(ids), size):
                 chunk = ids[start : start + size]
-                where = (table.c.provider == provider, _among(conn, table.c.instance_id, chunk))
+                where = (table.c.provider == provider, among(conn, table.c.instance_id, chunk))
                 missing = []
                 for iid, token, terminated in conn.execute(
                     sa_select(table.c.instance_id, table.c.launch_token, table.c.terminated_at).where(*where)
@@ -112,7 +104,7 @@ class DbSimStore:
                         out.append(known)
                 if missing:
                     rows = conn.execute(
-                        sa_select(table).where(table.c.provider == provider, _among(conn, table.c.instance_id, missing))
+                        sa_select(table).where(table.c.provider == provider, among(conn, table.c.instance_id, missing))
                     )
                     out.extend(self._keep(_record(r)) for r in rows)
         return out

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
+from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, in_scope, locked
 from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
@@ -200,7 +201,7 @@ def _with_specs(
     rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]
 ) -> list[tuple[Any, Any, Instance, Offering]]:
     """`rows` with each placement and job as its whole row (the job's spec included): sync's snapshot carries only
-    the columns every screen reads. One read of each table per 1,000 rows."""
+    the columns every screen reads. One read of each table (`broker.bulk.select_among`)."""
     if not rows:
         return []
     placements = Placement.__table__  # type: ignore[attr-defined]
@@ -215,12 +216,8 @@ def _with_specs(
 
 
 def _whole(rt: Runtime, table: Any, ids: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
     with rt.engine.connect() as conn:
-        for start in range(0, len(ids), 1000):
-            chunk = ids[start : start + 1000]
-            out.update((r.id, r) for r in conn.execute(core_select(table).where(table.c.id.in_(chunk))))
-    return out
+        return {r.id: r for r in select_among(conn, core_select(table), table.c.id, ids)}
 
 
 def _candidates(rt: Runtime, session: Session) -> list[tuple[Any, Any]]:

@@ -46,6 +46,7 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.availability import record_reclaim
+from broker.bulk import select_among
 from broker.crashpoints import crashpoint
 from broker.finance.unaccrued import hours_and_rate
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
@@ -110,22 +111,17 @@ _SNAP_J = tuple(
 
 def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
     """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
-    rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole,
-    one query per 1,000."""
+    rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole
+    (`broker.bulk.select_among`)."""
     over = []
     with rt.engine.connect() as conn:
-        for start in range(0, len(ids), 1000):
-            rows = conn.execute(
-                core_select(_P, _J.c.spent_usd, _J.c.max_total_usd)
-                .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
-                .where(_P.c.id.in_(ids[start : start + 1000]))
-            )
-            for p in rows:
-                if p.started_at is None:
-                    continue
-                projected, _ = _projected_spend(rt, p, p, now)
-                if projected > p.max_total_usd:
-                    over.append(p.id)
+        query = core_select(_P, _J.c.spent_usd, _J.c.max_total_usd).select_from(_P.join(_J, _J.c.id == _P.c.job_id))
+        for p in select_among(conn, query, _P.c.id, ids):
+            if p.started_at is None:
+                continue
+            projected, _ = _projected_spend(rt, p, p, now)
+            if projected > p.max_total_usd:
+                over.append(p.id)
     return over
 
 
