@@ -49,6 +49,45 @@ def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     report.longrepr = f"skipped but OVERSPILL_REQUIRE_INTEGRATION=1 (CI runs everything): {reason}"
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected what they do
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Terraform example's readers run at a file boundary half-way through the run and its destroy runs last,
+    so the background apply overlaps the first half of the run and the destroy the second (tests/terraform_cli.py).
+    """
+    destroys = [i for i in items if i.get_closest_marker("terraform_destroy")]
+    readers = [i for i in items if i.get_closest_marker("terraform_deployment")]
+    if not destroys and not readers:
+        return
+    others = [i for i in items if i not in destroys and i not in readers]
+    middle = next((n for n in range(len(others) // 2, len(others)) if others[n].path != others[n - 1].path), 0)
+    items[:] = others[:middle] + readers + others[middle:] + destroys
+    config.stash[_TF_READERS] = {i.nodeid for i in readers}
+    config.stash[_TF_DESTROY_SELECTED] = bool(destroys)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not session.config.stash.get(_TF_READERS, set()):
+        return
+    from tests.terraform_cli import start_example_deployment
+
+    start_example_deployment(session.config)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    readers = item.config.stash.get(_TF_READERS, None)
+    if not readers or item.nodeid not in readers:
+        return
+    readers.discard(item.nodeid)
+    if not readers and item.config.stash.get(_TF_DESTROY_SELECTED, False):
+        from tests.terraform_cli import start_example_destroy
+
+        start_example_destroy(item.config)
+
+
+_TF_READERS = pytest.StashKey[set[str]]()
+_TF_DESTROY_SELECTED = pytest.StashKey[bool]()
+
+
 class MovableClock:
     """A clock tests move by hand."""
 

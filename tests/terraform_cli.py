@@ -7,8 +7,14 @@
   state appear in it) with an environment that uses the mirror; `run(dir, *args)` runs terraform there.
 - `example_deployment(config)`: terraform/examples/basic planned and applied once per pytest process against a moto
   server (a `Deployment`: its outputs, state, planned changes, the function's environment), shared by every test
-  file that asks (applying costs ~100 s, mostly the AWS provider's fixed waits); `Deployment.destroy()` tears it
-  down (the next ask applies again). At the end of the session the moto server is stopped: nothing is destroyed.
+  file that asks; `Deployment.destroy()` tears it down (the next ask applies again). At the end of the session the
+  moto server is stopped: nothing is destroyed.
+- Applying costs ~80 s and destroying ~70 s, nearly all of it the AWS provider's fixed waits (SQS attribute
+  propagation, S3 lifecycle consistency, RDS status polls), not CPU. So tests/conftest.py starts the apply in a
+  background thread as soon as collection selects a test that uses it (`start_example_deployment`), and starts the
+  destroy in the background once the last such test finished (`start_example_destroy`), moving the destroy test
+  to the end of the run, where it joins the destroy (`example_destroyed`) and checks what is left. The other
+  tests run meanwhile; a failure in either thread is raised in the test that waits for it.
 - `checkov_bin()`: checkov lives in its own virtualenv (its `hcl2` package clashes with python-hcl2 in the dev
   environment): OVERSPILL_CHECKOV_BIN, else `checkov` on PATH, else a virtualenv created once under the user cache
   (CHECKOV_VERSION pinned), else None.
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,12 +153,17 @@ def _small_package(path: Path) -> Path:
     return path
 
 
-def _apply_example(workspace: Workspace, moto_url: str, tmp: Path) -> Deployment:
+def _amazon_image(moto_url: str) -> str:
     from tests.moto_server import moto_client
 
+    return str(moto_client("ec2", REGION, moto_url).describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+
+
+def _apply_example(
+    workspace: Workspace, moto_url: str, tmp: Path, network: tuple[str, list[str]], ami: str
+) -> Deployment:
     name = "ovs" + secrets.token_hex(3)
-    vpc, subnets = _network(moto_url)
-    ami = str(moto_client("ec2", REGION, moto_url).describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    vpc, subnets = network
     tfvars = {
         "aws_endpoint_url": moto_url,
         "region": REGION,
@@ -180,17 +192,69 @@ def _apply_example(workspace: Workspace, moto_url: str, tmp: Path) -> Deployment
 
 
 _DEPLOYMENT = pytest.StashKey[Deployment]()
+_APPLYING = pytest.StashKey[Future[Deployment]]()
+_DESTROYING = pytest.StashKey[Future[None]]()
+_POOL = pytest.StashKey[ThreadPoolExecutor]()
 _RESOURCES = pytest.StashKey[tuple[ExitStack, str, Path]]()
 
 
 def example_deployment(config: pytest.Config) -> Deployment:
-    """The example applied on moto, once per pytest process (again after a `destroy()`); skips without terraform."""
+    """The example applied on moto, once per pytest process (again after a `destroy()`); skips without terraform.
+    Waits for the background apply when one was started."""
     binary = terraform_bin()
     if binary is None:
         pytest.skip("terraform is not installed (https://developer.hashicorp.com/terraform/install)")
+    pending = config.stash.get(_APPLYING, None)
+    if pending is not None:
+        del config.stash[_APPLYING]
+        config.stash[_DEPLOYMENT] = pending.result()
     found = config.stash.get(_DEPLOYMENT, None)
     if found is not None and not found.destroyed:
         return found
+    deployment = _prepare_example(config, binary)()
+    config.stash[_DEPLOYMENT] = deployment
+    return deployment
+
+
+def start_example_deployment(config: pytest.Config) -> None:
+    """Start applying the example in a background thread (no-op without terraform or when one exists already)."""
+    binary = terraform_bin()
+    if binary is None or _APPLYING in config.stash or _DEPLOYMENT in config.stash:
+        return
+    config.stash[_APPLYING] = _background(config).submit(_prepare_example(config, binary))
+
+
+def start_example_destroy(config: pytest.Config) -> None:
+    """Start destroying the applied example in a background thread (no-op when nothing was applied)."""
+    found = config.stash.get(_DEPLOYMENT, None)
+    if found is None or found.destroyed or _DESTROYING in config.stash:
+        return
+    config.stash[_DESTROYING] = _background(config).submit(found.destroy)
+
+
+def example_destroyed(config: pytest.Config) -> Deployment:
+    """The example, destroyed: joins the background destroy if one was started, else destroys it now."""
+    deployment = example_deployment(config) if _DEPLOYMENT not in config.stash else config.stash[_DEPLOYMENT]
+    pending = config.stash.get(_DESTROYING, None)
+    if pending is not None:
+        del config.stash[_DESTROYING]
+        pending.result()
+    if not deployment.destroyed:
+        deployment.destroy()
+    return deployment
+
+
+def _background(config: pytest.Config) -> ThreadPoolExecutor:
+    pool = config.stash.get(_POOL, None)
+    if pool is None:
+        pool = config.stash[_POOL] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terraform")
+        config.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))
+    return pool
+
+
+def _prepare_example(config: pytest.Config, binary: str) -> Any:
+    """Everything that touches shared state (the moto process, boto3's default session) runs here, in the calling
+    thread; the returned callable only runs terraform, so it may run in a background thread."""
     if _RESOURCES not in config.stash:
         from tests.moto_server import running_moto_process
 
@@ -204,9 +268,10 @@ def example_deployment(config: pytest.Config) -> Deployment:
         config.add_cleanup(stack.close)
     _, moto_url, tmp = config.stash[_RESOURCES]
     where = Path(tempfile.mkdtemp(dir=tmp))
-    deployment = _apply_example(Workspace.create(where, binary), moto_url, where)
-    config.stash[_DEPLOYMENT] = deployment
-    return deployment
+    workspace = Workspace.create(where, binary)
+    network = _network(moto_url)
+    ami = _amazon_image(moto_url)
+    return lambda: _apply_example(workspace, moto_url, where, network, ami)
 
 
 def checkov_bin() -> str | None:

@@ -30,6 +30,7 @@ from tests.terraform_cli import (
     Workspace,
     checkov_bin,
     example_deployment,
+    example_destroyed,
     terraform_bin,
 )
 
@@ -120,6 +121,7 @@ def deployment(request: pytest.FixtureRequest) -> Deployment:
     return example_deployment(request.config)
 
 
+@pytest.mark.terraform_deployment
 def test_example_applies_on_moto_and_everything_declared_exists(deployment: Deployment) -> None:
     planned_types = {r["type"] for r in deployment.planned["resource_changes"] if r["change"]["actions"] == ["create"]}
     assert {
@@ -279,6 +281,7 @@ def _policy_actions(document: dict[str, Any]) -> set[str]:
     return {a for s in document["Statement"] for a in _listed(s["Action"])}
 
 
+@pytest.mark.terraform_deployment
 def test_the_example_passes_the_production_start_up_checks(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -317,6 +320,7 @@ def _broker_environment(deployment: Deployment, monkeypatch: pytest.MonkeyPatch)
     return env
 
 
+@pytest.mark.terraform_deployment
 def test_generated_secrets_are_in_neither_the_plan_nor_the_state(deployment: Deployment) -> None:
     sm = deployment.client("secretsmanager")
     values = [
@@ -385,6 +389,7 @@ def _request_context(tags: dict[str, str], region: str = REGION, **more: Any) ->
     return {"aws:RequestedRegion": region, **{f"aws:RequestTag/{k}": v for k, v in tags.items()}, **more}
 
 
+@pytest.mark.terraform_deployment
 def test_the_broker_policy_admits_the_adapters_launches_and_nothing_else(deployment: Deployment) -> None:
     """The applied broker policy, evaluated for each resource of the requests providers/aws.py sends (captured
     against moto, with the launch settings the module renders): the broker's own launches pass, and a launch with
@@ -498,8 +503,9 @@ def test_the_broker_policy_admits_the_adapters_launches_and_nothing_else(deploym
     assert outputs["instance_security_group_id"] in groups
 
 
-def test_example_destroys_cleanly(deployment: Deployment) -> None:
-    deployment.destroy()
+@pytest.mark.terraform_destroy
+def test_example_destroys_cleanly(request: pytest.FixtureRequest) -> None:
+    deployment = example_destroyed(request.config)
     _check_gone(deployment.moto_url, deployment.name, deployment.outputs)
 
 

@@ -20,7 +20,7 @@ from broker.app import create_app
 from broker.runtime import build_runtime
 from tests.terraform_cli import REGION, example_deployment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.terraform_deployment]
 
 
 def test_scraping_metrics_of_the_terraform_deployment_without_the_token_is_refused(
