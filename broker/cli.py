@@ -265,7 +265,9 @@ def simulate(
         typer.Option(help="folder of real traces and catalogs (default: OVERSPILL_SHARED_DATA, else ../shared/data)"),
     ] = None,
     suite: Annotated[str, typer.Option(help="deadline, markets, burst or all")] = "all",
-    quick: Annotated[bool, typer.Option(help="a smaller run, for a first look")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="a smaller run, for a first look: fewer jobs, no slow research policy (forecast)")
+    ] = False,
     png: Annotated[Path | None, typer.Option(help="also draw the comparison chart here")] = None,
     as_json: JsonFlag = False,
 ) -> None:

@@ -184,6 +184,8 @@ def test_simulate_replays_real_traces(tmp_path: Path) -> None:
     text = json.dumps(report)
     for policy in ("on_demand", "eager_next_region", "uniform_progress", "overspill", "optimum"):
         assert policy in text
+    for rows in report["deadline"]["scenarios"].values():  # --quick leaves the slow research policies out
+        assert "forecast" not in {row["policy"] for row in rows} and "overspill" in {row["policy"] for row in rows}
     bad = runner.invoke(app, ["simulate", "--data", str(tmp_path / "nowhere")])
     assert bad.exit_code != 0
 

@@ -29,6 +29,7 @@ from federation.simulate.experiments import (
     EXTRA_MARKETS,
     GCP_MARKETS,
     PHILLY,
+    RESEARCH_POLICIES,
     BurstConfig,
     DeadlineConfig,
     PolicySummary,
@@ -110,12 +111,12 @@ def run_simulation(
     hindsight: bool = False,
 ) -> SimulationReport:
     """Run the experiments of `suite` on the data under `data_dir` and return the report (and write the PNG
-        chart to `png` when given). `quick` shrinks both experiments for a smoke run; `workers` > 1 spreads the work
-        over processes. `explain` adds, per deadline table, where each policy's excess over the optimum comes from
-        (`federation.simulate.explain`); `only` runs just the deadline tables whose title contains it; `hindsight`
-    adds, per deadline table, `Overspill` re-tuned on a grid on the first half (scored on the second) and on the
-    second half itself (`federation.simulate.tuning`: an upper bound for tuning). Raises
-        ValueError when a data file is missing or malformed."""
+    chart to `png` when given). `quick` shrinks both experiments for a smoke run (fewer jobs, no research policy:
+    `RESEARCH_POLICIES`); `workers` > 1 spreads the work over processes. `explain` adds, per deadline table, where
+    each policy's excess over the optimum comes from (`federation.simulate.explain`); `only` runs just the deadline
+    tables whose title contains it; `hindsight` adds, per deadline table, `Overspill` re-tuned on a grid on the first
+    half (scored on the second) and on the second half itself (`federation.simulate.tuning`: an upper bound for
+    tuning). Raises ValueError when a data file is missing or malformed."""
     base = Path(data_dir)
     for rel in [CATALOG] + ([PHILLY] if suite in ("burst", "all") else []):
         if not (base / rel).exists():
@@ -123,7 +124,8 @@ def run_simulation(
     dcfg = deadline or DeadlineConfig()
     bcfg = burst or BurstConfig()
     if quick:
-        dcfg = replace(dcfg, start_every_hours=max(dcfg.start_every_hours, 96.0))
+        policies = tuple(p for p in dcfg.policies if p not in RESEARCH_POLICIES)
+        dcfg = replace(dcfg, start_every_hours=max(dcfg.start_every_hours, 96.0), policies=policies)
         bcfg = replace(bcfg, jobs=min(bcfg.jobs, 3000), onprem_gpus=min(bcfg.onprem_gpus, 640))
     report = SimulationReport()
     if suite in ("deadline", "all"):

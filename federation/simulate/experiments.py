@@ -37,6 +37,7 @@ DEADLINE_POLICIES = (
     "overspill_no_history",
     "forecast",
 )
+RESEARCH_POLICIES = ("forecast", "model_dp")  # slow experimental policies, left out of a quick run
 BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
 POLICY_SOURCES = {
     "on_demand": "on-demand only",
