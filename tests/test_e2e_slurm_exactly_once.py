@@ -25,7 +25,7 @@ from tests.test_e2e_slurm_burst import _runtime
 from tests.test_metrics_burst import decisions
 from tests.test_provider_slurm import job, sbatch, wait_until
 
-RACE_ROUNDS = 9  # three per injection point
+RACE_ROUNDS = 6  # two per injection point
 REST_RACE_ROUNDS = 3  # one per injection point through slurmrestd (the race is the broker's, not the transport's)
 
 
