@@ -110,7 +110,7 @@ class Forecast:
         left = state.hours_to_deadline() or 0.0
         slack = left - state.work - state.restart_left_hours
         loss = max((state.spot_loss_hours(o.provider) for o in spots), default=0.0)
-        margin = state.ticks(2 * d + loss) + g
+        margin = state.spot_margin_hours(d, loss)
         if slack < margin + d + g:
             return base  # too thin to choose anything but the safety net's answer
         if spots and not self.plan_with_spot:

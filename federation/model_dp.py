@@ -318,7 +318,7 @@ class ModelDP:
         slack = left - state.work - state.restart_left_hours
         up_spot = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []
         loss_h = max((state.spot_loss_hours(o.provider) for o in up_spot), default=0.0)
-        margin = state.ticks(2 * d + loss_h) + g
+        margin = state.spot_margin_hours(d, loss_h)
         if slack < margin + d + g:
             return base  # the safety net's ground
         pair = self._pair(state, book, up_spot)

@@ -142,7 +142,8 @@ class RunState:
     `tick_hours` is the time until the executor asks again; `outlook` is each spot pool's availability history
     by pool key (empty when the executor has none: strategies then go by interruption rates alone);
     `checkpoint_interval_hours`, `save_seconds` and `notice_seconds` say what a reclaim costs in lost work
-    (`reclaim_loss_hours`)."""
+    (`reclaim_loss_hours`); `reclaims_at_decisions` says the executor reclaims only at its decision points, where
+    progress and checkpoints also fall (the trace simulator), rather than at any time (the live loop)."""
 
     job: JobSpec
     now: datetime
@@ -158,6 +159,20 @@ class RunState:
     checkpoint_interval_hours: float = 0.0
     save_seconds: float = 60.0
     notice_seconds: Mapping[str, float] = field(default_factory=dict)
+    reclaims_at_decisions: bool = False
+
+    def spot_margin_hours(self, restart_hours: float, loss_hours: float) -> float:
+        """The slack a spot launch needs so that a reclaim at the worst moment still meets the deadline on a safe
+        pool: two changeovers (there and on to the safe pool, each in whole decision intervals), the work the
+        reclaim can lose (`loss_hours`, a checkpoint interval or 0) and the time until the reclaim is seen. Live, a
+        reclaim between two ticks is seen at the next one and can lose all of `loss_hours`: one interval more. An
+        executor that reclaims only at decision points (`reclaims_at_decisions`) sees it at once, and the work since
+        the last checkpoint is then at most `loss_hours` less one interval."""
+        changeovers = 2 * self.ticks(restart_hours)
+        lost = self.ticks(loss_hours)
+        if self.reclaims_at_decisions:
+            return changeovers + max(0.0, lost - self.tick_hours)
+        return changeovers + lost + self.tick_hours
 
     def reclaim_loss_hours(self, off: Offering) -> float:
         """The most work a reclaim of `off` can cost: the work since the last checkpoint (up to
@@ -465,8 +480,9 @@ class Overspill:
 
     When (with a deadline): slack = hours to the deadline - remaining work - changeover in progress. Each launch
     burns d = `restart_hours` of it, idling burns it tick by tick, running burns none. Rules, after the paper's
-    safety net: a spot pool is launched only with slack >= margin = 2d + one tick (a reclaim right after its
-    changeover still leaves d to reach on-demand), and a running spot is kept until reclaimed (exploitation).
+    safety net: a spot pool is launched only with slack >= margin = 2d + one tick (`RunState.spot_margin_hours`:
+    a reclaim right after its changeover, seen a tick later, still leaves d to reach on-demand), and a running spot
+    is kept until reclaimed (exploitation).
     Idle with no spot, it waits only while the slack left after the tick covers margin + d + reserve, where
     reserve = `pace` x initial slack x remaining work / total work keeps slack in proportion to the work left
     (like Uniform Progress' line, but spent only on waiting); otherwise it takes the cheapest safe pool. On a
@@ -475,8 +491,8 @@ class Overspill:
 
     Checkpoints (`RunState.checkpoint_interval_hours`, the job's save time and each cloud's interruption notice):
     when a reclaim can lose the work since the last checkpoint (no notice long enough to save first), the margin
-    grows by the interval, L (2d + L + one tick), and a spot pool's changeover counts d + L/2 (its expected loss)
-    in its price per hour of progress and in the test for leaving a safe pool.
+    grows by the interval, L (2d + L + one tick), and a spot pool's changeover counts
+    d + L/2 (its expected loss) in its price per hour of progress and in the test for leaving a safe pool.
 
     Example (d = 0.25 h, 15-minute ticks so margin = 0.75 h, pace 0.75, no spot anywhere): 2 h of work due in
     10 h -> slack 8 h, reserve 0.75 x 8 x 2/2 = 6 h, 7.75 >= 0.75 + 0.25 + 6: wait. Due in 3 h instead -> slack
@@ -596,7 +612,7 @@ class Overspill:
         slack = left - state.work - state.restart_left_hours
         # a reclaim may also lose the work since the last checkpoint: spot needs that much more slack
         loss = max((state.spot_loss_hours(c.offering.provider) for c in ranked), default=0.0)
-        margin = state.ticks(2 * d + loss) + g
+        margin = state.spot_margin_hours(d, loss)
         spot = self._spot_order(state, [c for c in ranked if c.offering.capacity_type is CapacityType.SPOT])
         safe = [c for c in ranked if c.offering.capacity_type is not CapacityType.SPOT]
         safe = [c for c in safe if state.ticks(c.expected_wait_hours + d + state.work) <= left + EPS] or safe[:0]

@@ -417,13 +417,14 @@ def test_a_reclaim_loses_the_work_since_the_last_checkpoint_unless_the_notice_le
 
 def test_the_deadline_policy_keeps_the_slack_a_reclaim_can_lose() -> None:
     """The policy knows the interval and the notice: the slack it needs before launching spot grows by the
-    checkpoint interval when a reclaim can lose that much work. 4 h of work due in 5 h (slack 1 h), 0.25 h
-    changeover, 15-minute ticks: margin 2 x 0.25 + 0.25 = 0.75 h <= 1 h -> spot; a 30-min interval without notice
-    needs 1.25 h -> on-demand; with AWS's notice nothing can be lost -> spot."""
+    checkpoint interval when a reclaim can lose that much work. 4 h of work due in 4.5 h (slack 0.5 h), 0.25 h
+    changeover, 15-minute ticks, a reclaim seen at the tick it happens: margin 2 x 0.25 = 0.5 h <= 0.5 h -> spot;
+    a 30-min interval without notice can lose 15 minutes here (the checkpoint is at most a tick behind a reclaim at
+    a tick) and needs 0.75 h -> on-demand; with AWS's notice nothing can be lost -> spot."""
     t = SpotTrace.from_bits({"us-east-1a": "1" * 40}, {"us-east-1a": 1.0}, on_demand_usd=3.0, gap_seconds=900)
     m = TraceMarket(t)
     ours = make_strategy("overspill", restart_hours=0.25)
-    job = DeadlineJob("j", 0, 16, 20, 1, checkpoint_ticks=2)
+    job = DeadlineJob("j", 0, 16, 18, 1, checkpoint_ticks=2)
     first = {
         name: run_deadline(m, job, ours, record=True, notice_seconds=notice).moves[0].split(":", 2)[2]
         for name, notice in (("no_notice", {}), ("aws", {"aws": 120.0}))

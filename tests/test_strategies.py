@@ -169,6 +169,26 @@ def test_overspill_waits_with_slack_and_takes_on_demand_without() -> None:
     assert plan.offering.capacity_type.value == "on_demand"
 
 
+def test_the_spot_margin_counts_the_time_until_a_reclaim_is_seen() -> None:
+    """4 h of work due in 4.75 h (slack 0.75 h), 0.25 h changeover, 15-minute ticks, spot up. The live loop sees a
+    reclaim up to a tick after it happens: margin 0.5 + 0.25 = 0.75 h, spot just fits. Due in 4.5 h (slack 0.5 h)
+    the live loop takes on-demand, while an executor that reclaims only at its decision points (the simulator)
+    sees it at once: margin 0.5 h, spot. With a 30-minute checkpoint interval and no notice such an executor loses
+    at most 15 minutes of work (0.75 h); live all 30 minutes and the tick (1.25 h)."""
+    m = market({"us-east-1a": "1" * 30}, {"us-east-1a": 1.0}, od=3.0, gap=H // 4)
+    ours = Overspill(restart_hours=0.25)
+    fits = DeadlineJob("fits", 0, work_ticks=16, deadline_ticks=19, restart_ticks=1)
+    assert state_at(m, fits, 0).spot_margin_hours(0.25, 0.0) == 0.75
+    assert decide(ours, state_at(m, fits, 0), m.book(0)).offering.capacity_type.value == "spot"  # type: ignore[union-attr]
+    thin = DeadlineJob("thin", 0, work_ticks=16, deadline_ticks=18, restart_ticks=1)
+    live = decide(ours, state_at(m, thin, 0), m.book(0))
+    assert live.offering is not None and live.offering.capacity_type.value == "on_demand"
+    seen_at_once = decide(ours, state_at(m, thin, 0, reclaims_at_decisions=True), m.book(0))
+    assert seen_at_once.offering is not None and seen_at_once.offering.capacity_type.value == "spot"
+    assert state_at(m, thin, 0, reclaims_at_decisions=True).spot_margin_hours(0.25, 0.5) == 0.75
+    assert state_at(m, thin, 0).spot_margin_hours(0.25, 0.5) == 1.25
+
+
 def test_overspill_returns_to_spot_when_it_is_back() -> None:
     m = market({"us-east-1a": "0" * 4 + "1" * 40}, {"us-east-1a": 1.0}, od=3.0, gap=H // 4)
     job = DeadlineJob("j", 0, work_ticks=16, deadline_ticks=40, restart_ticks=1)  # 4 h due in 10 h

@@ -173,6 +173,7 @@ def run_deadline(
             checkpoint_interval_hours=job.checkpoint_ticks * gap_h,
             save_seconds=job.save_seconds,
             notice_seconds=notice_seconds,
+            reclaims_at_decisions=True,  # a reclaim happens at a tick and is seen by that tick's decision
         )
         plan = decide(strategy, state, book)
         if record:
