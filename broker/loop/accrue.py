@@ -113,7 +113,7 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
                 in_scope(rt, _P.c.id),
             )
             .order_by(_P.c.id)
-        )
+        ).all()
         ids = [p.id for p in candidates if due.end(p) is not None]
     written = 0
     size = rt.settings.loop_batch_size
@@ -260,7 +260,7 @@ def _lock_rows(session: Session, ids: Sequence[str], due: _Due) -> tuple[list[tu
     placements = []
     for p in conn.execute(
         select(*_READ).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True, of=_P)
-    ):
+    ).all():
         end = due.end(p)
         if end is not None:
             placements.append((p, end))

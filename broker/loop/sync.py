@@ -144,7 +144,7 @@ def _snapshot(rt: Runtime, now: datetime) -> tuple[list[tuple[Any, Any]], frozen
             j.id: j
             for j in conn.execute(
                 core_select(*_SNAP_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
-            )
+            ).all()  # fetched at once: iterating the result fetches row by row, twice the time per row
         }
         risen = _risen_offerings(rt, conn, now)
     return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs], risen
