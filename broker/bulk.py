@@ -122,5 +122,5 @@ def select_among(conn: Connection, query: Any, column: Any, ids: Sequence[str]) 
     size = (len(ids) or 1) if conn.dialect.name == "postgresql" else 1000
     rows: list[Any] = []
     for start in range(0, len(ids), size):
-        rows.extend(conn.execute(query.where(among(conn, column, ids[start : start + size]))))
+        rows.extend(conn.execute(query.where(among(conn, column, ids[start : start + size]))).all())
     return rows

@@ -94,7 +94,7 @@ class DbSimStore:
                 missing = []
                 for iid, token, terminated in conn.execute(
                     sa_select(table.c.instance_id, table.c.launch_token, table.c.terminated_at).where(*where)
-                ):
+                ).all():  # fetched at once (iterating the result fetches row by row)
                     known = self._known.get((provider, iid))
                     if known is None or known.launch_token != token:
                         missing.append(iid)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from itertools import pairwise
 
 import pytest
 
+from broker.runtime import Runtime
+from broker.simstore import DbSimStore
 from providers.accelerators import ACCELERATORS
 from providers.base import (
     ComputeProvider,
@@ -21,8 +24,8 @@ from providers.base import (
 )
 from providers.model import CapacityType, JobSpec, Offering, Tags
 from providers.simulated.catalog import CATALOG
-from providers.simulated.market import SimulatedCloud, default_clouds
-from providers.simulated.store import InMemorySimStore
+from providers.simulated.market import SimulatedCloud, default_clouds, hours_delta
+from providers.simulated.store import InMemorySimStore, SimStore
 
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 
@@ -293,3 +296,51 @@ def test_list_returns_only_this_brokers_instances_on_this_provider() -> None:
     assert [i.id for i in ours.list_instances()] == [a.id]
     assert [i.id for i in theirs.list_instances()] == [b.id]
     assert [i.id for i in gcp.list_instances()] == [g.id]
+
+
+def _walk(store: SimStore, fresh_store: Callable[[], SimStore]) -> None:
+    """A cloud that reuses its views answers `get_many` and `get` exactly as a fresh one (no views kept, on
+    `fresh_store()`) at every instant: each side of every start, checkpoint and end, after a termination, and with
+    the clock moved back."""
+    clock = Clock()
+    kept = cloud("sim-azure", clock=clock, store=store)  # type: ignore[arg-type]
+    spot = max(
+        (o for o in kept.offerings(T0) if o.capacity_type is CapacityType.SPOT and o.available),
+        key=lambda o: o.interruption_rate_per_hour,
+    )
+    on_demand = pick(kept, T0, capacity=CapacityType.ON_DEMAND)
+    shapes = [(on_demand, "3", "0.25"), (on_demand, "2", "0"), (on_demand, "1.5", "0.3333"), (spot, "200", "0.1")]
+    launched = [kept.launch(request(o, f"walk-{n}", work, interval=every)) for n, (o, work, every) in enumerate(shapes)]
+    ids = [i.id for i in launched]
+    started = T0 + timedelta(minutes=3)
+    instants = {T0, started, started + timedelta(hours=1, minutes=30)}
+    for (_, work, every), inst in zip(shapes, launched, strict=True):
+        step, k = Decimal(every) or Decimal(work), Decimal(0)
+        while k <= min(Decimal(work), Decimal(4)):
+            instants.add(started + hours_delta(k))
+            k += step
+        clock.now = T0 + timedelta(hours=2000)
+        ended = kept.get(inst.id).ended_at
+        if ended is not None and ended < T0 + timedelta(hours=6):
+            instants.add(ended)
+    instants |= {t + d for t in list(instants) for d in (timedelta(microseconds=-1), timedelta(microseconds=1))}
+    times = sorted(instants) + sorted(instants, reverse=True)[::3]
+    for n, at in enumerate(times):
+        clock.now = at
+        if n == len(times) // 2:
+            kept.terminate(ids[0])  # the record changes: its view is recomputed
+        fresh = cloud("sim-azure", clock=clock, store=fresh_store())  # type: ignore[arg-type]
+        assert kept.get_many(ids) == fresh.get_many(ids), at
+        assert kept.get(ids[2]) == fresh.get(ids[2]), at
+    clock.now = T0 + timedelta(hours=2000)
+    assert kept.get_many(ids) == cloud("sim-azure", clock=clock, store=fresh_store()).get_many(ids)  # type: ignore[arg-type]
+    assert kept.get(ids[0]).state is InstanceState.TERMINATED
+
+
+def test_views_are_reused_only_while_nothing_changed() -> None:
+    store = InMemorySimStore()
+    _walk(store, lambda: store)
+
+
+def test_views_are_reused_only_while_nothing_changed_on_the_database_store(rt: Runtime) -> None:
+    _walk(DbSimStore(rt.engine), lambda: DbSimStore(rt.engine))

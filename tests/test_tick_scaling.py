@@ -5,6 +5,8 @@ ahead as the ticks really take (benchmarks/tick_bench.py measures the step times
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -19,7 +21,7 @@ from sqlmodel import Session, select
 from broker.loop.feeds import refresh_prices
 from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import guard_horizon_seconds, sync_instances
-from broker.loop.tick import tick
+from broker.loop.tick import STEPS, tick
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.base import Instance, ProviderError
@@ -240,3 +242,40 @@ def test_the_ceiling_guard_looks_ahead_as_far_as_ticks_really_take(
         assert job.state == "paused" and "max_total_usd" in job.wait_reason
         assert job.spent_usd <= Decimal("45")
     assert cloud.running() == []
+
+
+def test_the_garbage_collector_is_paused_while_ticks_run_and_restored_after(rt: Runtime, clock: MovableClock) -> None:
+    """Off inside a tick (and inside overlapping ticks in threads), back as it was when the last one ends; a step
+    that raises does not leave it off."""
+    seen: list[bool] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def watch(_: Runtime, __: Any) -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    def hold(_: Runtime, __: Any) -> int:
+        inside.set()
+        release.wait(10)
+        seen.append(gc.isenabled())
+        return 0
+
+    def boom(_: Runtime, __: Any) -> int:
+        raise RuntimeError("a failing step")
+
+    assert gc.isenabled()
+    tick(rt, clock(), [("watch", watch), ("boom", boom), *STEPS[:1]])
+    assert seen == [False] and gc.isenabled()
+    other = threading.Thread(target=tick, args=(rt, clock(), [("hold", hold)]))
+    other.start()
+    assert inside.wait(10)
+    tick(rt, clock(), [("watch", watch)])  # ends while the other tick still runs: still off for it
+    release.set()
+    other.join(10)
+    assert seen == [False, False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        tick(rt, clock(), [("watch", watch)])
+        assert not gc.isenabled()  # a process that runs without the collector keeps it so
+    finally:
+        gc.enable()

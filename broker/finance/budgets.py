@@ -23,7 +23,8 @@ the hard-budget gate that keeps new cloud placements on-prem.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,12 +33,12 @@ from functools import partial
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from broker.finance.dispatch import run_bounded
 from broker.finance.notify import NotifyError, post_webhook, send_email
 from broker.finance.outbound import UnsafeTarget
-from broker.finance.unaccrued import unaccrued_usd
+from broker.finance.unaccrued import unaccrued_by
 from broker.runtime import Runtime
 from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
 from pricing.book import PriceBook
@@ -74,23 +75,60 @@ def spent(
 ) -> Decimal:
     """The ledger's entries of the budget's team or project in `[start, end)`, plus (given `now` inside the
     window) what its running placements have cost since their last accrual (`broker.finance.unaccrued`)."""
-    field = CostEntryRow.team if b.scope == "team" else CostEntryRow.project
-    amounts = session.exec(
-        select(CostEntryRow.usd).where(
-            CostEntryRow.tenant == b.tenant,
-            field == b.name,
+    return spent_many(session, [(b, start, end)], now, extras)[0]
+
+
+def spent_many(
+    session: Session,
+    windows: Sequence[tuple[BudgetRow, datetime, datetime]],
+    now: datetime | None = None,
+    extras: Mapping[str, InstanceExtras] | None = None,
+) -> list[Decimal]:
+    """`spent(session, b, start, end, now, extras)` for each `(b, start, end)` of `windows`, in order, with two
+    aggregate statements per distinct (window, scope) (in a tick: one for the month's team budgets, one for its
+    project budgets, whatever the number of budgets), not two per budget. The ledger's sum is the database's
+    exact numeric SUM on PostgreSQL; SQLite stores money as text, so there the matching entries are read and
+    summed in Decimal (still one statement)."""
+    groups: dict[tuple[datetime, datetime, bool], list[int]] = defaultdict(list)
+    for i, (b, start, end) in enumerate(windows):
+        groups[(start, end, b.scope == "team")].append(i)
+    out = [ZERO] * len(windows)
+    job = Job.__table__  # type: ignore[attr-defined]
+    for (start, end, team), members in groups.items():
+        field = CostEntryRow.team if team else CostEntryRow.project
+        tenants = sorted({windows[i][0].tenant for i in members})
+        names = sorted({windows[i][0].name for i in members})
+        where = (
+            col(CostEntryRow.tenant).in_(tenants),
+            col(field).in_(names),
             col(CostEntryRow.period_start_at) >= start,
             col(CostEntryRow.period_start_at) < end,
         )
-    ).all()
-    total = sum(amounts, ZERO)
-    if now is None or not start <= now < end:
-        return total
-    job = Job.__table__  # type: ignore[attr-defined]
-    owner = job.c.team if b.scope == "team" else job.c.project
-    return total + unaccrued_usd(
-        session.connection(), now, job.c.tenant == b.tenant, owner == b.name, since=start, extras=extras
-    )
+        ledger: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        if session.get_bind().dialect.name == "postgresql":
+            query = select(CostEntryRow.tenant, field, func.sum(CostEntryRow.usd))  # type: ignore[call-overload]
+            for tenant, name, usd in session.exec(query.where(*where).group_by(CostEntryRow.tenant, field)):
+                ledger[(tenant, name)] = usd if usd is not None else ZERO
+        else:
+            rows = select(CostEntryRow.tenant, field, CostEntryRow.usd)  # type: ignore[call-overload]
+            for tenant, name, usd in session.exec(rows.where(*where)):
+                ledger[(tenant, name)] += usd
+        unaccrued: dict[tuple[object, ...], Decimal] = {}
+        if now is not None and start <= now < end:
+            owner = job.c.team if team else job.c.project
+            unaccrued = unaccrued_by(
+                session.connection(),
+                now,
+                (job.c.tenant, owner),
+                job.c.tenant.in_(tenants),
+                owner.in_(names),
+                since=start,
+                extras=extras,
+            )
+        for i in members:
+            key = (windows[i][0].tenant, windows[i][0].name)
+            out[i] = ledger.get(key, ZERO) + unaccrued.get(key, ZERO)
+    return out
 
 
 def forecast(spent_usd: Decimal, start: datetime, end: datetime, now: datetime) -> Decimal:
@@ -118,14 +156,28 @@ class BudgetStatus:
 def status(
     session: Session, b: BudgetRow, now: datetime, extras: Mapping[str, InstanceExtras] | None = None
 ) -> BudgetStatus:
-    start, end = window(b, now)
-    total = spent(session, b, start, end, now, extras)
-    fired = session.exec(
-        select(BudgetAlertRow.threshold)
-        .where(BudgetAlertRow.budget_id == b.id, BudgetAlertRow.period_start_at == start)
-        .order_by(col(BudgetAlertRow.threshold))
-    ).all()
-    return BudgetStatus(b, start, end, total, forecast(total, start, end, now), list(fired))
+    return statuses(session, [b], now, extras)[0]
+
+
+def statuses(
+    session: Session, budgets: Sequence[BudgetRow], now: datetime, extras: Mapping[str, InstanceExtras] | None = None
+) -> list[BudgetStatus]:
+    """Each budget's status at `now`, in order: its spend by `spent_many` and its fired thresholds in one read."""
+    windows = [(b, *window(b, now)) for b in budgets]
+    totals = spent_many(session, windows, now, extras)
+    fired: dict[tuple[int, datetime], list[int]] = defaultdict(list)
+    ids = sorted({b.id for b in budgets if b.id is not None})
+    if ids:
+        for budget_id, start, threshold in session.exec(
+            select(BudgetAlertRow.budget_id, BudgetAlertRow.period_start_at, BudgetAlertRow.threshold)  # type: ignore[call-overload]
+            .where(col(BudgetAlertRow.budget_id).in_(ids))
+            .order_by(col(BudgetAlertRow.threshold))
+        ):
+            fired[(budget_id, start)].append(threshold)
+    return [
+        BudgetStatus(b, start, end, total, forecast(total, start, end, now), fired.get((b.id, start), []))  # type: ignore[arg-type]
+        for (b, start, end), total in zip(windows, totals, strict=True)
+    ]
 
 
 def budget_block_reason(session: Session, job: Job, now: datetime) -> str | None:
@@ -134,8 +186,8 @@ def budget_block_reason(session: Session, job: Job, now: datetime) -> str | None
 
 
 class HardBudgetGate:
-    """`budget_block_reason` for many jobs in one step: the hard budgets are read once, and each budget's spend
-    at most once (on first need), instead of two queries per job. Use within one step (spend does not move
+    """`budget_block_reason` for many jobs in one step: the hard budgets are read once, and their spend once,
+    all together on first need (`spent_many`), instead of two queries per job. Use within one step (spend does not move
     while placements are chosen; accrual is a later step).
 
     `db` is an open session, used for every read, or an engine, from which a short session is opened for each."""
@@ -148,7 +200,7 @@ class HardBudgetGate:
             self._budgets = session.exec(
                 select(BudgetRow).where(BudgetRow.hard == True).order_by(col(BudgetRow.id))  # noqa: E712
             ).all()
-        self._reasons: dict[int, str | None] = {}
+        self._reasons: dict[int, str | None] | None = None
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
@@ -165,18 +217,27 @@ class HardBudgetGate:
             if b.scope not in ("team", "project"):
                 continue
             assert b.id is not None
-            if b.id not in self._reasons:
-                self._reasons[b.id] = self._reason(b)
-            if self._reasons[b.id]:
-                return self._reasons[b.id]
+            reason = self._all_reasons().get(b.id)
+            if reason:
+                return reason
         return None
 
-    def _reason(self, b: BudgetRow) -> str | None:
-        start, end = window(b, self._now)
-        if not start <= self._now < end:
-            return None
-        with self._reading() as session:
-            total = spent(session, b, start, end, self._now, self._extras)
+    def _all_reasons(self) -> dict[int, str | None]:
+        """Every hard budget's reason, computed on first need for all of them at once (`spent_many`)."""
+        if self._reasons is None:
+            current = [(b, *window(b, self._now)) for b in self._budgets]
+            current = [(b, start, end) for b, start, end in current if start <= self._now < end]
+            with self._reading() as session:
+                totals = spent_many(session, current, self._now, self._extras)
+            self._reasons = {
+                b.id: self._reason(b, total, end)
+                for (b, _, end), total in zip(current, totals, strict=True)
+                if b.id is not None
+            }
+        return self._reasons
+
+    @staticmethod
+    def _reason(b: BudgetRow, total: Decimal, end: datetime) -> str | None:
         if total < b.amount_usd:
             return None
         return (
@@ -196,9 +257,8 @@ def check_budgets(rt: Runtime, now: datetime) -> int:
     fired = 0
     with Session(rt.engine) as session:
         budgets = session.exec(select(BudgetRow).order_by(col(BudgetRow.id))).all()
-    for b in budgets:
-        with Session(rt.engine) as session:
-            st = status(session, b, now, rt.extras)
+        states = statuses(session, budgets, now, rt.extras)
+    for b, st in zip(budgets, states, strict=True):
         if not st.start <= now < st.end or b.amount_usd <= 0:
             continue
         for threshold in sorted(set(b.thresholds)):

@@ -7,7 +7,8 @@ up to a cadence and a tick. Every reader that guards money against a limit adds 
 (`broker.finance.budgets`, per team or project), a lowered `max_total_usd` (`broker.services.jobs`, per job) and
 the placement of a pending job whose last run ended this tick (`broker.loop.place`).
 
-Contract of `unaccrued_usd(conn, now, *conditions, since=None, extras=None)`: an upper bound of what the next
+Contract of `unaccrued_usd(conn, now, *conditions, since=None, extras=None)` (and of `unaccrued_by`, the same per
+group of placements, e.g. per team, in the same one statement): an upper bound of what the next
 accruals will add for the placements matching `conditions` (SQL on the `placement` and `job` tables) that run or
 ended unaccrued, counting each one's time from `accrued_until` (or its start; not before `since`) to `now` (or its
 end), at the highest rate it
@@ -19,7 +20,7 @@ added per group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
@@ -63,23 +64,44 @@ def unaccrued_usd(
     extras: Mapping[str, InstanceExtras] | None = None,
 ) -> Decimal:
     """See the module docstring. `conditions` may name `job` columns (the placement's job is joined)."""
+    return unaccrued_by(conn, now, (), *conditions, since=since, extras=extras).get((), Decimal("0"))
+
+
+def unaccrued_by(
+    conn: Connection,
+    now: datetime,
+    keys: Sequence[Any],
+    *conditions: Any,
+    since: datetime | None = None,
+    extras: Mapping[str, InstanceExtras] | None = None,
+) -> dict[tuple[Any, ...], Decimal]:
+    """`unaccrued_usd` for each group of the placements matching `conditions`, grouped by the SQL `keys`
+    (e.g. the job's tenant and team), in the same one statement: the tuple of the keys' values -> its stretch,
+    each group's rounded up to the cent on its own (what `unaccrued_usd` with that group's conditions returns).
+    Groups with nothing unaccrued may be missing."""
     hours, rate = hours_and_rate(conn.dialect.name, now, since)
     rows = conn.execute(
-        select(_P.c.provider, _P.c.capacity_type, func.sum(hours * rate), func.sum(hours))
+        select(*keys, _P.c.provider, _P.c.capacity_type, func.sum(hours * rate), func.sum(hours))
         .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
         .where(
             _P.c.started_at.is_not(None),
             or_(_P.c.state == PlacementState.RUNNING.value, _P.c.accrued_until < _P.c.ended_at),
             *conditions,
         )
-        .group_by(_P.c.provider, _P.c.capacity_type)
+        .group_by(*keys, _P.c.provider, _P.c.capacity_type)
     ).all()
-    total = Decimal("0")
-    for provider, capacity, usd, total_hours in rows:
+    totals: dict[tuple[Any, ...], Decimal] = {}
+    width = len(keys)
+    for row in rows:
+        key, (provider, capacity, usd, total_hours) = tuple(row[:width]), row[width:]
         if usd is None or total_hours is None:
             continue
-        total += Decimal(str(usd))
+        total = totals.get(key, Decimal("0")) + Decimal(str(usd))
         ex = (extras or {}).get(provider)
         if ex is not None:
             total += ex.hourly_usd(capacity) * Decimal(str(total_hours))
-    return total.quantize(CENT, rounding=ROUND_CEILING) if total > 0 else Decimal("0")
+        totals[key] = total
+    return {
+        key: total.quantize(CENT, rounding=ROUND_CEILING) if total > 0 else Decimal("0")
+        for key, total in totals.items()
+    }

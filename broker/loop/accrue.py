@@ -102,17 +102,21 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
     book = rt.catalog.book(now)
     with Session(rt.engine) as session:
         due = _Due.at(rt, session.connection(), book, now)
-        candidates = session.connection().execute(
-            select(*_DUE_READ)
-            .where(
-                _P.c.started_at.is_not(None),
-                or_(
-                    and_(_P.c.state == PlacementState.RUNNING.value, or_(*due.clauses())),
-                    _P.c.accrued_until < _P.c.ended_at,
-                ),
-                in_scope(rt, _P.c.id),
+        candidates = (
+            session.connection()
+            .execute(
+                select(*_DUE_READ)
+                .where(
+                    _P.c.started_at.is_not(None),
+                    or_(
+                        and_(_P.c.state == PlacementState.RUNNING.value, or_(*due.clauses())),
+                        _P.c.accrued_until < _P.c.ended_at,
+                    ),
+                    in_scope(rt, _P.c.id),
+                )
+                .order_by(_P.c.id)
             )
-            .order_by(_P.c.id)
+            .all()
         )
         ids = [p.id for p in candidates if due.end(p) is not None]
     written = 0
@@ -260,7 +264,7 @@ def _lock_rows(session: Session, ids: Sequence[str], due: _Due) -> tuple[list[tu
     placements = []
     for p in conn.execute(
         select(*_READ).where(_P.c.id.in_(ids)).order_by(_P.c.id).with_for_update(skip_locked=True, of=_P)
-    ):
+    ).all():
         end = due.end(p)
         if end is not None:
             placements.append((p, end))

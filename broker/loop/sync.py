@@ -1,13 +1,13 @@
 """Tick step: bring every live placement in line with its provider, and enforce cancellations and ceilings.
 
-Scaling: the step first reads every live placement with its job (no locks, plain rows of only the columns the
-screens read: `_snapshot`) and asks each provider about all of its instances at once (`providers.base.describe`:
-one DescribeInstances per 200 ids on AWS, one query for the simulated clouds, whose store re-reads only what can
-change: `broker.simstore`). A placement that is settled (its instance runs as recorded, or still starts as
-recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock and no
-transaction: with thousands of running jobs almost every placement is settled on almost every tick. The ceiling
-guard is computed by the database in the same read, for every placement at once (`_near_ceiling`: a bound of the
-projection from above), so a settled placement costs a dict lookup and a few comparisons; only a placement near
+Scaling: the step first reads every live placement with its job (no locks, one read of only the columns the screens
+read, as named tuples: `_snapshot`) and asks each provider about all of its instances at once
+(`providers.base.describe`: one DescribeInstances per 200 ids on AWS, one query for the simulated clouds, whose
+store re-reads only what can change: `broker.simstore`). A placement that is settled (its instance runs as recorded,
+or still starts as recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock
+and no transaction: with thousands of running jobs almost every placement is settled on almost every tick. The
+ceiling guard is computed by the database in the same read, for every placement at once (`_near_ceiling`: a bound of
+the projection from above), so a settled placement costs a dict lookup and a few comparisons; only a placement near
 its ceiling, or on a pool whose price rose, is projected exactly in Decimal (`_projected_spend`).
 Every other one goes through the locked path below, which reads the placement, the job and the instance again
 before acting, so a decision is never taken on the unlocked snapshot.
@@ -35,7 +35,7 @@ billing full compute). Terminate converges, so repeating it is harmless; a faile
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -109,6 +109,10 @@ _SNAP_J = tuple(
 )  # fmt: skip
 
 
+SnapPlacement = namedtuple("SnapPlacement", [c.name for c in _SNAP_P] + ["near_ceiling"])  # type: ignore[misc]
+SnapJob = namedtuple("SnapJob", [c.name for c in _SNAP_J])  # type: ignore[misc]
+
+
 def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
     """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
     rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole
@@ -130,24 +134,23 @@ GUARD_MARGIN_USD = Decimal("0.01")
 
 
 def _snapshot(rt: Runtime, now: datetime) -> tuple[list[tuple[Any, Any]], frozenset[str]]:
-    """The live placements of this replica's shards with their jobs, unlocked, as plain rows of the columns the
-    screens read (two Core reads, no ORM object per placement or job), and the offerings whose price rose above
-    some running placement's rate. Each placement row carries `near_ceiling`, the ceiling guard computed by the
-    database for all of them at once (`_near_ceiling`)."""
+    """The live placements of this replica's shards with their jobs, unlocked, as plain tuples of the columns the
+    screens read (one Core read of the placements joined with their jobs, each row split into a `SnapPlacement`
+    and a `SnapJob`: named tuples, whose fields read several times faster than a result row's, and the screens
+    read a dozen per placement), and the offerings whose price rose above some running placement's rate. Each
+    placement carries `near_ceiling`, the ceiling guard computed by the database for all of them at once
+    (`_near_ceiling`)."""
     live = (_P.c.state.in_(_LIVE), in_scope(rt, _P.c.id))
     with rt.engine.connect() as conn:
         near = _near_ceiling(rt, conn.dialect.name, now).label("near_ceiling")
-        placements = conn.execute(
-            core_select(*_SNAP_P, near).select_from(_P.join(_J, _J.c.id == _P.c.job_id)).where(*live)
+        rows = conn.execute(
+            core_select(*_SNAP_P, near, *(c.label(f"job_{c.name}") for c in _SNAP_J))
+            .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
+            .where(*live)
         ).all()
-        jobs = {
-            j.id: j
-            for j in conn.execute(
-                core_select(*_SNAP_J).where(_J.c.id.in_(core_select(_P.c.job_id).where(*live).scalar_subquery()))
-            )
-        }
         risen = _risen_offerings(rt, conn, now)
-    return [(p, jobs[p.job_id]) for p in placements if p.job_id in jobs], risen
+    split, make_p, make_j = len(_SNAP_P) + 1, SnapPlacement._make, SnapJob._make
+    return [(make_p(r[:split]), make_j(r[split:])) for r in rows], risen
 
 
 def _near_ceiling(rt: Runtime, dialect: str, now: datetime) -> Any:

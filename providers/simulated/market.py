@@ -12,8 +12,13 @@ processes sharing a seed agree on prices, capacity and preemptions without talki
   `SimStore.insert_if_absent`); a spot launch in an hour without capacity raises `InsufficientCapacity`.
 - An instance is PENDING for `startup_minutes`, then RUNNING until its work is done (SUCCEEDED). A spot instance
   is PREEMPTED at `started + Exp(rate)` (drawn from the seed and instance id) if that comes first, and
-  `terminate` makes it TERMINATED at the time it was called. State is recomputed from the record and the clock
-  on every `get`, so it survives restarts. Checkpointed work is whole checkpoint intervals of run time.
+  `terminate` makes it TERMINATED at the time it was called. State is a function of the record and the clock
+  alone, so it survives restarts. Checkpointed work is whole checkpoint intervals of run time.
+
+Cost: an instance's view only changes at a few instants (its start, its end, each checkpoint) or when its record
+does (a termination), so each cloud keeps the last view it computed per instance with the interval of clock
+times it holds for (`_view`); `get_many` (a tick reads every live instance) recomputes only the instances whose
+record changed or that crossed one of those instants, and otherwise costs a dict lookup per instance.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ SPOT_FACTOR_MAX = 1.3
 BUCKET_SECONDS = 3600
 PRICE_SOURCE = "simulated"
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def stable_unit(seed: int, *parts: object) -> float:
@@ -122,6 +129,8 @@ class SimulatedCloud:
         self._zones: dict[str, tuple[SimRegion, SimZone]] = {
             z.name: (r, z) for r in self.catalog.regions for z in r.zones
         }
+        # instance id -> (the record it was computed from, valid from, valid until (exclusive), the view)
+        self._views: dict[str, tuple[SimRecord, datetime, datetime, Instance]] = {}
 
     # ---- market -------------------------------------------------------------------------------------------
 
@@ -241,11 +250,13 @@ class SimulatedCloud:
         rec = self.store.get(self.name, instance_id)
         if rec is None:
             raise NotFound(f"no instance {instance_id} on {self.name}", provider=self.name)
-        return self._instance(rec, utc(self.clock()))
+        return self._view(rec, utc(self.clock()))
 
     def get_many(self, instance_ids: Sequence[str]) -> dict[str, Instance]:
         now = utc(self.clock())
-        return {rec.instance_id: self._instance(rec, now) for rec in self.store.get_many(self.name, instance_ids)}
+        if len(self._views) > 2 * len(instance_ids) + 100_000:  # bounded: mostly instances long gone
+            self._views.clear()
+        return {rec.instance_id: self._view(rec, now) for rec in self.store.get_many(self.name, instance_ids)}
 
     def terminate(self, instance_id: str) -> None:
         rec = self.store.get(self.name, instance_id)
@@ -274,7 +285,22 @@ class SimulatedCloud:
         started = utc(datetime.fromisoformat(rec.data["started_at"]))
         return started + hours_delta(-math.log(draw) / rate)
 
+    def _view(self, rec: SimRecord, now: datetime) -> Instance:
+        """`_instance(rec, now)`, reused while `rec` is the record it was computed from (the same object: the
+        stores hand back the record they hold until it changes) and `now` lies in the interval it holds for."""
+        kept = self._views.get(rec.instance_id)
+        if kept is not None and kept[0] is rec and kept[1] <= now < kept[2]:
+            return kept[3]
+        view, until = self._instance_until(rec, now)
+        self._views[rec.instance_id] = (rec, now, until, view)
+        return view
+
     def _instance(self, rec: SimRecord, now: datetime) -> Instance:
+        return self._instance_until(rec, now)[0]
+
+    def _instance_until(self, rec: SimRecord, now: datetime) -> tuple[Instance, datetime]:
+        """The instance as of `now`, and the first instant after `now` at which it may look different (the
+        record unchanged): its start, its end, or its next checkpoint; `datetime.max` once it ended."""
         data = rec.data
         started = utc(datetime.fromisoformat(data["started_at"]))
         work = Decimal(data["remaining_work_hours"])
@@ -290,7 +316,19 @@ class SimulatedCloud:
             state, ended_at, detail = (InstanceState.PENDING if now < started else InstanceState.RUNNING), None, ""
         run_until = min(now, end)
         started_at = started if run_until >= started else None
-        return Instance(
+        interval = Decimal(data["checkpoint_interval_hours"])
+        saved = checkpointed(work, interval, started, run_until, state)
+        until = _FOREVER
+        if state is InstanceState.PENDING:
+            until = min(started, end)
+        elif state is InstanceState.RUNNING:
+            until = end
+            if interval > 0 and saved < work:
+                # the next whole interval of run time, less a microsecond (hours_delta truncates): before it the
+                # saved work, monotone in run time, cannot have grown
+                boundary = started + hours_delta((saved // interval + 1) * interval) - _MICROSECOND
+                until = min(until, boundary) if boundary > now else now
+        view = Instance(
             id=rec.instance_id,
             provider=self.name,
             offering_key=rec.offering_key,
@@ -300,11 +338,10 @@ class SimulatedCloud:
             launched_at=utc(rec.launched_at),
             started_at=started_at,
             ended_at=ended_at,
-            checkpointed_work_hours=checkpointed(
-                work, Decimal(data["checkpoint_interval_hours"]), started, run_until, state
-            ),
+            checkpointed_work_hours=saved,
             detail=detail,
         )
+        return view, until
 
 
 def checkpointed(
