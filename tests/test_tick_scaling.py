@@ -244,38 +244,45 @@ def test_the_ceiling_guard_looks_ahead_as_far_as_ticks_really_take(
     assert cloud.running() == []
 
 
-def test_the_garbage_collector_is_paused_while_ticks_run_and_restored_after(rt: Runtime, clock: MovableClock) -> None:
-    """Off inside a tick (and inside overlapping ticks in threads), back as it was when the last one ends; a step
-    that raises does not leave it off."""
-    seen: list[bool] = []
+def test_the_garbage_collector_is_relaxed_while_ticks_run_and_restored_after(rt: Runtime, clock: MovableClock) -> None:
+    """Inside a tick (and inside overlapping ticks in threads) the collector still runs, at TICK_GC_THRESHOLD young
+    objects instead of the default 700; back as it was when the last one ends; a step that raises does not leave it
+    relaxed; a process that set a higher threshold, or runs without the collector, keeps that."""
+    from broker.loop.tick import TICK_GC_THRESHOLD
+
+    seen: list[tuple[bool, int]] = []
     inside, release = threading.Event(), threading.Event()
+    default = gc.get_threshold()
+    relaxed = (gc.isenabled(), TICK_GC_THRESHOLD)
 
     def watch(_: Runtime, __: Any) -> int:
-        seen.append(gc.isenabled())
+        seen.append((gc.isenabled(), gc.get_threshold()[0]))
         return 0
 
     def hold(_: Runtime, __: Any) -> int:
         inside.set()
         release.wait(10)
-        seen.append(gc.isenabled())
-        return 0
+        return watch(_, __)
 
     def boom(_: Runtime, __: Any) -> int:
         raise RuntimeError("a failing step")
 
-    assert gc.isenabled()
+    assert gc.isenabled() and default[0] < TICK_GC_THRESHOLD
     tick(rt, clock(), [("watch", watch), ("boom", boom), *STEPS[:1]])
-    assert seen == [False] and gc.isenabled()
+    assert seen == [relaxed] and gc.get_threshold() == default
     other = threading.Thread(target=tick, args=(rt, clock(), [("hold", hold)]))
     other.start()
     assert inside.wait(10)
-    tick(rt, clock(), [("watch", watch)])  # ends while the other tick still runs: still off for it
+    tick(rt, clock(), [("watch", watch)])  # ends while the other tick still runs: still relaxed for it
     release.set()
     other.join(10)
-    assert seen == [False, False, False] and gc.isenabled()
+    assert seen == [relaxed] * 3 and gc.get_threshold() == default and gc.isenabled()
+    gc.set_threshold(TICK_GC_THRESHOLD * 2, *default[1:])
     gc.disable()
     try:
         tick(rt, clock(), [("watch", watch)])
-        assert not gc.isenabled()  # a process that runs without the collector keeps it so
+        assert seen[-1] == (False, TICK_GC_THRESHOLD * 2) and not gc.isenabled()
+        assert gc.get_threshold()[0] == TICK_GC_THRESHOLD * 2
     finally:
+        gc.set_threshold(*default)
         gc.enable()

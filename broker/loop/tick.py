@@ -19,7 +19,7 @@ sweep runs in one replica per interval (a lease). A one-shot tick (`overspill ti
 schedule, a test) holds no lease and works on every placement: a process that lives for one tick would only keep
 its shards from the next one.
 
-The cyclic garbage collector is paused while a tick runs (`collector_paused`): a tick with tens of thousands of
+The cyclic garbage collector is paused while a tick runs (`collector_relaxed`): a tick with tens of thousands of
 running placements allocates hundreds of thousands of objects that live until its step ends (rows, instance
 views), which made the collector run thousands of times per tick and scan everything the process keeps (a fifth
 of a tick's time at 20,000 jobs, in `benchmarks/tick_bench.py`). Reference counting still frees what a tick drops;
@@ -110,7 +110,7 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     for source in scoped:
         source.begin_tick(now)
     try:
-        with collector_paused():
+        with collector_relaxed():
             _run_steps(rt, now, steps, report)
     finally:
         rt.shards = rt.tick_cache = None
@@ -119,26 +119,31 @@ def tick(rt: Runtime, now: datetime, steps: Sequence[Step] = STEPS) -> TickRepor
     return report
 
 
-_paused = {"depth": 0, "was_enabled": False}
-_paused_lock = threading.Lock()
+TICK_GC_THRESHOLD = 100_000  # young objects between two collections while a tick runs (Python's default: 700)
+_relaxed: dict[str, Any] = {"depth": 0, "saved": None}
+_relaxed_lock = threading.Lock()
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off inside (reference counting goes on), back as it was once the last of the
+def collector_relaxed() -> Iterator[None]:
+    """The cyclic garbage collector relaxed inside: a young-generation collection once TICK_GC_THRESHOLD objects
+    were allocated, not 700 (a large tick keeps tens of thousands of rows alive until its steps end, and the default
+    rate ran hundreds of collections a tick, each scanning all of them). It still runs, so the API threads of the
+    same process never go without one however long a tick takes. Restored as it was once the last of the
     overlapping ticks of this process (threads) is over."""
-    with _paused_lock:
-        if _paused["depth"] == 0:
-            _paused["was_enabled"] = gc.isenabled()
-            gc.disable()
-        _paused["depth"] += 1
+    with _relaxed_lock:
+        if _relaxed["depth"] == 0:
+            saved = gc.get_threshold()
+            _relaxed["saved"] = saved
+            gc.set_threshold(max(saved[0], TICK_GC_THRESHOLD), *saved[1:])
+        _relaxed["depth"] += 1
     try:
         yield
     finally:
-        with _paused_lock:
-            _paused["depth"] -= 1
-            if _paused["depth"] == 0 and _paused["was_enabled"]:
-                gc.enable()
+        with _relaxed_lock:
+            _relaxed["depth"] -= 1
+            if _relaxed["depth"] == 0:
+                gc.set_threshold(*_relaxed["saved"])
 
 
 def _claim(rt: Runtime, now: datetime) -> ShardScope:
