@@ -8,7 +8,8 @@ calls it) is timed with `time.perf_counter`. It prints, per policy, the number o
 and maximum in milliseconds; for a policy with a per-tick `prepare` step (`model_dp`: it solves the shared tables
 before the tick's decisions), that step is timed separately and printed on its own line with the number of
 tables solved there and inline in `decide` (0 when every decision is a look-up). This is the policy's own time
-on prebuilt books and outlooks (the simulator's market); the live loop adds its database reads (availability history, placements) around it.
+on prebuilt books and outlooks (the simulator's market); the live loop adds
+its database reads (availability history, placements) around it.
 
 Run (from the repository root):
     python benchmarks/decision_bench.py
