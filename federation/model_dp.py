@@ -11,8 +11,8 @@ Status (benchmarks/README.md, "branch `policy3`"): registered as "model_dp", not
 the model fitted on the past, it spends slack early and is then forced onto on-demand in the scarcer second half.
 On the GCP H100 tables it is within 0.5% of `Overspill` (slightly below on every second half); on the 2022 AWS
 markets (two zones: the pair is the whole market) it is below `Overspill` in three of four tables and well above
-it in the fourth (8 GPUs, no notice). Decision time: a look-up (p50 0.2 ms) but 9% of decisions re-solve a table
-(p50 50 ms, up to 0.6 s), so p99 is 183 ms.
+it in the fourth (8 GPUs, no notice). Decision time (branch `policy4`): a look-up, p99 0.36 ms on us-east-1;
+the tables are solved in the per-tick `prepare` step (once per model epoch and pool pair), timed separately.
 
 State (per planning unit of u = the changeover, `restart_hours`, at least one tick): time left tau and slack left
 sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool A or B); and each
