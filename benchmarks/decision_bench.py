@@ -5,8 +5,11 @@ What it runs: the deadline jobs of the deadline suite (48 h of work due in 52, 6
 ticks), one job starting every `--start-every` hours, through `run_deadline` with each policy wrapped in a timer:
 every call of the policy's `decide` (through `federation.strategies.decide`, as the broker's placement step
 calls it) is timed with `time.perf_counter`. It prints, per policy, the number of decisions and their p50, p99
-and maximum in milliseconds. This is the policy's own time on prebuilt books and outlooks (the simulator's
-market); the live loop adds its database reads (availability history, placements) around it.
+and maximum in milliseconds; for a policy with a per-tick `prepare` step (`model_dp`: it solves the shared tables
+before the tick's decisions), that step is timed separately and printed on its own line with the number of
+tables solved there and inline in `decide` (0 when every decision is a look-up). This is the policy's own time
+on prebuilt books and outlooks (the simulator's market); the live loop adds
+its database reads (availability history, placements) around it.
 
 Run (from the repository root):
     python benchmarks/decision_bench.py
@@ -46,10 +49,21 @@ def data_dir(given: str | None) -> Path:
 class Timed:
     inner: Any
     times: list[float] = field(default_factory=list)
+    prepare_times: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return str(self.inner.name)
+
+    def __post_init__(self) -> None:
+        if hasattr(self.inner, "prepare"):  # expose it only for policies that have it (run_deadline looks)
+            self.prepare = self._prepare
+
+    def _prepare(self, now: Any, book: Any, states: Any, outlook_at: Any = None) -> int:
+        t0 = time.perf_counter()
+        solved = int(self.inner.prepare(now, book, states, outlook_at))
+        self.prepare_times.append(time.perf_counter() - t0)
+        return solved
 
     def decide(self, state: Any, book: Any) -> Any:
         t0 = time.perf_counter()
@@ -77,11 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs:
             run_deadline(market, job, timed)  # type: ignore[arg-type]
         ms = [t * 1000 for t in timed.times]
+        prep = [t * 1000 for t in timed.prepare_times]
+        stats = getattr(timed.inner, "stats", {})
         out[name] = {
             "decisions": len(ms),
             "p50_ms": percentile(ms, 50),
             "p99_ms": percentile(ms, 99),
             "max_ms": max(ms, default=0.0),
+            "prepares": len(prep),
+            "prepare_p50_ms": percentile(prep, 50) if prep else 0.0,
+            "prepare_p99_ms": percentile(prep, 99) if prep else 0.0,
+            "prepare_max_ms": max(prep, default=0.0),
+            "prepare_total_s": sum(prep) / 1000,
+            "prepare_solves": stats.get("prepare_solves", 0),
+            "inline_solves": stats.get("inline_solves", 0),
         }
     if args.json:
         print(json.dumps({"jobs": len(jobs), "scenario": scenario, "policies": out}, indent=2))
@@ -90,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'policy':<12} {'decisions':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, r in out.items():
         print(f"{name:<12} {r['decisions']:>9} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}")
+    for name, r in out.items():
+        if r["prepares"]:
+            print(
+                f"{name}: prepare (once per tick, before the decisions) {r['prepares']} calls, p50 "
+                f"{r['prepare_p50_ms']:.2f} ms, p99 {r['prepare_p99_ms']:.2f} ms, max {r['prepare_max_ms']:.2f} ms, "
+                f"total {r['prepare_total_s']:.1f} s; tables solved in prepare {r['prepare_solves']}, "
+                f"inline in decide {r['inline_solves']}"
+            )
     return 0
 
 

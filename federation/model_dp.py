@@ -11,8 +11,8 @@ Status (benchmarks/README.md, "branch `policy3`"): registered as "model_dp", not
 the model fitted on the past, it spends slack early and is then forced onto on-demand in the scarcer second half.
 On the GCP H100 tables it is within 0.5% of `Overspill` (slightly below on every second half); on the 2022 AWS
 markets (two zones: the pair is the whole market) it is below `Overspill` in three of four tables and well above
-it in the fourth (8 GPUs, no notice). Decision time: a look-up (p50 0.2 ms) but 9% of decisions re-solve a table
-(p50 50 ms, up to 0.6 s), so p99 is 183 ms.
+it in the fourth (8 GPUs, no notice). Decision time (branch `policy4`): a look-up, p99 0.36 ms on us-east-1;
+the tables are solved in the per-tick `prepare` step (once per model epoch and pool pair), timed separately.
 
 State (per planning unit of u = the changeover, `restart_hours`, at least one tick): time left tau and slack left
 sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool A or B); and each
@@ -39,8 +39,11 @@ positive-probability path) that misses it is never chosen.
 
 Solve: backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint transition
 matrix (the Kronecker product of the two pools' chains). The table (best action per state) does not depend on the
-job, only on the two chains, the prices, u and the loss, so it is cached (`_TABLES`, least recently used) and
-re-solved only when the quantised model or a price changes; a decision is then one look-up.
+job, only on the two chains, the prices, u and the loss, so one table serves every job (their work and slack are
+coordinates in it). The chains are refitted once per `refit_hours` (24 h) on the history as of the epoch's start,
+and `prepare` (called once per tick before the tick's decisions, by the simulator and any loop that runs this
+policy) solves the tables the tick's decisions need, so a decision is one look-up; a table is re-solved only when
+the epoch's quantised model, a price or the pair changes, or a longer job needs a larger one.
 
 Contract: pure (no clock, no I/O); deterministic for a given state; information is the history before now only
 (`RunState.outlook`, the book at now). Falls back to `Overspill` (today's strategy) without a deadline, when a
@@ -54,9 +57,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 import numpy as np
@@ -262,33 +265,34 @@ def solve(
     return Table(action, v, levels, slack, tuple(values))
 
 
-_TABLES: OrderedDict[tuple[object, ...], Table] = OrderedDict()
-_MAX_TABLES = 12
-
-
-def cached_table(
-    chains: Sequence[PoolChain], od_hourly: float, unit: float, loss: int, levels: int, slack: int
-) -> Table:
-    """`solve`, memoised per (chains, prices, unit, loss); a table serves any query within its levels and slack
-    (larger tables are built in steps of 48 levels and 16 slack units so that jobs share them)."""
-    key = (tuple(c.key for c in chains), round(od_hourly, 6), round(unit, 9), loss)
-    found = _TABLES.get(key)
-    if found is not None and found.levels >= levels and found.slack >= slack:
-        _TABLES.move_to_end(key)
-        return found
-    lv = -(-max(levels, found.levels if found else 0) // 48) * 48
-    sl = -(-max(slack, found.slack if found else 0) // 16) * 16
-    table = solve(chains, od_hourly, unit, loss, lv, sl)
-    _TABLES[key] = table
-    _TABLES.move_to_end(key)
-    while len(_TABLES) > _MAX_TABLES:
-        _TABLES.popitem(last=False)
-    return table
+OutlookAt = Callable[[datetime], Mapping[str, PoolOutlook]]
 
 
 @dataclass(frozen=True, slots=True)
+class _Query:
+    """What one decision needs from a table: its key and size, and the job's coordinates in it."""
+
+    pair: list[Offering]
+    od: Offering
+    chains: list[PoolChain]
+    key: tuple[object, ...]
+    loss: int
+    work: int
+    sigma: int
+    mode: int
+    joint: int
+
+
+@dataclass(frozen=True)
 class ModelDP:
-    """The expected-value DP on the availability model's state space, `Overspill` as fallback (module docstring)."""
+    """The expected-value DP on the availability model's state space, `Overspill` as fallback (module docstring).
+
+    Tables are shared: `prepare(now, book, states, outlook_at)`, called once per tick before the tick's
+    decisions, solves every table those decisions will need (one per (model epoch, ordered pool pair, prices,
+    loss), sized to the longest horizon seen), so `decide` is a look-up. The pools' chains are refitted once per
+    `refit_hours` epoch, on the history as of the epoch's start (`outlook_at`; without it, the outlook of the
+    first call in the epoch, which in a live loop ticking every few seconds is the same thing). `decide` without a
+    prior `prepare` still works: it solves the missing table inline (counted in `stats["inline_solves"]`)."""
 
     name: ClassVar[str] = "model_dp"
     restart_hours: float = 0.25
@@ -297,11 +301,44 @@ class ModelDP:
     down_buckets: int = 4
     prior_weight: float = 30.0
     exploit: bool = False
+    refit_hours: float = 24.0
+    max_tables: int = 16
     fallback: Overspill = field(default_factory=Overspill)
+    stats: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    _chains: dict[tuple[object, ...], PoolChain | None] = field(default_factory=dict, compare=False, repr=False)
+    _tables: OrderedDict[tuple[object, ...], Table] = field(default_factory=OrderedDict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.fallback.restart_hours != self.restart_hours:
             object.__setattr__(self, "fallback", Overspill(restart_hours=self.restart_hours))
+
+    def epoch(self, now: datetime) -> int:
+        """The model epoch of `now`: chains are refitted once per `refit_hours`."""
+        return math.floor((now - _EPOCH).total_seconds() / 3600 / self.refit_hours)
+
+    def epoch_start(self, epoch: int) -> datetime:
+        return _EPOCH + timedelta(hours=epoch * self.refit_hours)
+
+    def prepare(
+        self,
+        now: datetime,
+        book: PriceBook,
+        states: Sequence[RunState],
+        outlook_at: OutlookAt | None = None,
+    ) -> int:
+        """Solve, before the tick's decisions, every table the decisions of `states` at `now` will look up (each
+        table once, sized to the largest of their horizons). Returns the number of tables solved."""
+        need: dict[tuple[object, ...], tuple[_Query, int, int]] = {}
+        for state in states:
+            q = self._query(state, book, outlook_at)
+            if isinstance(q, _Query):
+                lv, sl = need.get(q.key, (q, 0, 0))[1:]
+                need[q.key] = (q, max(lv, q.work + q.sigma), max(sl, q.sigma))
+        solved = 0
+        for key, (q, lv, sl) in need.items():
+            if self._table(key, q, lv, sl, count="prepare_solves") is not None:
+                solved += 1
+        return solved
 
     def decide(self, state: RunState, book: PriceBook) -> Plan:
         base = self.fallback.decide(state, book)
@@ -309,9 +346,42 @@ class ModelDP:
             return base
         if self.exploit and current_alive(state) and state.on({CapacityType.SPOT}):
             return base  # `exploit`: a running spot pool is Overspill's to keep or leave
+        q = self._query(state, book, None)
+        if not isinstance(q, _Query):
+            return base
+        table = self._tables.get(q.key)
+        if table is None or table.levels < q.work + q.sigma or table.slack < q.sigma:
+            table = self._table(q.key, q, q.work + q.sigma, q.sigma, count="inline_solves")
+        else:
+            self._tables.move_to_end(q.key)
+        act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.joint]) if table is not None else -1
+        if act < 0:
+            return base  # every action risks the deadline on the DP's grid
+        unit = state.ticks(max(self.restart_hours, state.tick_hours))
+        why = f"model DP (slack {q.sigma} x {unit:g} h, work {q.work} units)"
+        if act == IDLE:
+            return wait(self.name, f"{why}: waiting has the least expected cost")
+        if act == OD:
+            if q.mode == OD:
+                return keep(state, self.name, f"{why}: stay on on-demand")
+            return launch(state, self.name, q.od, f"{why}: on-demand has the least expected cost")
+        target = q.pair[act - 2]
+        up_spot = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []
+        if not any(o.key == target.key for o in up_spot):
+            return base  # the book disagrees with the outlook: let today's strategy decide
+        if q.mode == act:
+            return keep(state, self.name, f"{why}: stay on spot {target.key}")
+        return launch(state, self.name, target, f"{why}: spot {target.key} has the least expected cost")
+
+    def _query(self, state: RunState, book: PriceBook, outlook_at: OutlookAt | None) -> _Query | None:
+        """The table and the coordinates `decide` would use for `state`; None where it defers to `Overspill`."""
+        if state.job.deadline_at is None or not state.outlook:
+            return None
+        if self.exploit and current_alive(state) and state.on({CapacityType.SPOT}):
+            return None
         safe = pools(state, book, NON_SPOT)
         if not safe:
-            return base
+            return None
         d, g = self.restart_hours, state.tick_hours
         unit = state.ticks(max(d, g))
         left = state.hours_to_deadline() or 0.0
@@ -320,57 +390,79 @@ class ModelDP:
         loss_h = max((state.spot_loss_hours(o.provider) for o in up_spot), default=0.0)
         margin = state.spot_margin_hours(d, loss_h)
         if slack < margin + d + g:
-            return base  # the safety net's ground
+            return None  # the safety net's ground
         pair = self._pair(state, book, up_spot)
         if pair is None:
-            return base
-        chains = [
-            pool_chain(
-                state.outlook[o.key],
-                float(o.price.hourly_usd),
-                unit,
-                self.up_buckets,
-                self.down_buckets,
-                self.prior_weight,
-            )
-            for o in pair
-        ]
+            return None
+        epoch = self.epoch(state.now)
+        chains: list[PoolChain] = []
+        for o in pair:
+            c = self._chain(o, epoch, unit, state.outlook, outlook_at)
+            if c is None:
+                return None
+            chains.append(c)
         work = math.ceil((state.work + state.restart_left_hours) / unit - 1e-9)
         sigma = math.floor(slack / unit + 1e-9)
         if work <= 0:
-            return base
+            return None
         loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
         od = safe[0]
-        table = cached_table(chains, float(od.price.hourly_usd), unit, loss, work + sigma, sigma)
-        alive = current_alive(state)
         mode = IDLE
-        if alive and state.current is not None:
+        if current_alive(state) and state.current is not None:
             if state.current.capacity_type is CapacityType.SPOT:
                 if state.current.key != pair[0].key:
-                    return base
+                    return None
                 mode = 2
             elif state.current.key == od.key:
                 mode = OD
             else:
-                return base  # on another safe pool (e.g. on-prem): today's strategy
+                return None  # on another safe pool (e.g. on-prem): today's strategy
         looks = [state.outlook[o.key] for o in pair]
         j = joint_index(chains, [c.state_of(lk.up, lk.age_hours) for c, lk in zip(chains, looks, strict=True)])
-        act = int(table.action[work + sigma, sigma, mode, j])
-        if act < 0:
-            return base  # every action risks the deadline on the DP's grid
-        why = f"model DP (slack {sigma} x {unit:g} h, work {work} units)"
-        if act == IDLE:
-            return wait(self.name, f"{why}: waiting has the least expected cost")
-        if act == OD:
-            if mode == OD:
-                return keep(state, self.name, f"{why}: stay on on-demand")
-            return launch(state, self.name, od, f"{why}: on-demand has the least expected cost")
-        target = pair[act - 2]
-        if not any(o.key == target.key for o in up_spot):
-            return base  # the book disagrees with the outlook: let today's strategy decide
-        if mode == act:
-            return keep(state, self.name, f"{why}: stay on spot {target.key}")
-        return launch(state, self.name, target, f"{why}: spot {target.key} has the least expected cost")
+        key = (tuple(c.key for c in chains), round(float(od.price.hourly_usd), 6), round(unit, 9), loss)
+        return _Query(pair, od, chains, key, loss, work, sigma, mode, j)
+
+    def _chain(
+        self,
+        off: Offering,
+        epoch: int,
+        unit: float,
+        outlook: Mapping[str, PoolOutlook],
+        outlook_at: OutlookAt | None,
+    ) -> PoolChain | None:
+        """Pool `off`'s chain for the model epoch: fitted once, on its history as of the epoch's start."""
+        key = (off.key, epoch, round(float(off.price.hourly_usd), 6), round(unit, 9))
+        if key in self._chains:
+            return self._chains[key]
+        if any(k[1] != epoch for k in self._chains):
+            self._chains.clear()  # a new epoch: the old fits are not used again
+        look = (outlook_at(self.epoch_start(epoch)) if outlook_at else outlook).get(off.key)
+        chain = None
+        if look is not None and min(len(look.up_runs.hours), len(look.down_runs.hours)) >= self.min_samples:
+            chain = pool_chain(
+                look, float(off.price.hourly_usd), unit, self.up_buckets, self.down_buckets, self.prior_weight
+            )
+        self._chains[key] = chain
+        return chain
+
+    def _table(self, key: tuple[object, ...], q: _Query, levels: int, slack: int, count: str) -> Table | None:
+        """The solved table for `key` covering `levels` and `slack` (grown in steps of 48 levels and 16 slack
+        units so that jobs share it), solving it if needed (counted in `stats[count]`)."""
+        found = self._tables.get(key)
+        if found is not None and found.levels >= levels and found.slack >= slack:
+            self._tables.move_to_end(key)
+            return found
+        lv = -(-max(levels, found.levels if found else 0) // 48) * 48
+        sl = -(-max(slack, found.slack if found else 0) // 16) * 16
+        od_hourly = float(q.od.price.hourly_usd)
+        unit = float(key[2])  # type: ignore[arg-type]
+        table = solve(q.chains, od_hourly, unit, q.loss, lv, sl)
+        self.stats[count] = self.stats.get(count, 0) + 1
+        self._tables[key] = table
+        self._tables.move_to_end(key)
+        while len(self._tables) > self.max_tables:
+            self._tables.popitem(last=False)
+        return table
 
     def _pair(self, state: RunState, book: PriceBook, up_spot: list[Offering]) -> list[Offering] | None:
         """Pool A (the running spot pool, or the best) and B (the next best): spot pools up by price per hour of

@@ -157,6 +157,38 @@ def test_decisions_use_only_the_past_perturbing_the_future_changes_nothing_befor
     assert any("spot" in mv for mv in a.moves[:n])
 
 
+def test_with_prepare_every_decision_is_a_look_up_and_tables_are_shared_across_jobs() -> None:
+    """`run_deadline` calls `prepare` before each decision: no table is solved inside `decide`, and a job whose
+    tables another job already needed solves none."""
+    t = _random_trace(3)
+    m = TraceMarket(t)
+    dp = ModelDP(restart_hours=1.0)
+    job = DeadlineJob("j", 150, 20, 34, 1, checkpoint_ticks=2)
+    first = run_deadline(m, job, dp, record=True)
+    solved = dp.stats.get("prepare_solves", 0)
+    assert solved > 0 and dp.stats.get("inline_solves", 0) == 0
+    again = run_deadline(m, DeadlineJob("k", 150, 20, 34, 1, checkpoint_ticks=2), dp, record=True)
+    assert dp.stats["prepare_solves"] == solved and dp.stats.get("inline_solves", 0) == 0
+    assert again.moves == first.moves
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_model_is_refitted_per_epoch_so_decisions_do_not_depend_on_which_jobs_ran_before(seed: int) -> None:
+    """Chains are fitted once per `refit_hours` on the history as of the epoch's start (not on whatever a first
+    job saw in it), so a job's decisions are the same on a fresh policy and after other jobs."""
+    t = _random_trace(seed)
+    m = TraceMarket(t)
+    job = DeadlineJob("j", 100, 20, 34, 1, checkpoint_ticks=2)
+    kw = {"restart_hours": 1.0, "refit_hours": 48.0, "prior_weight": 1.0}
+    fresh = run_deadline(m, job, ModelDP(**kw), record=True)
+    used = ModelDP(**kw)
+    for start in (80, 90):  # both start inside the epoch of the job's start (72 h to 120 h of the trace)
+        run_deadline(m, DeadlineJob(f"o{start}", start, 12, 30, 1, checkpoint_ticks=2), used)
+    after = run_deadline(m, job, used, record=True)
+    assert after.moves == fresh.moves
+    assert any("spot" in mv for mv in fresh.moves)
+
+
 def test_without_history_it_decides_as_overspill() -> None:
     t = _random_trace(7)
     m = TraceMarket(t)

@@ -19,12 +19,14 @@ The executor never bills beyond what a plan allowed: `decide` pauses a job whose
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 
 from federation.simulate.market import TraceMarket
-from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, Strategy, decide
+from federation.strategies import NOTICE_SECONDS, Move, PoolOutlook, Preemption, RunState, Strategy, decide
 from providers.model import CapacityType, JobSpec, Offering
 
 
@@ -143,6 +145,12 @@ def run_deadline(
     lost_risk = 0 if notice_seconds.get(trace.provider, 0.0) >= job.save_seconds else job.checkpoint_ticks
     margin = 2 * job.restart_ticks + lost_risk + 1
     tick = job.start_tick
+
+    def outlook_at(at: datetime) -> Mapping[str, PoolOutlook]:
+        """The pools' histories as of `at` (clamped to the trace; never later than the current tick)."""
+        back = math.floor((at - trace.start_at).total_seconds() / trace.gap_seconds)
+        return market.outlook(min(max(back, 0), tick)) if outlook else {}
+
     while remaining > 0 and tick < end:
         book = market.book(tick)
         now = trace.at(tick)
@@ -175,6 +183,9 @@ def run_deadline(
             notice_seconds=notice_seconds,
             reclaims_at_decisions=True,  # a reclaim happens at a tick and is seen by that tick's decision
         )
+        prepare = getattr(strategy, "prepare", None)
+        if prepare is not None:  # a policy with shared tables solves them here, off the per-job path
+            prepare(now, book, [state], outlook_at)
         plan = decide(strategy, state, book)
         if record:
             moves.append(f"{tick - job.start_tick}:{plan.move.value}:{plan.offering.key if plan.offering else ''}")
