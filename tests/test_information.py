@@ -166,16 +166,19 @@ class Scripted:
         return Plan(Move.LAUNCH, "", self.name, spot[0])
 
 
-def _world(seed: int = 7):
+def _world(seed: int = 7, restart: int = 1):
     chain = tiny_chain((1, 2, 5), seed=seed, spot=(0.9, 1.2))
-    job = DeadlineJob("j", 0, 16, 24, 1)
-    return chain, job, solve(chain, job.deadline_ticks, job.deadline_ticks - job.work_ticks, 1)
+    job = DeadlineJob("j", 0, 16, 24, restart)
+    return chain, job, solve(chain, job.deadline_ticks, job.deadline_ticks - job.work_ticks, restart)
 
 
-def test_the_bayes_executor_bills_as_run_deadline_does() -> None:
-    chain, job, table = _world()
+@pytest.mark.parametrize("restart", [1, 2])
+def test_the_bayes_executor_bills_as_run_deadline_does(restart: int) -> None:
+    """Including reclaims during a changeover (with 2-tick changeovers): the same bill, launches and reclaims."""
+    chain, job, table = _world(restart=restart)
     rng = np.random.default_rng(1)
-    for _ in range(6):
+    reclaims = 0
+    for _ in range(8):
         path = sample_path(chain, 2 * job.deadline_ticks, rng)
         run = run_bayes(table, path, job)
         trace = to_trace(chain, path)
@@ -183,6 +186,8 @@ def test_the_bayes_executor_bills_as_run_deadline_does() -> None:
         assert ref.met_deadline == run.met_deadline
         assert ref.cost_usd == pytest.approx(run.cost_usd, abs=1e-9)
         assert ref.preemptions == run.preemptions and ref.launches == run.launches
+        reclaims += run.preemptions
+    assert reclaims > 0  # the paths exercised the reclaim rule
 
 
 def test_v_star_sits_between_the_hindsight_optimum_and_any_causal_policy() -> None:
