@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         help="us-east-1's age buckets: first age (in 15-min steps) of each bucket (default 1,2,5,17: 0-15 min, "
         "15-60 min, 1-4 h, 4 h+; '1': no age, one bucket per bitmask)",
     )
+    ap.add_argument(
+        "--pseudo", type=float, default=0.1, help="Dirichlet pseudo-count on every allowed transition (default 0.1)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = ap.parse_args(argv)
     edges = tuple(int(x) for x in args.edges.split(","))
@@ -299,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "samples": args.samples,
         "edges": list(edges),
+        "pseudo": args.pseudo,
         "markets": {},
     }
     for m in markets(base, args.markets, edges):
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         tables: dict[str, BayesTable] = {}
         mdoc: dict = {"step_seconds": m.step_seconds, "edges": list(m.edges), "fits": {}}
         for k, (fname, (lo, hi)) in enumerate(fits.items()):
-            chain = fit(m.native, m.zones, lo, hi, m.edges, step_seconds=m.step_seconds)
+            chain = fit(m.native, m.zones, lo, hi, m.edges, args.pseudo, m.step_seconds)
             t0 = time.perf_counter()
             table = solve(chain, max_ticks, max_slack, jobs[0].restart_ticks)
             solve_s = time.perf_counter() - t0
@@ -320,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  chain fitted on the {fname}: solved in {solve_s:.1f} s; sampling {args.samples} traces")
             res = synthetic(m, chain, table, args.samples, args.seed + k)
             title = (
-                f"{m.title}, chain fitted on the {fname} (age buckets from {list(m.edges)} steps; "
+                f"{m.title}, chain fitted on the {fname} (age buckets from {list(m.edges)} steps, pseudo-count "
+                f"{args.pseudo:g}; "
                 f"spot $/h {', '.join(f'{p:.4f}' for p in chain.spot_usd)}; "
                 f"long-run up share {', '.join(f'{u:.2f}' for u in up)}): {args.samples} sampled traces, seed "
                 f"{args.seed + k}; x E[optimum] with 95% CI"

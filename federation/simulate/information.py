@@ -374,15 +374,6 @@ def run_bayes(table: BayesTable, states: Sequence[int], job: DeadlineJob) -> Bay
     return BayesRun(spent, remaining == 0, launches, preemptions, tuple(actions))
 
 
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% confidence interval (normal approximation)."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    m = float(np.mean(values))
-    return m, 1.96 * float(np.std(values, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
-
-
 def ratio_ci(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
     """mean(num) / mean(den) of paired samples and its 95% half-width (delta method)."""
     a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
