@@ -22,6 +22,8 @@ absent). Run (from the repository root):
     python benchmarks/information_bound.py                         # 200 samples, seed 18
     python benchmarks/information_bound.py --samples 50 --seed 1 --json
     python benchmarks/information_bound.py --markets 2022 --samples 300   # the 2022 two-zone markets
+    python benchmarks/information_bound.py --samples 500 --edges 1        # sensitivity: no age buckets
+    python benchmarks/information_bound.py --samples 500 --pseudo 0       # sensitivity: no Dirichlet prior
 """
 
 from __future__ import annotations
