@@ -17,11 +17,13 @@ from federation.simulate.information import (
     KEEP,
     JointChain,
     allowed,
+    by_start_state,
     coarsen,
     fit,
     run_bayes,
     sample_path,
     solve,
+    start_state_summary,
     states_of,
     to_trace,
 )
@@ -222,6 +224,29 @@ def test_v_star_sits_between_the_hindsight_optimum_and_any_causal_policy() -> No
     assert abs(diff.mean()) < 4 * diff.std(ddof=1) / math.sqrt(n)
     gap = np.asarray(ours) - np.asarray(vstar)  # no causal policy beats V*
     assert gap.mean() >= -3 * gap.std(ddof=1) / math.sqrt(n)
+
+
+def test_by_start_state_averages_back_to_the_unconditional_figures() -> None:
+    """Stationary-weighted V*(s0) is the V* the benchmark reports; E[opt | s0] averages back to E[opt]."""
+    chain, job, table = _world()
+    rng = np.random.default_rng(5)
+    rows = by_start_state(table, job, 40, rng)
+    pi = chain.stationary()
+    assert abs(sum(r.mass * r.vstar for r in rows) - table.expected_value(job, pi)) < 1e-9
+    assert all(r.opt_mean <= r.vstar + 4 * r.opt_se + 1e-9 for r in rows)  # hindsight beats causal per state
+    weighted = sum(r.mass * r.opt_mean for r in rows)
+    weighted_se = math.sqrt(sum((r.mass * r.opt_se) ** 2 for r in rows))
+    direct = []
+    for _ in range(400):  # the unconditional mean, from stationary starts
+        path = sample_path(chain, job.deadline_ticks + 1, rng)
+        direct.append(optimum_cost(to_trace(chain, path), job))
+    direct_se = float(np.std(direct, ddof=1)) / math.sqrt(len(direct))
+    assert abs(weighted - np.mean(direct)) < 4 * math.hypot(weighted_se, direct_se)
+    summary = start_state_summary(rows, (1.0, 100.0), jobs=51)
+    assert summary["worst_ratio"] == max(r.ratio for r in rows) > 1.0
+    assert summary["mass_over_100.0"] == 0.0 == summary["p_any_of_51_over_100.0"]
+    m = summary["mass_over_1.0"]
+    assert 0 < m <= 1 and abs(summary["p_any_of_51_over_1.0"] - (1 - (1 - m) ** 51)) < 1e-12
 
 
 @pytest.mark.integration

@@ -383,3 +383,60 @@ def ratio_ci(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
         return r, math.inf
     resid = (a - r * b) / b.mean()
     return r, 1.96 * float(resid.std(ddof=1)) / math.sqrt(n)
+
+
+# --- the price of information by start state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartStateRow:
+    """One start state s0: V*(job, s0) (a lower bound on the EXPECTED cost of every causal policy for a job
+    starting idle in s0), and the Monte Carlo mean of the hindsight optimum over traces started in s0."""
+
+    state: int
+    mass: float  # stationary probability of s0
+    vstar: float
+    opt_mean: float
+    opt_se: float
+    samples: int
+
+    @property
+    def ratio(self) -> float:
+        return self.vstar / self.opt_mean if self.opt_mean > 0 else math.inf
+
+
+def by_start_state(
+    table: BayesTable, job: DeadlineJob, samples: int, rng: np.random.Generator, min_mass: float = 0.0
+) -> list[StartStateRow]:
+    """Per chain state s0 with stationary mass > `min_mass`: V*(job, s0) and E[hindsight optimum | start in s0]
+    from `samples` traces sampled from the chain started in s0 (no warm-up: the optimum needs no history).
+    `job.start_tick` is ignored (the trace starts at the job's start)."""
+    from federation.simulate.optimum import optimum_cost  # optimum imports nothing from here
+
+    chain = table.chain
+    pi = chain.stationary()
+    at0 = DeadlineJob(job.name, 0, job.work_ticks, job.deadline_ticks, job.restart_ticks)
+    rows = []
+    for s0 in range(chain.states):
+        if pi[s0] <= min_mass:
+            continue
+        opts = [
+            optimum_cost(to_trace(chain, sample_path(chain, job.deadline_ticks + 1, rng, start=s0)), at0)
+            for _ in range(samples)
+        ]
+        se = float(np.std(opts, ddof=1)) / math.sqrt(samples) if samples > 1 else math.inf
+        rows.append(StartStateRow(s0, float(pi[s0]), table.value(job, s0), float(np.mean(opts)), se, samples))
+    return rows
+
+
+def start_state_summary(rows: Sequence[StartStateRow], thresholds: Sequence[float], jobs: int) -> dict:
+    """Stationary mass of start states whose ratio V*(s0)/E[opt|s0] exceeds each threshold, the worst state's
+    ratio, and the probability that at least one of `jobs` stationary start draws lands in such a state."""
+    total = sum(r.mass for r in rows)
+    worst = max(rows, key=lambda r: r.ratio)
+    out: dict = {"worst_state": worst.state, "worst_ratio": worst.ratio, "worst_mass": worst.mass / total}
+    for t in thresholds:
+        m = sum(r.mass for r in rows if r.ratio > t) / total
+        out[f"mass_over_{t}"] = m
+        out[f"p_any_of_{jobs}_over_{t}"] = 1.0 - (1.0 - m) ** jobs
+    return out
