@@ -20,9 +20,12 @@ from federation.simulate.information import (
     by_start_state,
     coarsen,
     fit,
+    restrict,
+    restricted_states,
     run_bayes,
     sample_path,
     solve,
+    solve_values,
     start_state_summary,
     states_of,
     to_trace,
@@ -247,6 +250,29 @@ def test_by_start_state_averages_back_to_the_unconditional_figures() -> None:
     assert summary["mass_over_100.0"] == 0.0 == summary["p_any_of_51_over_100.0"]
     m = summary["mass_over_1.0"]
     assert 0 < m <= 1 and abs(summary["p_any_of_51_over_1.0"] - (1 - (1 - m) ** 51)) < 1e-12
+
+
+def test_solve_values_and_restrict_agree_with_the_full_table() -> None:
+    """The memory-light solve gives `solve`'s V*; restricting to every mask is the same chain; restricting to
+    some masks keeps each kept state's zones and renormalises the rows."""
+    chain, job, table = _world()
+    other = DeadlineJob("k", 0, 14, 20, 1)
+    light = solve_values(chain, [job, other])
+    for j in (job, other):
+        assert np.allclose(
+            light.values[(j.deadline_ticks, j.work_ticks)], [table.value(j, c) for c in range(chain.states)]
+        )
+    same = restrict(chain, range(4))
+    assert np.allclose(same.transition, chain.transition) and (same.up() == chain.up()).all()
+    sub = restrict(chain, [3, 1])  # both up, only zone 0 up
+    nb = chain.buckets
+    assert sub.states == 2 * nb and np.allclose(sub.transition.sum(axis=1), 1.0)
+    assert (sub.up()[:nb] == [True, False]).all() and sub.up()[nb:].all()
+    assert (restricted_states(sub, np.array([3 * nb + 1, nb, 2 * nb])) == [nb + 1, 0, -1]).all()
+    row = chain.transition[nb, [nb + b for b in range(nb)] + [3 * nb + b for b in range(nb)]]
+    assert np.allclose(sub.transition[0], row / row.sum())
+    v = solve_values(sub, [job]).values[(job.deadline_ticks, job.work_ticks)]
+    assert (v > 0).all() and (v < FEASIBLE).all()  # on-demand always meets the deadline
 
 
 @pytest.mark.integration
