@@ -24,6 +24,8 @@ absent). Run (from the repository root):
     python benchmarks/information_bound.py --markets 2022 --samples 300   # the 2022 two-zone markets
     python benchmarks/information_bound.py --samples 500 --edges 1        # sensitivity: no age buckets
     python benchmarks/information_bound.py --samples 500 --pseudo 0       # sensitivity: no Dirichlet prior
+    python benchmarks/information_bound.py --by-start-state --samples 40  # worst-job evidence: V*(s0)/E[opt|s0]
+    python benchmarks/information_bound.py --nine-zones --samples 100      # all 9 zones (observed bitmasks only)
 """
 
 from __future__ import annotations
@@ -54,12 +56,16 @@ from federation.simulate.information import (
     EDGES,
     BayesTable,
     JointChain,
+    by_start_state,
     coarsen,
     fit,
     ratio_ci,
+    restrict,
     run_bayes,
     sample_path,
     solve,
+    solve_values,
+    start_state_summary,
     states_of,
     to_trace,
 )
@@ -176,6 +182,125 @@ def real(market: Market, tables: dict[str, BayesTable]) -> dict:
     return rows
 
 
+def dist(x: np.ndarray) -> dict:
+    """p50, p95, max and the share over 1.25 / 1.05 of per-job ratios."""
+    return {
+        "p50": float(np.percentile(x, 50)),
+        "p95": float(np.percentile(x, 95)),
+        "max": float(x.max()),
+        "share_over_1.25": float((x > 1.25).mean()),
+        "share_over_1.05": float((x > 1.05).mean()),
+    }
+
+
+def start_state_report(m: Market, samples: int, seed: int, pseudo: float, jobs_n: int = 51) -> tuple[str, dict]:
+    """Step 1 of the worst-job evidence: per fit (whole trace, second half) and deadline, V*(s0) / E[opt | s0]
+    over start states (`samples` traces per state of stationary mass > 1e-4), summarised; the per-job ratio
+    distribution of the Bayes policy and `overspill` in the world; the Bayes policy's worst real second-half jobs."""
+    n = len(m.native)
+    jobs = m.jobs_at(0)
+    max_ticks = max(j.deadline_ticks for j in jobs)
+    max_slack = max(j.deadline_ticks - j.work_ticks for j in jobs)
+    lines: list[str] = []
+    doc: dict = {}
+    for k, (fname, (lo, hi)) in enumerate({"whole trace": (0, n), "second half": (n // 2, n)}.items()):
+        chain = fit(m.native, m.zones, lo, hi, m.edges, pseudo, m.step_seconds)
+        table = solve(chain, max_ticks, max_slack, jobs[0].restart_ticks)
+        rng = np.random.default_rng(seed + k)
+        fdoc: dict = {"by_deadline": {}}
+        lines.append(f"\n{m.title}, chain fitted on the {fname}: V*(s0) / E[opt | s0], {samples} traces per state")
+        for job in jobs:
+            log(f"  {fname}, {job.name}: by start state")
+            rows = by_start_state(table, job, samples, rng, min_mass=1e-4)
+            summ = start_state_summary(rows, (1.25, 1.05), jobs_n)
+            worst = max(rows, key=lambda r: r.ratio)
+            summ["worst_ci95"] = 1.96 * worst.opt_se * worst.vstar / worst.opt_mean**2
+            summ["states_covered_mass"] = sum(r.mass for r in rows)
+            fdoc["by_deadline"][job.name] = summ
+            lines.append(
+                f"  {job.name}: worst state {worst.state} (mass {worst.mass:.4f}) ratio {worst.ratio:.3f} "
+                f"(± {summ['worst_ci95']:.3f}); mass > 1.25x {summ['mass_over_1.25']:.3f} "
+                f"(P[any of {jobs_n}] {summ[f'p_any_of_{jobs_n}_over_1.25']:.3f}); mass > 1.05x "
+                f"{summ['mass_over_1.05']:.3f} (P[any of {jobs_n}] {summ[f'p_any_of_{jobs_n}_over_1.05']:.3f})"
+            )
+        log(f"  {fname}: per-job distribution in the world")
+        res = synthetic(m, chain, table, samples, seed + 10 + k)["per_deadline"]
+        for pol in ("bayes", "overspill"):
+            x = np.concatenate([np.asarray(r[pol]) / np.maximum(np.asarray(r["optimum"]), 1e-12) for r in res.values()])
+            fdoc[f"world_per_job_{pol}"] = d = dist(x)
+            lines.append(
+                f"  world per-job x opt, {pol}: p50 {d['p50']:.3f} p95 {d['p95']:.3f} max {d['max']:.3f} "
+                f"share > 1.25x {d['share_over_1.25']:.3f}, > 1.05x {d['share_over_1.05']:.3f}"
+            )
+        trace = m.trace
+        cfg_jobs = deadline_jobs(trace, CFG)
+        second = [j for j, h in zip(cfg_jobs, halves(cfg_jobs, len(trace)), strict=True) if h == "second"]
+        states = states_of(trace, chain.edges)
+        real_rows = []
+        for job in second:
+            opt = optimum_cost(trace, job)
+            run = run_bayes(table, states, job)
+            s0 = int(states[job.start_tick])
+            real_rows.append((run.cost_usd / opt, job.name, job.start_tick, s0, run.met_deadline))
+        real_rows.sort(reverse=True)
+        fdoc["real_second_half_bayes_worst"] = [
+            {"x": r[0], "job": r[1], "start_tick": r[2], "start_state": r[3], "met": r[4]} for r in real_rows[:5]
+        ]
+        lines.append(
+            f"  REAL second-half jobs ({len(real_rows)}), Bayes policy worst: "
+            + "; ".join(f"{r[1]}@{r[2]} {r[0]:.3f}x state {r[3]}" for r in real_rows[:5])
+        )
+        doc[fname] = fdoc
+    return "\n".join(lines), doc
+
+
+def nine_zone_report(base: Path, samples: int, seed: int, pseudo: float, jobs_n: int = 51) -> tuple[str, dict]:
+    """Step 2: all 9 zones of the AWS V100 2023 trace, the chain restricted to the bitmasks seen in the fitted
+    slice (pseudo-count only among them), V* by `solve_values`; V*/E[opt] (stationary starts, `samples` traces)
+    and the by-start-state figures (`samples` traces per state of stationary mass > 1e-3) against 1.01x/1.05x."""
+    native = load_aws_v100_trace(str(base), 300, None)
+    zones = tuple(z.zone for z in native.zones)
+    m = Market("AWS V100 2023, all 9 zones", coarsen(native, 900), native, zones, 900, EDGES)
+    n = len(native)
+    jobs = m.jobs_at(0)
+    lines: list[str] = []
+    doc: dict = {}
+    for k, (fname, (lo, hi)) in enumerate({"whole trace": (0, n), "second half": (n // 2, n)}.items()):
+        full = fit(native, zones, lo, hi, EDGES, pseudo, 900)
+        st = states_of(m.trace, EDGES)[lo // 3 : hi // 3]
+        chain = restrict(full, np.unique(st // len(EDGES)))
+        t0 = time.perf_counter()
+        vals = solve_values(chain, jobs)
+        solve_s = time.perf_counter() - t0
+        log(f"  9 zones, {fname}: {chain.states} states, solved in {solve_s:.0f} s")
+        rng = np.random.default_rng(seed + 20 + k)
+        pi = chain.stationary()
+        fdoc: dict = {"masks": len(chain.masks or ()), "states": chain.states, "solve_seconds": solve_s}
+        lines.append(
+            f"\nAWS V100 2023, all 9 zones, chain fitted on the {fname} restricted to its {len(chain.masks or ())} "
+            f"observed bitmasks ({chain.states} states), solved in {solve_s:.0f} s"
+        )
+        for job in jobs:
+            opts = [
+                optimum_cost(to_trace(chain, sample_path(chain, job.deadline_ticks + 1, rng)), job)
+                for _ in range(samples)
+            ]
+            r, ci = ratio_ci([vals.expected_value(job, pi)] * samples, opts)
+            rows = by_start_state(vals, job, max(2, samples // 10), rng, min_mass=1e-3)  # type: ignore[arg-type]
+            summ = start_state_summary(rows, (1.05, 1.01), jobs_n)
+            summ["mean_vstar_x"], summ["mean_ci95"] = r, ci
+            summ["states_covered_mass"] = sum(x.mass for x in rows)
+            fdoc[job.name] = summ
+            lines.append(
+                f"  {job.name}: V*/E[opt] {r:.4f} (± {ci:.4f}); worst start state ratio {summ['worst_ratio']:.3f}; "
+                f"mass > 1.05x {summ['mass_over_1.05']:.3f} (P[any of {jobs_n}] "
+                f"{summ[f'p_any_of_{jobs_n}_over_1.05']:.3f}); mass > 1.01x {summ['mass_over_1.01']:.3f} "
+                f"(states covered: mass {summ['states_covered_mass']:.3f})"
+            )
+        doc[fname] = fdoc
+    return "\n".join(lines), doc
+
+
 def merged(per: dict[str, dict[str, list[float]]]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for row in per.values():
@@ -286,6 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--pseudo", type=float, default=0.1, help="Dirichlet pseudo-count on every allowed transition (default 0.1)"
     )
+    ap.add_argument(
+        "--by-start-state",
+        action="store_true",
+        help="instead of the tables: V*(s0) / E[opt | s0] per start state, the per-job distributions and the "
+        "Bayes policy's worst real jobs (chains fitted on the whole trace and the second half; --samples per state)",
+    )
+    ap.add_argument(
+        "--nine-zones",
+        action="store_true",
+        help="instead of the tables: V* in the 9-zone world (chain restricted to observed bitmasks), mean and by "
+        "start state (--samples traces for the mean, a tenth of that per start state)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = ap.parse_args(argv)
     edges = tuple(int(x) for x in args.edges.split(","))
@@ -307,6 +444,20 @@ def main(argv: list[str] | None = None) -> int:
         "pseudo": args.pseudo,
         "markets": {},
     }
+    if args.nine_zones:
+        s, d = nine_zone_report(base, args.samples, args.seed, args.pseudo)
+        doc["markets"]["AWS V100 2023, all 9 zones"] = d
+        doc["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(doc, indent=2) if args.json else s)
+        return 0
+    if args.by_start_state:
+        for m in markets(base, args.markets, edges):
+            s, d = start_state_report(m, args.samples, args.seed, args.pseudo)
+            text.append(s)
+            doc["markets"][m.title] = d
+        doc["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(text))
+        return 0
     for m in markets(base, args.markets, edges):
         log(f"{m.title}: fitting chains")
         n = len(m.native)

@@ -17,11 +17,16 @@ from federation.simulate.information import (
     KEEP,
     JointChain,
     allowed,
+    by_start_state,
     coarsen,
     fit,
+    restrict,
+    restricted_states,
     run_bayes,
     sample_path,
     solve,
+    solve_values,
+    start_state_summary,
     states_of,
     to_trace,
 )
@@ -222,6 +227,52 @@ def test_v_star_sits_between_the_hindsight_optimum_and_any_causal_policy() -> No
     assert abs(diff.mean()) < 4 * diff.std(ddof=1) / math.sqrt(n)
     gap = np.asarray(ours) - np.asarray(vstar)  # no causal policy beats V*
     assert gap.mean() >= -3 * gap.std(ddof=1) / math.sqrt(n)
+
+
+def test_by_start_state_averages_back_to_the_unconditional_figures() -> None:
+    """Stationary-weighted V*(s0) is the V* the benchmark reports; E[opt | s0] averages back to E[opt]."""
+    chain, job, table = _world()
+    rng = np.random.default_rng(5)
+    rows = by_start_state(table, job, 40, rng)
+    pi = chain.stationary()
+    assert abs(sum(r.mass * r.vstar for r in rows) - table.expected_value(job, pi)) < 1e-9
+    assert all(r.opt_mean <= r.vstar + 4 * r.opt_se + 1e-9 for r in rows)  # hindsight beats causal per state
+    weighted = sum(r.mass * r.opt_mean for r in rows)
+    weighted_se = math.sqrt(sum((r.mass * r.opt_se) ** 2 for r in rows))
+    direct = []
+    for _ in range(400):  # the unconditional mean, from stationary starts
+        path = sample_path(chain, job.deadline_ticks + 1, rng)
+        direct.append(optimum_cost(to_trace(chain, path), job))
+    direct_se = float(np.std(direct, ddof=1)) / math.sqrt(len(direct))
+    assert abs(weighted - np.mean(direct)) < 4 * math.hypot(weighted_se, direct_se)
+    summary = start_state_summary(rows, (1.0, 100.0), jobs=51)
+    assert summary["worst_ratio"] == max(r.ratio for r in rows) > 1.0
+    assert summary["mass_over_100.0"] == 0.0 == summary["p_any_of_51_over_100.0"]
+    m = summary["mass_over_1.0"]
+    assert 0 < m <= 1 and abs(summary["p_any_of_51_over_1.0"] - (1 - (1 - m) ** 51)) < 1e-12
+
+
+def test_solve_values_and_restrict_agree_with_the_full_table() -> None:
+    """The memory-light solve gives `solve`'s V*; restricting to every mask is the same chain; restricting to
+    some masks keeps each kept state's zones and renormalises the rows."""
+    chain, job, table = _world()
+    other = DeadlineJob("k", 0, 14, 20, 1)
+    light = solve_values(chain, [job, other])
+    for j in (job, other):
+        assert np.allclose(
+            light.values[(j.deadline_ticks, j.work_ticks)], [table.value(j, c) for c in range(chain.states)]
+        )
+    same = restrict(chain, range(4))
+    assert np.allclose(same.transition, chain.transition) and (same.up() == chain.up()).all()
+    sub = restrict(chain, [3, 1])  # both up, only zone 0 up
+    nb = chain.buckets
+    assert sub.states == 2 * nb and np.allclose(sub.transition.sum(axis=1), 1.0)
+    assert (sub.up()[:nb] == [True, False]).all() and sub.up()[nb:].all()
+    assert (restricted_states(sub, np.array([3 * nb + 1, nb, 2 * nb])) == [nb + 1, 0, -1]).all()
+    row = chain.transition[nb, [nb + b for b in range(nb)] + [3 * nb + b for b in range(nb)]]
+    assert np.allclose(sub.transition[0], row / row.sum())
+    v = solve_values(sub, [job]).values[(job.deadline_ticks, job.work_ticks)]
+    assert (v > 0).all() and (v < FEASIBLE).all()  # on-demand always meets the deadline
 
 
 @pytest.mark.integration

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
@@ -56,6 +56,7 @@ class JointChain:
     instance_type: str = "p3.2xlarge"
     accelerator: str = "V100"
     gpus: int = 1
+    masks: tuple[int, ...] | None = None  # `restrict`ed: state id = index into masks * len(edges) + bucket
 
     @property
     def buckets(self) -> int:
@@ -63,11 +64,13 @@ class JointChain:
 
     @property
     def states(self) -> int:
-        return (1 << len(self.zones)) * len(self.edges)
+        return (len(self.masks) if self.masks is not None else 1 << len(self.zones)) * len(self.edges)
 
     def up(self) -> np.ndarray:
         """(states, zones) bool: zone z is up in state c."""
         masks = np.arange(self.states) // self.buckets
+        if self.masks is not None:
+            masks = np.asarray(self.masks, dtype=np.int64)[masks]
         return ((masks[:, None] >> np.arange(len(self.zones))[None, :]) & 1).astype(bool)
 
     def stationary(self) -> np.ndarray:
@@ -187,6 +190,30 @@ def fit(
     )
 
 
+def restrict(chain: JointChain, masks: Sequence[int]) -> JointChain:
+    """`chain` on the states of `masks` only (every age bucket of each): the transition rows restricted to them
+    and renormalised, so `fit`'s pseudo-count survives only among these masks (for a many-zone market, where
+    most of the 2^zones bitmasks are never seen). Transitions counted on the fitted slice between observed
+    masks are unchanged in count; the restricted chain is a different (smaller) world, not a bound on the full."""
+    if chain.masks is not None:
+        raise ValueError("already restricted")
+    nb = chain.buckets
+    masks = sorted(set(int(m) for m in masks))
+    idx = np.array([m * nb + b for m in masks for b in range(nb)], dtype=np.int64)
+    sub = chain.transition[np.ix_(idx, idx)]
+    sub = sub / sub.sum(axis=1, keepdims=True)
+    return replace(chain, transition=sub, masks=tuple(masks))
+
+
+def restricted_states(chain: JointChain, full_states: np.ndarray) -> np.ndarray:
+    """Map `states_of` ids (full numbering) to a restricted chain's ids (-1: a mask outside the chain)."""
+    nb = chain.buckets
+    if chain.masks is None:
+        return full_states
+    pos = {m: i for i, m in enumerate(chain.masks)}
+    return np.array([pos[int(c) // nb] * nb + int(c) % nb if int(c) // nb in pos else -1 for c in full_states])
+
+
 def sample_path(chain: JointChain, steps: int, rng: np.random.Generator, start: int | None = None) -> np.ndarray:
     """`steps` chain states, from `start` (default: drawn from the stationary distribution)."""
     cum = np.cumsum(chain.transition, axis=1)
@@ -263,6 +290,46 @@ def pool_costs(chain: JointChain) -> np.ndarray:
 
 def solve(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int) -> BayesTable:
     """V* for every job of up to `max_ticks` to its deadline and `max_slack` of slack, by backward induction."""
+    cost = pool_costs(chain)
+    vpre = np.empty((max_ticks + 1, max_slack + 1, 1 + len(cost) * restart_ticks, chain.states))
+    for tau, v in _induct(chain, max_ticks, max_slack, restart_ticks):
+        vpre[tau] = v
+    return BayesTable(chain, restart_ticks, cost, vpre)
+
+
+@dataclass(frozen=True)
+class StartValues:
+    """V*(job, start state) for a few jobs only (`solve_values`): the memory-light stand-in for a `BayesTable`
+    where only `value` is needed (`by_start_state`), for chains too big to keep the whole table."""
+
+    chain: JointChain
+    values: dict[tuple[int, int], np.ndarray]  # (deadline ticks, work ticks) -> per start state
+
+    def value(self, job: DeadlineJob, state: int) -> float:
+        return float(self.values[(job.deadline_ticks, job.work_ticks)][state])
+
+    def expected_value(self, job: DeadlineJob, dist: np.ndarray) -> float:
+        return float(self.values[(job.deadline_ticks, job.work_ticks)] @ dist)
+
+
+def solve_values(chain: JointChain, jobs: Sequence[DeadlineJob]) -> StartValues:
+    """`solve`'s V* for `jobs` (one changeover), keeping one tick of the table at a time."""
+    k = jobs[0].restart_ticks
+    if any(j.restart_ticks != k for j in jobs):
+        raise ValueError("one changeover for all jobs")
+    want = {j.deadline_ticks: [] for j in jobs}
+    for j in jobs:
+        want[j.deadline_ticks].append(j.work_ticks)
+    out: dict[tuple[int, int], np.ndarray] = {}
+    max_slack = max(j.deadline_ticks - j.work_ticks for j in jobs)
+    for tau, v in _induct(chain, max(want), max_slack, k):
+        for w in want.get(tau, ()):
+            out[(tau, w)] = v[tau - w, 0].copy()
+    return StartValues(chain, out)
+
+
+def _induct(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int):
+    """Yield (tau, Vpre[tau]) for tau = 0 .. max_ticks (the array is reused: copy what you keep)."""
     k = restart_ticks
     if k < 1:
         raise ValueError("the Bayes DP needs a changeover of at least one tick")
@@ -277,12 +344,12 @@ def solve(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int)
         for j in range(k):
             m = 1 + p * k + j
             eff[m] = np.where(pool_up[:, p], m, 0)
-    vpre = np.empty((max_ticks + 1, S, M, C))
-    vpre[0] = 0.0  # tau = 0 with s >= 0: the work is done
+    prev = np.zeros((S, M, C))  # tau = 0 with s >= 0: the work is done
+    yield 0, prev
     PT = chain.transition.T
     s_idx = np.arange(S)
     for tau in range(1, max_ticks + 1):
-        nxt = (vpre[tau - 1].reshape(S * M, C) @ PT).reshape(S, M, C)  # E[Vpre_{tau-1}[s, m, c'] | c]
+        nxt = (prev.reshape(S * M, C) @ PT).reshape(S, M, C)  # E[Vpre_{tau-1}[s, m, c'] | c]
         waste = np.full((S, M, C), BIG)
         waste[1:] = nxt[:-1]  # the value one tick of slack later (s - 1); s - 1 < 0 is a miss
         best_launch = waste[:, 0, :].copy()  # idle
@@ -299,8 +366,8 @@ def solve(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int)
                 post[:, m, :] = np.minimum(best_launch, keep)
         post = np.minimum(post, BIG)
         post[s_idx >= tau] = 0.0  # work left = tau - s <= 0: done
-        vpre[tau] = np.take_along_axis(post, np.broadcast_to(eff[None], (S, M, C)), axis=1)
-    return BayesTable(chain, k, cost, vpre)
+        prev = np.take_along_axis(post, np.broadcast_to(eff[None], (S, M, C)), axis=1)
+        yield tau, prev
 
 
 KEEP, IDLE = -1, -2  # actions besides "launch pool p" (p >= 0)
@@ -383,3 +450,60 @@ def ratio_ci(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
         return r, math.inf
     resid = (a - r * b) / b.mean()
     return r, 1.96 * float(resid.std(ddof=1)) / math.sqrt(n)
+
+
+# --- the price of information by start state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartStateRow:
+    """One start state s0: V*(job, s0) (a lower bound on the EXPECTED cost of every causal policy for a job
+    starting idle in s0), and the Monte Carlo mean of the hindsight optimum over traces started in s0."""
+
+    state: int
+    mass: float  # stationary probability of s0
+    vstar: float
+    opt_mean: float
+    opt_se: float
+    samples: int
+
+    @property
+    def ratio(self) -> float:
+        return self.vstar / self.opt_mean if self.opt_mean > 0 else math.inf
+
+
+def by_start_state(
+    table: BayesTable, job: DeadlineJob, samples: int, rng: np.random.Generator, min_mass: float = 0.0
+) -> list[StartStateRow]:
+    """Per chain state s0 with stationary mass > `min_mass`: V*(job, s0) and E[hindsight optimum | start in s0]
+    from `samples` traces sampled from the chain started in s0 (no warm-up: the optimum needs no history).
+    `job.start_tick` is ignored (the trace starts at the job's start)."""
+    from federation.simulate.optimum import optimum_cost  # optimum imports nothing from here
+
+    chain = table.chain
+    pi = chain.stationary()
+    at0 = DeadlineJob(job.name, 0, job.work_ticks, job.deadline_ticks, job.restart_ticks)
+    rows = []
+    for s0 in range(chain.states):
+        if pi[s0] <= min_mass:
+            continue
+        opts = [
+            optimum_cost(to_trace(chain, sample_path(chain, job.deadline_ticks + 1, rng, start=s0)), at0)
+            for _ in range(samples)
+        ]
+        se = float(np.std(opts, ddof=1)) / math.sqrt(samples) if samples > 1 else math.inf
+        rows.append(StartStateRow(s0, float(pi[s0]), table.value(job, s0), float(np.mean(opts)), se, samples))
+    return rows
+
+
+def start_state_summary(rows: Sequence[StartStateRow], thresholds: Sequence[float], jobs: int) -> dict:
+    """Stationary mass of start states whose ratio V*(s0)/E[opt|s0] exceeds each threshold, the worst state's
+    ratio, and the probability that at least one of `jobs` stationary start draws lands in such a state."""
+    total = sum(r.mass for r in rows)
+    worst = max(rows, key=lambda r: r.ratio)
+    out: dict = {"worst_state": worst.state, "worst_ratio": worst.ratio, "worst_mass": worst.mass / total}
+    for t in thresholds:
+        m = sum(r.mass for r in rows if r.ratio > t) / total
+        out[f"mass_over_{t}"] = m
+        out[f"p_any_of_{jobs}_over_{t}"] = 1.0 - (1.0 - m) ** jobs
+    return out
