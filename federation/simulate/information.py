@@ -24,7 +24,7 @@ expected cost over every non-anticipative policy; `run_bayes` executes the greed
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -328,7 +328,7 @@ def solve_values(chain: JointChain, jobs: Sequence[DeadlineJob]) -> StartValues:
     return StartValues(chain, out)
 
 
-def _induct(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int):
+def _induct(chain: JointChain, max_ticks: int, max_slack: int, restart_ticks: int) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (tau, Vpre[tau]) for tau = 0 .. max_ticks (the array is reused: copy what you keep)."""
     k = restart_ticks
     if k < 1:
