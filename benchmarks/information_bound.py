@@ -47,8 +47,6 @@ from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.experiments import (
     EXTRA_MARKETS,
     DeadlineConfig,
-    deadline_jobs,
-    halves,
     load_aws_v100_trace,
     load_extra_market,
 )
@@ -72,6 +70,7 @@ from federation.simulate.information import (
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import SpotTrace
+from federation.simulate.tuning import half_jobs
 from federation.strategies import make_strategy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -160,8 +159,7 @@ def real(market: Market, tables: dict[str, BayesTable]) -> dict:
     """The second-half jobs of the real trace (on the chain's step): optimum, each policy, each chain's Bayes."""
     trace = market.trace
     ph = market.per_hour()
-    cfg_jobs = deadline_jobs(trace, CFG)
-    second = [j for j, h in zip(cfg_jobs, halves(cfg_jobs, len(trace)), strict=True) if h == "second"]
+    second = half_jobs(trace, CFG, "second")
     assert all(j.restart_ticks == round(CFG.restart_hours * ph) for j in second)
     states = {name: states_of(trace, t.chain.edges) for name, t in tables.items()}
     tm = TraceMarket(trace)
@@ -233,8 +231,7 @@ def start_state_report(m: Market, samples: int, seed: int, pseudo: float, jobs_n
                 f"share > 1.25x {d['share_over_1.25']:.3f}, > 1.05x {d['share_over_1.05']:.3f}"
             )
         trace = m.trace
-        cfg_jobs = deadline_jobs(trace, CFG)
-        second = [j for j, h in zip(cfg_jobs, halves(cfg_jobs, len(trace)), strict=True) if h == "second"]
+        second = half_jobs(trace, CFG, "second")
         states = states_of(trace, chain.edges)
         real_rows = []
         for job in second:
@@ -267,7 +264,8 @@ def nine_zone_report(base: Path, samples: int, seed: int, pseudo: float, jobs_n:
     doc: dict = {}
     for k, (fname, (lo, hi)) in enumerate({"whole trace": (0, n), "second half": (n // 2, n)}.items()):
         full = fit(native, zones, lo, hi, EDGES, pseudo, 900)
-        st = states_of(m.trace, EDGES)[lo // 3 : hi // 3]
+        f = 900 // native.gap_seconds
+        st = states_of(m.trace, EDGES)[lo // f : hi // f]
         chain = restrict(full, np.unique(st // len(EDGES)))
         t0 = time.perf_counter()
         vals = solve_values(chain, jobs)
@@ -286,7 +284,7 @@ def nine_zone_report(base: Path, samples: int, seed: int, pseudo: float, jobs_n:
                 for _ in range(samples)
             ]
             r, ci = ratio_ci([vals.expected_value(job, pi)] * samples, opts)
-            rows = by_start_state(vals, job, max(2, samples // 10), rng, min_mass=1e-3)  # type: ignore[arg-type]
+            rows = by_start_state(vals, job, max(2, samples // 10), rng, min_mass=1e-3)
             summ = start_state_summary(rows, (1.05, 1.01), jobs_n)
             summ["mean_vstar_x"], summ["mean_ci95"] = r, ci
             summ["states_covered_mass"] = sum(x.mass for x in rows)

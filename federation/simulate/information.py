@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import numpy as np
 
 from federation.simulate.deadline import DeadlineJob
 from federation.simulate.market import usd
+from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import EPOCH, SpotTrace, ZoneSeries
 
 STEP_SECONDS = 900
@@ -57,6 +58,7 @@ class JointChain:
     accelerator: str = "V100"
     gpus: int = 1
     masks: tuple[int, ...] | None = None  # `restrict`ed: state id = index into masks * len(edges) + bucket
+    _stationary: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def buckets(self) -> int:
@@ -74,14 +76,19 @@ class JointChain:
         return ((masks[:, None] >> np.arange(len(self.zones))[None, :]) & 1).astype(bool)
 
     def stationary(self) -> np.ndarray:
-        """The chain's long-run distribution over states (power iteration from uniform)."""
-        pi = np.full(self.states, 1.0 / self.states)
-        for _ in range(20000):
-            nxt = pi @ self.transition
-            if np.abs(nxt - pi).sum() < 1e-13:
-                return nxt
-            pi = nxt
-        return pi
+        """The chain's long-run distribution over states (power iteration from uniform), computed once per chain
+        (read-only: every sample drawn from a stationary start reads it)."""
+        if self._stationary is None:
+            pi = np.full(self.states, 1.0 / self.states)
+            for _ in range(20000):
+                nxt = pi @ self.transition
+                settled = np.abs(nxt - pi).sum() < 1e-13
+                pi = nxt
+                if settled:
+                    break
+            pi.setflags(write=False)
+            object.__setattr__(self, "_stationary", pi)
+        return self._stationary  # type: ignore[return-value]
 
 
 def bucket_of(age: int, edges: Sequence[int] = EDGES) -> int:
@@ -473,13 +480,11 @@ class StartStateRow:
 
 
 def by_start_state(
-    table: BayesTable, job: DeadlineJob, samples: int, rng: np.random.Generator, min_mass: float = 0.0
+    table: BayesTable | StartValues, job: DeadlineJob, samples: int, rng: np.random.Generator, min_mass: float = 0.0
 ) -> list[StartStateRow]:
     """Per chain state s0 with stationary mass > `min_mass`: V*(job, s0) and E[hindsight optimum | start in s0]
     from `samples` traces sampled from the chain started in s0 (no warm-up: the optimum needs no history).
     `job.start_tick` is ignored (the trace starts at the job's start)."""
-    from federation.simulate.optimum import optimum_cost  # optimum imports nothing from here
-
     chain = table.chain
     pi = chain.stationary()
     at0 = DeadlineJob(job.name, 0, job.work_ticks, job.deadline_ticks, job.restart_ticks)
