@@ -15,6 +15,10 @@ Run (from the repository root):
     python benchmarks/decision_bench.py
     python benchmarks/decision_bench.py --all-zones --start-every 48
     python benchmarks/decision_bench.py --policies overspill,model_dp
+    python benchmarks/decision_bench.py --policies overspill,chain_dp --live
+
+`--live` runs the policies as the live loop does (`broker/loop/place.py` calls `decide` only): a DP policy then
+solves a missing table inside the decision that first needs it, and that decision's time includes the solve.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import federation.forecast  # registers the forecasting strategy
-import federation.model_dp  # noqa: F401  (registers the model DP strategy)
+import federation.policies  # noqa: F401  (registers model_dp, chain_dp and forecast)
 from federation.simulate import US_EAST_1
 from federation.simulate.deadline import run_deadline
 from federation.simulate.experiments import DeadlineConfig, deadline_jobs, load_aws_v100_trace, percentile
@@ -55,8 +58,10 @@ class Timed:
     def name(self) -> str:
         return str(self.inner.name)
 
+    live: bool = False  # as the live loop: no `prepare` step, so decisions solve their tables inline
+
     def __post_init__(self) -> None:
-        if hasattr(self.inner, "prepare"):  # expose it only for policies that have it (run_deadline looks)
+        if hasattr(self.inner, "prepare") and not self.live:  # only for policies with it (run_deadline looks)
             self.prepare = self._prepare
 
     def _prepare(self, now: Any, book: Any, states: Any, outlook_at: Any = None) -> int:
@@ -79,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-every", type=float, default=96.0, help="hours between job starts (default 96)")
     ap.add_argument("--policies", default="overspill,forecast")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="no per-tick prepare step, as the live loop runs a policy: DP tables are solved inside decide",
+    )
     args = ap.parse_args(argv)
     trace = load_aws_v100_trace(str(data_dir(args.data)), 300, None if args.all_zones else US_EAST_1)
     cfg = DeadlineConfig(start_every_hours=args.start_every)
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario = "all 9 zones" if args.all_zones else "us-east-1 (4 zones)"
     out: dict[str, dict[str, float]] = {}
     for name in args.policies.split(","):
-        timed = Timed(make_strategy(name, restart_hours=cfg.restart_hours))
+        timed = Timed(make_strategy(name, restart_hours=cfg.restart_hours), live=args.live)
         for job in jobs:
             run_deadline(market, job, timed)  # type: ignore[arg-type]
         ms = [t * 1000 for t in timed.times]

@@ -6,8 +6,9 @@ the feed stops listing counts as gone down), so the table grows with changes, no
 the broker's own reclaims (a preempted instance ends an up run; the next refresh listing the pool brings it back
 up). `pool_outlooks` folds those rows into each pool's up/down run lengths over the last
 `HISTORY_WINDOW`, adds the completed runs of any availability trace configured for the pool
-(`OVERSPILL_INTERRUPTION_TRACES`, as prior history), and returns `PoolOutlook(up, age, up_runs, down_runs)` by
-pool key. Only the past is read: this is what `federation.strategies.Overspill` may use.
+(`OVERSPILL_INTERRUPTION_TRACES`, as prior history), and returns `PoolOutlook(up, age, up_runs, down_runs,
+timeline)` by pool key (the timeline: the observed changes only, in time; a configured trace is not dated).
+Only the past is read: this is what `federation.strategies.Overspill` may use.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy import insert
 from sqlmodel import Session, col, func, select
 
 from broker.tables import AvailabilityChange
-from federation.strategies import PoolOutlook, RunLengths
+from federation.strategies import PoolOutlook, RunLengths, Timeline
 from pricing.availability import Runs, runs_from_events
 from providers.model import CapacityType, Offering
 
@@ -86,5 +87,6 @@ def pool_outlooks(
         if seen is None:
             continue  # never observed: the strategy falls back to the pool's interruption rate
         runs = prior + seen.runs
-        out[key] = PoolOutlook(seen.up, seen.age_hours, RunLengths.of(runs.up), RunLengths.of(runs.down))
+        timeline = Timeline.of(sorted(e for e in events[key] if e[0] <= now))
+        out[key] = PoolOutlook(seen.up, seen.age_hours, RunLengths.of(runs.up), RunLengths.of(runs.down), timeline)
     return out

@@ -9,6 +9,7 @@ at import time.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,8 @@ from broker.settings import Settings
 from broker.shards import ShardScope, new_replica_id
 from broker.simstore import DbSimStore
 from federation.placement import PlacementParams
+from federation.policies import build_deadline_policy
+from federation.strategies import Strategy
 from pricing.availability import Runs, load_trace_runs
 from pricing.extras import InstanceExtras
 from pricing.risk import RiskEstimate, load_trace
@@ -77,6 +80,17 @@ class Runtime:
     # (`broker.loop.return_onprem`): a placement whose inputs did not move is not screened again
     return_memo: dict[str, Any] = field(default_factory=dict)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
+    # the deadline policy, built from the settings on first use (an embedding or a test may set its own)
+    deadline_policy: Strategy | None = field(default=None, repr=False)
+    # one decision at a time per process: the DP policies fill their table caches while deciding
+    deadline_policy_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def deadline_strategy(self) -> Strategy:
+        """This process's deadline policy (`settings.deadline_policy`), built once so that a DP policy's solved
+        tables and fitted chains last from one tick to the next."""
+        if self.deadline_policy is None:
+            self.deadline_policy = build_deadline_policy(self.settings.deadline_policy, self.settings.restart_hours)
+        return self.deadline_policy
 
     def provider(self, name: str) -> ComputeProvider | None:
         return self.providers.get(name)

@@ -326,6 +326,11 @@ class Settings(BaseSettings):
         default=1800.0, gt=0, description="how long one replica may hold a checkpoint copy before another takes over"
     )
     restart_hours: float = 0.1
+    deadline_policy: str = Field(
+        default="overspill",
+        description="the policy that places jobs with a deadline: overspill (the default), or an experimental one "
+        "(uniform_progress, greedy_safety_net, model_dp, chain_dp, forecast; benchmarks/README.md compares them)",
+    )
     wait_value_usd_per_gpu_hour: float = 0.5
     max_placements_per_tick: int = 500
     orphan_grace_seconds: float = Field(default=600.0, description="an untracked instance younger than this is spared")
@@ -476,6 +481,14 @@ class Settings(BaseSettings):
             for what, path in (("key", onprem), ("value", cloud)):
                 if not path.startswith("/") or posixpath.normpath(path) != path or any(ord(c) < 32 for c in path):
                     raise ValueError(f"slurm_cloud_paths {what} {path!r}: must be an absolute, normal path")
+        return value
+
+    @field_validator("deadline_policy")
+    @classmethod
+    def _deadline_policy(cls, value: str) -> str:
+        from federation.policies import build_deadline_policy
+
+        build_deadline_policy(value, 0.1)  # ValueError naming the policies there are
         return value
 
     @field_validator("slurm_output_writer")

@@ -209,6 +209,25 @@ def joint_index(chains: Sequence[PoolChain], states: Sequence[int]) -> int:
     return idx
 
 
+@dataclass(frozen=True)
+class World:
+    """What a DP table is solved on: a Markov chain over joint states of the spot pools (`matrix[i, j]`, one unit
+    from joint state i to j), per pool which joint states have it up (`ups[p]`), per pool its hourly price, and a
+    `key` identifying the world for caching. Built from independent pools (`world_of`) or fitted jointly
+    (`federation.chain_dp`)."""
+
+    matrix: np.ndarray
+    ups: list[np.ndarray]
+    prices: tuple[float, ...]
+    key: tuple[object, ...]
+
+
+def world_of(chains: Sequence[PoolChain]) -> World:
+    """The world of independent pools: the Kronecker product of their chains."""
+    m, ups = joint(chains)
+    return World(m, ups, tuple(c.price for c in chains), tuple(c.key for c in chains))
+
+
 def solve(
     chains: Sequence[PoolChain],
     od_hourly: float,
@@ -218,14 +237,27 @@ def solve(
     slack: int,
     keep_values: bool = False,
 ) -> Table:
+    """`solve_world` on independent pools."""
+    return solve_world(world_of(chains), od_hourly, unit, loss, levels, slack, keep_values)
+
+
+def solve_world(
+    world: World,
+    od_hourly: float,
+    unit: float,
+    loss: int,
+    levels: int,
+    slack: int,
+    keep_values: bool = False,
+) -> Table:
     """Backward induction (module docstring) for time left 0 .. `levels` units and slack 0 .. `slack` units;
     `loss`: units of work a reclaim loses."""
-    p, ups = joint(chains)
+    p, ups = world.matrix, world.ups
     pt = p.T.copy()
     reach = (pt > 0).astype(float)  # which next joint states are possible at all
-    n, nj = len(chains), p.shape[0]
+    n, nj = len(ups), p.shape[0]
     modes = 2 + n
-    cost = np.array([0.0, od_hourly * unit, *(c.price * unit for c in chains)])
+    cost = np.array([0.0, od_hourly * unit, *(price * unit for price in world.prices)])
     sig = np.arange(slack + 1)
     v = np.zeros((slack + 1, modes, nj))
     action = np.zeros((levels + 1, slack + 1, modes, nj), dtype=np.int8)
@@ -274,7 +306,7 @@ class _Query:
 
     pair: list[Offering]
     od: Offering
-    chains: list[PoolChain]
+    world: World
     key: tuple[object, ...]
     loss: int
     work: int
@@ -391,6 +423,35 @@ class ModelDP:
         margin = state.spot_margin_hours(d, loss_h)
         if slack < margin + d + g:
             return None  # the safety net's ground
+        work = math.ceil((state.work + state.restart_left_hours) / unit - 1e-9)
+        sigma = math.floor(slack / unit + 1e-9)
+        if work <= 0:
+            return None
+        found = self._world(state, book, up_spot, unit, outlook_at)
+        if found is None:
+            return None
+        pair, world, j = found
+        loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
+        od = safe[0]
+        mode = IDLE
+        if current_alive(state) and state.current is not None:
+            if state.current.capacity_type is CapacityType.SPOT:
+                keys = [o.key for o in pair]
+                if state.current.key not in keys:
+                    return None
+                mode = 2 + keys.index(state.current.key)
+            elif state.current.key == od.key:
+                mode = OD
+            else:
+                return None  # on another safe pool (e.g. on-prem): today's strategy
+        key = (world.key, round(float(od.price.hourly_usd), 6), round(unit, 9), loss)
+        return _Query(pair, od, world, key, loss, work, sigma, mode, j)
+
+    def _world(
+        self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
+    ) -> tuple[list[Offering], World, int] | None:
+        """The spot pools the DP plans over (the running one first), their world for this model epoch, and the
+        joint state they are in now; None to defer to `Overspill`. Here: the pair of independent pool chains."""
         pair = self._pair(state, book, up_spot)
         if pair is None:
             return None
@@ -401,26 +462,9 @@ class ModelDP:
             if c is None:
                 return None
             chains.append(c)
-        work = math.ceil((state.work + state.restart_left_hours) / unit - 1e-9)
-        sigma = math.floor(slack / unit + 1e-9)
-        if work <= 0:
-            return None
-        loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
-        od = safe[0]
-        mode = IDLE
-        if current_alive(state) and state.current is not None:
-            if state.current.capacity_type is CapacityType.SPOT:
-                if state.current.key != pair[0].key:
-                    return None
-                mode = 2
-            elif state.current.key == od.key:
-                mode = OD
-            else:
-                return None  # on another safe pool (e.g. on-prem): today's strategy
         looks = [state.outlook[o.key] for o in pair]
         j = joint_index(chains, [c.state_of(lk.up, lk.age_hours) for c, lk in zip(chains, looks, strict=True)])
-        key = (tuple(c.key for c in chains), round(float(od.price.hourly_usd), 6), round(unit, 9), loss)
-        return _Query(pair, od, chains, key, loss, work, sigma, mode, j)
+        return pair, world_of(chains), j
 
     def _chain(
         self,
@@ -456,7 +500,7 @@ class ModelDP:
         sl = -(-max(slack, found.slack if found else 0) // 16) * 16
         od_hourly = float(q.od.price.hourly_usd)
         unit = float(key[2])  # type: ignore[arg-type]
-        table = solve(q.chains, od_hourly, unit, q.loss, lv, sl)
+        table = solve_world(q.world, od_hourly, unit, q.loss, lv, sl)
         self.stats[count] = self.stats.get(count, 0) + 1
         self._tables[key] = table
         self._tables.move_to_end(key)

@@ -123,15 +123,43 @@ class RunLengths:
 
 
 @dataclass(frozen=True, slots=True)
+class Timeline:
+    """When a pool's availability changed, in order, so that pools' histories can be lined up in time (a joint
+    model needs which pools were up together, not only each one's run lengths). From `origin` (where the history
+    starts) the pool is `first_up`; it flips at `origin + flips[i]` seconds (increasing; up to now, never later)."""
+
+    origin: datetime
+    first_up: bool
+    flips: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, changes: Iterable[tuple[datetime, bool]]) -> Timeline | None:
+        """The timeline of `(at, up)` observations in time order (repeats of a state are no change); None when
+        there are none."""
+        it = iter(changes)
+        first = next(it, None)
+        if first is None:
+            return None
+        origin, state = first
+        flips: list[float] = []
+        for at, up in it:
+            if up != state:
+                flips.append((at - origin).total_seconds())
+                state = up
+        return cls(origin, first[1], tuple(flips))
+
+
+@dataclass(frozen=True, slots=True)
 class PoolOutlook:
     """What a spot pool's availability history says up to now (never the future): whether it is up, how long it
     has been in that state, and the lengths of its past up and down runs (from the broker's availability feed,
-    or the trace replayed so far)."""
+    or the trace replayed so far); `timeline`, when the executor has it, says when each change happened."""
 
     up: bool
     age_hours: float
     up_runs: RunLengths = field(default_factory=RunLengths)
     down_runs: RunLengths = field(default_factory=RunLengths)
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.settings import DEV_API_KEY
 from broker.tables import AvailabilityChange, Placement
+from federation.strategies import Timeline
 from pricing.availability import Runs, load_trace_runs, runs_from_events, runs_from_trace
 from tests.builders import job_body, offering
 from tests.conftest import MovableClock
@@ -96,6 +97,13 @@ def test_feed_refreshes_and_reclaims_write_changes_not_samples(engine_rt: Runtim
     assert looks[spot.key].up and looks[spot.key].age_hours == 1.0
     assert looks[spot.key].up_runs.hours == (2.0,) and looks[spot.key].down_runs.hours == (1.0, 1.0)
     assert not looks[other.key].up and looks[other.key].age_hours == 3.0
+    # dated, for a joint model: up from h(0), down at 2, up at 3, reclaimed at 5, up at 6 (seconds since h(0))
+    assert looks[spot.key].timeline == Timeline(h(0), True, (7200.0, 10800.0, 18000.0, 21600.0))
+    assert looks[other.key].timeline == Timeline(h(0), True, (14400.0,))
+    # as of h(4.5): only what was recorded by then
+    with Session(engine_rt.engine) as s:
+        early = pool_outlooks(s, [spot.key], h(4.5))[spot.key]
+    assert early.timeline == Timeline(h(0), True, (7200.0, 10800.0))
 
 
 def test_a_configured_trace_adds_its_runs_as_prior_history(engine_rt: Runtime) -> None:

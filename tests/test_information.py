@@ -10,13 +10,13 @@ from functools import cache
 import numpy as np
 import pytest
 
+from federation.joint_chain import allowed
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.information import (
     FEASIBLE,
     IDLE,
     KEEP,
     JointChain,
-    allowed,
     by_start_state,
     coarsen,
     fit,

@@ -63,7 +63,7 @@ from broker.services.agent_reports import INFRA_FAILED
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
-from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, deadline_strategy, decide
+from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, decide
 from pricing.book import PriceBook
 from pricing.extras import extra_hourly_table
 from providers.base import (
@@ -365,8 +365,9 @@ def _deadline_decision(
         checkpoint_interval_hours=rt.settings.checkpoint_interval_hours,
         notice_seconds=_notice_seconds(rt),
     )
-    strategy = deadline_strategy(rt.settings.restart_hours)
-    plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
+    strategy = rt.deadline_strategy()
+    with rt.deadline_policy_lock:
+        plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
     if plan.move is not Move.LAUNCH or plan.offering is None:

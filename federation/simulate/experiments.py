@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+import federation.chain_dp
 import federation.forecast  # registers the forecasting strategy
 import federation.model_dp  # noqa: F401  (registers the model DP strategy)
 from federation.burst import BurstParams

@@ -3,7 +3,8 @@
 Role: measure how far ANY causal policy must stay above the omniscient optimum (`federation.simulate.optimum`)
 on a market, by building a synthetic world statistically like it in which the best causal policy is computable.
 
-World (`JointChain`): the zones' joint availability as a Markov chain at a step of one changeover unit (15 min).
+World (`JointChain`, counted by `federation.joint_chain`): the zones' joint availability as a Markov chain at a
+step of one changeover unit (15 min).
 A state is (bitmask of the zones that are up, age bucket of that bitmask); ages count steps the bitmask has held
 (1 = it changed this step), bucketed by `edges` (default 1 / 2-4 / 5-16 / 17+ steps: 0-15 min, 15-60 min, 1-4 h,
 4 h+). From (mask, b) the chain goes to (mask, b) (a bucket wider than one step, or the last), to (mask, b + 1),
@@ -30,13 +31,13 @@ from datetime import datetime
 
 import numpy as np
 
+from federation.joint_chain import EDGES, masks_of, states_of_masks, transition_matrix
 from federation.simulate.deadline import DeadlineJob
 from federation.simulate.market import usd
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import EPOCH, SpotTrace, ZoneSeries
 
 STEP_SECONDS = 900
-EDGES = (1, 2, 5, 17)  # bucket b holds ages edges[b] .. edges[b + 1] - 1 steps (the last: edges[-1] and more)
 BIG = 1e15  # the cost of a deadline miss (infinity; finite so that 0 x BIG = 0 in expectations)
 FEASIBLE = 1e12  # values at or above this are misses
 
@@ -91,33 +92,6 @@ class JointChain:
         return self._stationary  # type: ignore[return-value]
 
 
-def bucket_of(age: int, edges: Sequence[int] = EDGES) -> int:
-    """The bucket of an age of `age` steps (>= 1)."""
-    b = 0
-    while b + 1 < len(edges) and age >= edges[b + 1]:
-        b += 1
-    return b
-
-
-def allowed(edges: Sequence[int], nzones: int) -> np.ndarray:
-    """(states, states) bool: the transitions the chain structure allows (see the module docstring)."""
-    nb = len(edges)
-    n = (1 << nzones) * nb
-    ok = np.zeros((n, n), dtype=bool)
-    for mask in range(1 << nzones):
-        for b in range(nb):
-            c = mask * nb + b
-            last = b == nb - 1
-            if last or edges[b + 1] - edges[b] > 1:
-                ok[c, c] = True
-            if not last:
-                ok[c, c + 1] = True
-            for other in range(1 << nzones):
-                if other != mask:
-                    ok[c, other * nb] = True
-    return ok
-
-
 def coarsen(trace: SpotTrace, step_seconds: int = STEP_SECONDS) -> SpotTrace:
     """`trace` on a grid of `step_seconds` (a multiple of its gap): a zone is up in a step only if up in all its
     ticks; its price in the step is the mean of its ticks' prices (4 decimals). A last partial step is dropped."""
@@ -146,14 +120,7 @@ def coarsen(trace: SpotTrace, step_seconds: int = STEP_SECONDS) -> SpotTrace:
 def states_of(trace: SpotTrace, edges: Sequence[int] = EDGES) -> np.ndarray:
     """The chain state at each tick of `trace` (whose gap is the chain's step), ages counted from the trace's
     start (the first run's age is truncated there)."""
-    bits = np.array([z.available for z in trace.zones], dtype=np.int64)  # (zones, ticks)
-    masks = (bits << np.arange(len(trace.zones))[:, None]).sum(axis=0)
-    out = np.empty(len(masks), dtype=np.int64)
-    age = 0
-    for i, m in enumerate(masks):
-        age = age + 1 if i and m == masks[i - 1] else 1
-        out[i] = m * len(edges) + bucket_of(age, edges)
-    return out
+    return states_of_masks(masks_of(np.array([z.available for z in trace.zones], dtype=bool)), edges)
 
 
 def fit(
@@ -174,12 +141,7 @@ def fit(
     coarse = coarsen(sub, step_seconds)
     st = states_of(coarse, edges)
     lo, hi = start_tick // f, min(len(st), end // f)
-    ok = allowed(edges, len(zones))
-    counts = np.where(ok, pseudo, 0.0)
-    np.add.at(counts, (st[lo : hi - 1], st[lo + 1 : hi]), 1.0)
-    unseen = counts.sum(axis=1) == 0  # a state never visited (pseudo 0): uniform over its allowed moves
-    counts[unseen] = ok[unseen]
-    transition = counts / counts.sum(axis=1, keepdims=True)
+    transition = transition_matrix(st[lo:hi], edges, len(zones), pseudo)
     prices = tuple(round(float(np.mean(z.spot_usd[start_tick:end])), 4) for z in sub.zones)
     regions = tuple(z.region for z in sub.zones)
     return JointChain(

@@ -6,8 +6,8 @@ pool's interruption rate is what a broker could have known at that tick: reclaim
 `rate_window_hours` before it, blended with a prior (`pricing.risk.blend`), refreshed hourly - never the future.
 Books are immutable and memoized per tick, so every policy replaying the same trace shares them.
 `TraceMarket(trace).outlook(tick)` is each spot pool's availability history at that tick (`PoolOutlook`: up or
-down, for how long, and the lengths of the up and down runs that ended before it) - again never the future, as a
-broker's availability feed would give it.
+down, for how long, the lengths of the up and down runs that ended before it, and its timeline of changes up to
+it) - again never the future, as a broker's availability feed would give it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from federation.simulate.traces import SpotTrace, ZoneSeries
-from federation.strategies import PoolOutlook, RunLengths
+from federation.strategies import PoolOutlook, RunLengths, Timeline
 from pricing.book import PriceBook
 from pricing.risk import PoolExperience, blend
 from providers.accelerators import memory_gib
@@ -43,6 +43,7 @@ class TraceMarket:
     _runs: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict, repr=False)
     _lengths: dict[tuple[str, int], tuple[RunLengths, RunLengths]] = field(default_factory=dict, repr=False)
     _outlooks: dict[int, dict[str, PoolOutlook]] = field(default_factory=dict, repr=False)
+    _timelines: dict[tuple[str, int], Timeline] = field(default_factory=dict, repr=False)
 
     def outlook(self, tick: int) -> dict[str, PoolOutlook]:
         """Per spot pool key: up or down at `tick`, for how long, and the up/down runs that ended before it."""
@@ -61,8 +62,19 @@ class TraceMarket:
                     lengths = (RunLengths.of(ups), RunLengths.of(downs))
                     self._lengths[(z.zone, i)] = lengths
                 key = offering_key(t.provider, z.region, z.zone, t.instance_type, CapacityType.SPOT)
-                found[key] = PoolOutlook(up, (tick - start) * t.gap_hours, lengths[0], lengths[1])
+                found[key] = PoolOutlook(up, (tick - start) * t.gap_hours, lengths[0], lengths[1], self._timeline(z, i))
             self._outlooks[tick] = found
+        return found
+
+    def _timeline(self, zone: ZoneSeries, run: int) -> Timeline:
+        """The zone's timeline up to its run number `run` (the flips that started runs 1 .. `run`), memoized per
+        run so that the ticks of one run share it."""
+        found = self._timelines.get((zone.zone, run))
+        if found is None:
+            runs = self._zone_runs(zone)
+            flips = tuple(a * self.trace.gap_seconds for a, _, _ in runs[1 : run + 1])
+            found = Timeline(self.trace.start_at, runs[0][2], flips)
+            self._timelines[(zone.zone, run)] = found
         return found
 
     def _zone_runs(self, zone: ZoneSeries) -> list[tuple[int, int, bool]]:

@@ -1,0 +1,138 @@
+"""The expected-value deadline DP on the spot pools' JOINT availability chain (issue 18, point 1).
+
+Role: `ChainDP` ("chain_dp") is `federation.model_dp.ModelDP` with another model under the same DP. Where
+`ModelDP` plans over the best two pools as independent chains, `ChainDP` plans over up to `max_zones` pools whose
+availability is one Markov chain over (bitmask of the pools up, age bucket of that bitmask), fitted by
+`federation.joint_chain` on their dated histories (`PoolOutlook.timeline`: the broker's `availability_change`
+rows, or the trace replayed so far). A region short of capacity takes its zones down together; independent
+chains see that as unlikely coincidences, the joint chain sees it as what happens. This is the world in which
+`federation.simulate.information` computes the best causal policy (`benchmarks/information_bound.py`); here it is
+fitted causally, on the history before each model epoch, and run as a strategy.
+
+Which pools: per model epoch (`refit_hours`), among the spot pools of the job's shape with a timeline, the
+`max_zones` cheapest per hour up over the shared history (price / share of steps up; the joint chain has
+2^zones x 4 states, so the set stays small). The running spot pool must be one of them, else `Overspill` decides.
+The pools are those of the outlook (the job's spot pools), priced as the book lists them now or, when the
+executor leaves one out for a while, as last listed.
+The chain is fitted once per epoch and pool set on the steps from the latest start of their histories to the
+epoch's start, at the DP's unit (the changeover, at least one tick); with fewer than `min_history_hours` of
+shared history, `Overspill` decides. The joint state now is the pools' current up/down states and the age of
+the youngest of their current runs.
+
+Contract: as `ModelDP` (pure, deterministic for a given state, the past only; `Overspill` is the fallback and the
+safety net near the deadline; `prepare` solves a tick's tables ahead of its decisions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar
+
+import numpy as np
+
+from federation.joint_chain import EDGES, bucket_of, fit_timelines, grid_up
+from federation.model_dp import ModelDP, OutlookAt, World
+from federation.strategies import PoolOutlook, RunState, Timeline, register
+from pricing.book import PriceBook
+from providers.model import Offering
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """One epoch's joint chain: the pools (keys, in bit order), the transition matrix and its id."""
+
+    keys: tuple[str, ...]
+    matrix: np.ndarray
+    ups: list[np.ndarray]
+    steps: int
+
+
+@dataclass(frozen=True)
+class ChainDP(ModelDP):
+    """The DP of `ModelDP` on the joint availability chain of up to `max_zones` pools (module docstring)."""
+
+    name: ClassVar[str] = "chain_dp"
+    max_zones: int = 4
+    min_history_hours: float = 72.0
+    pseudo: float = 0.1
+    edges: tuple[int, ...] = EDGES
+    # each pool as last listed: a pool the executor leaves out of the book for a while (the live loop's reclaim
+    # blocklist) stays in the chain, so the world does not change with it (the DP's wish to launch it defers)
+    _seen: dict[str, Offering] = field(default_factory=dict, compare=False, repr=False)
+
+    def _world(
+        self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
+    ) -> tuple[list[Offering], World, int] | None:
+        from federation.forecast import pools_of_shape
+
+        seen = self._seen
+        seen.update((o.key, o) for o in pools_of_shape(state, book))
+        every = {k: seen[k] for k in state.outlook if k in seen}
+        looks = {k: lk for k, lk in state.outlook.items() if k in every and lk.timeline is not None}
+        if not looks:
+            return None
+        epoch = self.epoch(state.now)
+        fit = self._fit(looks, every, epoch, unit)
+        if fit is None:
+            return None
+        chosen = [every[k] for k in fit.keys]
+        prices = tuple(float(o.price.hourly_usd) for o in chosen)
+        world = World(
+            fit.matrix, fit.ups, prices, ("joint", epoch, fit.keys, fit.steps, tuple(round(p, 6) for p in prices))
+        )
+        now_looks = [looks[k] for k in fit.keys]
+        mask = sum(1 << z for z, lk in enumerate(now_looks) if lk.up)
+        age_steps = math.floor(min(lk.age_hours for lk in now_looks) / unit + 1e-9) + 1
+        return chosen, world, mask * len(self.edges) + bucket_of(age_steps, self.edges)
+
+    def _fit(
+        self, looks: Mapping[str, PoolOutlook], every: Mapping[str, Offering], epoch: int, unit: float
+    ) -> _Fit | None:
+        """The epoch's chain for these pools (fitted once per epoch and candidate set; None: too little history)."""
+        key = ("joint", epoch, tuple(sorted(looks)), round(unit, 9))
+        if key in self._chains:
+            return self._chains[key]  # type: ignore[return-value]
+        if any(k[1] != epoch for k in self._chains):
+            self._chains.clear()  # a new epoch: the old fits are not used again
+        end = self.epoch_start(epoch)
+        timelines = {k: lk.timeline for k, lk in looks.items() if lk.timeline is not None}
+        found = None
+        keys = _cheapest(timelines, every, end, unit * 3600, self.max_zones, self.min_history_hours)
+        if keys:
+            lines = [timelines[k] for k in keys]
+            matrix, steps = fit_timelines(lines, end, unit * 3600, self.edges, self.pseudo)
+            nb = len(self.edges)
+            masks = np.arange(matrix.shape[0]) // nb
+            ups = [((masks >> z) & 1).astype(bool) for z in range(len(keys))]
+            found = _Fit(keys, matrix, ups, steps)
+        self._chains[key] = found  # type: ignore[assignment]
+        return found
+
+
+def _cheapest(
+    timelines: Mapping[str, Timeline],
+    every: Mapping[str, Offering],
+    end: datetime,
+    step_seconds: float,
+    count: int,
+    min_hours: float,
+) -> tuple[str, ...]:
+    """The `count` pools cheapest per hour up (price / share of steps up) over the history they all share before
+    `end`, in key order; () when that history is shorter than `min_hours` or no pool was ever up."""
+    start = max(t.origin for t in timelines.values())
+    steps = int((end - start).total_seconds() // step_seconds)
+    if steps * step_seconds < min_hours * 3600 or steps < 2:
+        return ()
+    ranked: list[tuple[float, str]] = []
+    for k, t in timelines.items():
+        share = float(grid_up(t, start, steps, step_seconds).mean())
+        if share > 0:
+            ranked.append((float(every[k].price.hourly_usd) / share, k))
+    ranked.sort()
+    return tuple(sorted(k for _, k in ranked[:count]))
+
+
+register(ChainDP.name, ChainDP)

@@ -1,0 +1,170 @@
+"""The joint-chain DP policy (federation/chain_dp.py) and its model (federation/joint_chain.py): the chain fitted
+on dated timelines is the one the Bayes bound fits on the trace, the all-up rule on a step, correlated outages
+seen as one event, deadlines met on traces, decisions from the past only, and the live loop's setting."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from broker.runtime import Runtime
+from broker.settings import Settings
+from federation.chain_dp import ChainDP
+from federation.joint_chain import EDGES, fit_timelines, grid_up, masks_of, states_of_masks
+from federation.policies import build_deadline_policy
+from federation.simulate.deadline import DeadlineJob, run_deadline
+from federation.simulate.information import fit
+from federation.simulate.market import TraceMarket
+from federation.simulate.optimum import optimum_cost
+from federation.simulate.traces import SpotTrace
+from federation.strategies import Overspill, Timeline, make_strategy
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_timeline_keeps_only_the_changes() -> None:
+    at = [T + timedelta(minutes=m) for m in (0, 5, 10, 20, 25)]
+    line = Timeline.of(zip(at, (True, True, False, True, True), strict=True))
+    assert line == Timeline(T, True, (600.0, 1200.0))
+    assert Timeline.of([]) is None
+
+
+def test_a_step_is_up_only_if_the_pool_is_up_for_all_of_it() -> None:
+    """Up from 0, down at 10 min, up at 20 min; 15-minute steps: [0, 15) holds the drop and [15, 30) the return,
+    so both are down; [30, 45) is up. Without the return, the pool stays down."""
+    line = Timeline(T, True, (600.0, 1200.0))
+    assert grid_up(line, T, 3, 900).tolist() == [False, False, True]
+    assert grid_up(Timeline(T, True, (600.0,)), T, 3, 900).tolist() == [False, False, False]
+    assert grid_up(line, T + timedelta(minutes=30), 2, 900).tolist() == [True, True]
+    # a flip exactly at a step's end belongs to the next step
+    assert grid_up(Timeline(T, True, (900.0,)), T, 2, 900).tolist() == [True, False]
+    with pytest.raises(ValueError, match="before the pool's history"):
+        grid_up(line, T - timedelta(minutes=15), 1, 900)
+
+
+def _random_trace(seed: int, n: int = 600, correlated: bool = False) -> SpotTrace:
+    """Three zones on 5-minute ticks; `correlated`: b and c go down whenever a does (a region-wide shortage)."""
+    rng = random.Random(seed)
+    bits = {}
+    for z in ("tr-1a", "tr-1b", "tr-1c"):
+        out, up = [], rng.random() < 0.5
+        while len(out) < n:
+            out += ["1" if up else "0"] * rng.choice([2, 5, 9, 20, 40] if up else [1, 3, 6, 12])
+            up = not up
+        bits[z] = "".join(out[:n])
+    if correlated:
+        a = bits["tr-1a"]
+        for z in ("tr-1b", "tr-1c"):
+            bits[z] = "".join(x if y == "1" else "0" for x, y in zip(bits[z], a, strict=True))
+    return SpotTrace.from_bits(bits, {"tr-1a": 1.0, "tr-1b": 1.2, "tr-1c": 1.1}, on_demand_usd=3.0, gap_seconds=300)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_chain_fitted_on_timelines_is_the_bayes_bounds_chain_of_the_trace(seed: int) -> None:
+    """The strategy sees the pools only through the outlook's timelines; fitted on them to the end of the trace,
+    its chain is exactly `information.fit` on the trace (coarsened to 15 minutes, all-up rule)."""
+    t = _random_trace(seed)
+    n = len(t) - len(t) % 3
+    look = TraceMarket(t).outlook(n - 1)
+    lines = [look[k].timeline for k in sorted(look)]
+    assert all(line is not None for line in lines)
+    matrix, steps = fit_timelines(lines, t.at(n), 900.0, EDGES, 0.1)  # type: ignore[arg-type]
+    expected = fit(t, [z.zone for z in t.zones], 0, n, EDGES, 0.1, 900)
+    assert steps == n // 3
+    np.testing.assert_allclose(matrix, expected.transition, rtol=0, atol=1e-12)
+
+
+def test_correlated_outages_are_one_event_in_the_joint_chain() -> None:
+    """b and c go down whenever a does: from 'all up', the chain counts no move to 'a down, b and c up' (only
+    the pseudo-count is left), while independent chains would give it the product of the marginals."""
+    t = _random_trace(4, n=3000, correlated=True)
+    n = len(t)
+    look = TraceMarket(t).outlook(n - 1)
+    lines = [look[k].timeline for k in sorted(look)]  # key order: tr-1a, tr-1b, tr-1c -> bits 0, 1, 2
+    matrix, steps = fit_timelines(lines, t.at(n), 900.0, EDGES, 0.0)  # type: ignore[arg-type]
+    nb = len(EDGES)
+    up = np.array([grid_up(line, t.start_at, steps, 900.0) for line in lines])  # type: ignore[arg-type]
+    visited = set(states_of_masks(masks_of(up), EDGES)[:-1].tolist())
+    all_up = [0b111 * nb + b for b in range(nb) if 0b111 * nb + b in visited]  # (pseudo 0: unvisited rows are flat)
+    assert all_up
+    only_a_down = 0b110 * nb
+    assert matrix[all_up][:, only_a_down].max() == 0.0
+    a_down_moves = matrix[all_up][:, [m * nb for m in range(8) if not m & 1]].sum(axis=1)
+    assert a_down_moves.max() > 0  # a does go down from 'all up'...
+    assert matrix[all_up][:, [0b000 * nb, 0b010 * nb, 0b100 * nb]].sum() > 0  # ...and takes b and c with it
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_random_traces_it_meets_every_deadline_and_the_dp_decides(seed: int) -> None:
+    t = _random_trace(seed, n=1400, correlated=seed == 2)
+    m = TraceMarket(t)
+    policy = ChainDP(restart_hours=0.25, min_history_hours=24.0)
+    seen: set[str] = set()
+    for start, work, dl in ((600, 120, 200), (800, 60, 150), (1000, 100, 130)):  # 5-minute ticks
+        job = DeadlineJob(f"j{start}", start, work, dl, 3, checkpoint_ticks=6)
+        for notice in ({"aws": 120.0}, {}):
+            run = run_deadline(m, job, policy, record=True, notice_seconds=notice)
+            assert run.met_deadline, (seed, start, notice)
+            assert run.cost_usd >= optimum_cost(t, job) - 1e-9
+            seen.update(mv.split(":")[1] for mv in run.moves)
+    assert policy.stats.get("prepare_solves", 0) > 0  # the DP was asked, not only its fallback
+    assert "launch" in seen
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_decisions_use_only_the_past_perturbing_the_future_changes_nothing_before_it(seed: int) -> None:
+    t = _random_trace(seed, n=1000)
+    job = DeadlineJob("j", 600, 60, 150, 3, checkpoint_ticks=6)
+    cut = 600 + 60
+    rng = random.Random(seed + 50)
+    flipped = {
+        z.zone: "".join("1" if b else "0" for b in z.available[:cut])
+        + "".join(rng.choice("01") for _ in range(len(t) - cut))
+        for z in t.zones
+    }
+    other = SpotTrace.from_bits(flipped, {z.zone: z.spot_usd[0] for z in t.zones}, 3.0, 300)
+    kw = {"restart_hours": 0.25, "min_history_hours": 24.0}
+    policy = ChainDP(**kw)
+    a = run_deadline(TraceMarket(t), job, policy, record=True)
+    b = run_deadline(TraceMarket(other), job, ChainDP(**kw), record=True)
+    k = cut - job.start_tick
+    assert a.moves[:k] == b.moves[:k] and len(a.moves) > k
+    assert policy.stats.get("prepare_solves", 0) > 0
+
+
+def test_without_enough_history_it_decides_as_overspill() -> None:
+    t = _random_trace(7, n=400)
+    m = TraceMarket(t)
+    job = DeadlineJob("j", 100, 60, 150, 3, checkpoint_ticks=6)  # 8 h 20 min of history, 72 h needed
+    ours = run_deadline(m, job, Overspill(restart_hours=0.25), record=True)
+    policy = ChainDP(restart_hours=0.25)
+    dp = run_deadline(m, job, policy, record=True)
+    assert dp.moves == ours.moves
+    assert policy.stats.get("prepare_solves", 0) == 0
+
+
+def test_the_deadline_policy_is_chosen_by_name_with_a_clear_error() -> None:
+    assert isinstance(build_deadline_policy("chain_dp", 0.25), ChainDP)
+    assert isinstance(make_strategy("chain_dp", restart_hours=0.25), ChainDP)
+    with pytest.raises(ValueError, match=r"'nope' is not one of: chain_dp, .*overspill"):
+        build_deadline_policy("nope", 0.25)
+
+
+def test_the_broker_setting_picks_the_policy_once_per_process(
+    tmp_path: Path, db_url: str, make_runtime: Callable[..., Runtime]
+) -> None:
+    """`OVERSPILL_DEADLINE_POLICY` names the live loop's deadline policy; an unknown name is refused at start-up
+    naming the setting and the choices; the runtime builds the policy once, so a DP's tables outlive a tick."""
+    with pytest.raises(ValidationError, match=r"deadline_policy[\s\S]*'nope' is not one of: chain_dp"):
+        Settings(data_dir=tmp_path, deadline_policy="nope")
+    rt = make_runtime(db_url, deadline_policy="chain_dp", restart_hours=0.25)
+    policy = rt.deadline_strategy()
+    assert isinstance(policy, ChainDP) and policy.restart_hours == 0.25
+    assert rt.deadline_strategy() is policy
+    assert isinstance(make_runtime(db_url).deadline_strategy(), Overspill)
