@@ -37,13 +37,15 @@ the checkpoint interval when the cloud's notice is too short to save: `RunState.
 that much slack. Slack below 0 is a missed deadline: infinite cost, so an action with any possible future (any
 positive-probability path) that misses it is never chosen.
 
-Solve: backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint transition
-matrix (the Kronecker product of the two pools' chains). The table (best action per state) does not depend on the
-job, only on the two chains, the prices, u and the loss, so one table serves every job (their work and slack are
-coordinates in it). The chains are refitted once per `refit_hours` (24 h) on the history as of the epoch's start,
-and `prepare` (called once per tick before the tick's decisions, by the simulator and any loop that runs this
-policy) solves the tables the tick's decisions need, so a decision is one look-up; a table is re-solved only when
-the epoch's quantised model, a price or the pair changes, or a longer job needs a larger one.
+Solve (`solve_world`): backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint
+transition matrix of a `World` - here the Kronecker product of the two pools' chains (`world_of`); the subclass
+`federation.chain_dp.ChainDP` plans on a jointly fitted chain instead (the `_world` hook). The table (best action
+per state) does not depend on the job, only on the two chains, the prices, u and the loss, so one table serves
+every job (their work and slack are coordinates in it). The chains are refitted once per `refit_hours` (24 h) on
+the history as of the epoch's start, and `prepare` (called once per tick before the tick's decisions, by the
+simulator and any loop that runs this policy) solves the tables the tick's decisions need, so a decision is one
+look-up; a table is re-solved only when the epoch's quantised model, a price or the pair changes, or a longer job
+needs a larger one.
 
 Contract: pure (no clock, no I/O); deterministic for a given state; information is the history before now only
 (`RunState.outlook`, the book at now). Falls back to `Overspill` (today's strategy) without a deadline, when a
@@ -226,19 +228,6 @@ def world_of(chains: Sequence[PoolChain]) -> World:
     """The world of independent pools: the Kronecker product of their chains."""
     m, ups = joint(chains)
     return World(m, ups, tuple(c.price for c in chains), tuple(c.key for c in chains))
-
-
-def solve(
-    chains: Sequence[PoolChain],
-    od_hourly: float,
-    unit: float,
-    loss: int,
-    levels: int,
-    slack: int,
-    keep_values: bool = False,
-) -> Table:
-    """`solve_world` on independent pools."""
-    return solve_world(world_of(chains), od_hourly, unit, loss, levels, slack, keep_values)
 
 
 def solve_world(

@@ -106,6 +106,17 @@ def _sim_launches(
     return launches, run.cost_usd
 
 
+def _runtime(make_runtime: Callable[..., Runtime], db_url: str, job: DeadlineJob) -> Runtime:
+    """A broker ticking every `GAP` seconds with the simulator's changeover and checkpoint interval."""
+    return make_runtime(
+        db_url,
+        simulated=False,
+        restart_hours=RESTART_TICKS * GAP / 3600,
+        tick_interval_seconds=GAP,
+        checkpoint_interval_hours=job.checkpoint_ticks * GAP / 3600,
+    )
+
+
 def _replay(
     rt: Runtime, market: TraceMarket, job: DeadlineJob, clock: MovableClock
 ) -> tuple[list[tuple[int, str]], Job | None, Decimal]:
@@ -149,14 +160,7 @@ def test_the_live_loop_replays_a_trace_with_the_simulators_decisions(
     assert [(t, k.split("/")[2]) for t, k in expected] == [(0, "tr-1a"), (5, "tr-1b"), (15, "tr-1a")]
 
     assert clock() == T0
-    rt = make_runtime(
-        db_url,
-        simulated=False,
-        restart_hours=RESTART_TICKS * GAP / 3600,
-        tick_interval_seconds=GAP,
-        checkpoint_interval_hours=job.checkpoint_ticks * GAP / 3600,
-    )
-    live, done, ledger = _replay(rt, market, job, clock)
+    live, done, ledger = _replay(_runtime(make_runtime, db_url, job), market, job, clock)
     assert live == expected
     assert done is not None and done.state == "succeeded" and done.finished_at is not None
     assert done.finished_at <= T0 + timedelta(seconds=GAP * job.deadline_ticks)
@@ -195,13 +199,7 @@ def test_the_live_loop_runs_the_joint_chain_dp_with_the_simulators_decisions(
     ]
     assert len(greedy) == 5 and sim_cost < greedy_cost
 
-    rt = make_runtime(
-        db_url,
-        simulated=False,
-        restart_hours=RESTART_TICKS * GAP / 3600,
-        tick_interval_seconds=GAP,
-        checkpoint_interval_hours=job.checkpoint_ticks * GAP / 3600,
-    )
+    rt = _runtime(make_runtime, db_url, job)
     rt.deadline_policy = _chain_dp()
     live, done, ledger = _replay(rt, market, job, clock)
     assert live == expected

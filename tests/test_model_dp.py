@@ -11,7 +11,17 @@ import random
 import numpy as np
 import pytest
 
-from federation.model_dp import IDLE, OD, ModelDP, PoolChain, chain_from_hazards, joint, pool_chain, solve
+from federation.model_dp import (
+    IDLE,
+    OD,
+    ModelDP,
+    PoolChain,
+    chain_from_hazards,
+    joint,
+    pool_chain,
+    solve_world,
+    world_of,
+)
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
@@ -66,7 +76,7 @@ def brute_force(chains: list[PoolChain], od: float, loss: int, tau: int, sigma: 
 def test_the_dp_value_is_the_brute_force_expectimax_on_a_tiny_model(seed: int, loss: int) -> None:
     chains = [tiny_chain(1.0, seed), tiny_chain(1.4, seed + 100)]
     levels, slack = 7, 4
-    table = solve(chains, 3.0, 1.0, loss, levels, slack, keep_values=True)
+    table = solve_world(world_of(chains), 3.0, 1.0, loss, levels, slack, keep_values=True)
     checked = finite = 0
     for tau in range(levels + 1):
         for sigma in range(min(slack, tau) + 1):
