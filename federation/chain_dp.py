@@ -16,8 +16,14 @@ The pools are those of the outlook (the job's spot pools), priced as the book li
 executor leaves one out for a while, as last listed.
 The chain is fitted once per epoch and pool set on the steps from the latest start of their histories to the
 epoch's start, at the DP's unit (the changeover, at least one tick); with fewer than `min_history_hours` of
-shared history, `Overspill` decides. The joint state now is the pools' current up/down states and the age of
-the youngest of their current runs.
+shared history, `Overspill` decides; when the DP would wait or stay on on-demand while a spot pool outside its
+set is up, `Overspill` (which weighs every pool) decides too. The joint state now is the pools' current up/down
+states and the age of the youngest of their current runs.
+
+Where a reclaim loses work (the cloud's notice is shorter than a save: AWS without the notice, GCP, Azure),
+`Overspill` decides (`with_loss` False): chosen on the first halves of the AWS tables (benchmarks/README.md),
+where the DP with its half-interval loss per reclaim did worse than `Overspill` in 3 of 4 (us-east-1 1.192x vs
+1.186x, 9 zones 1.324x vs 1.197x, 2022 x1 1.640x vs 1.602x; better on 2022 x8, 1.282x vs 1.318x).
 
 Contract: as `ModelDP` (pure, deterministic for a given state, the past only; `Overspill` is the fallback and the
 safety net near the deadline; `prepare` solves a tick's tables ahead of its decisions).
@@ -34,10 +40,10 @@ from typing import ClassVar
 import numpy as np
 
 from federation.joint_chain import EDGES, bucket_of, fit_timelines, grid_up
-from federation.model_dp import ModelDP, OutlookAt, World
-from federation.strategies import PoolOutlook, RunState, Timeline, register
+from federation.model_dp import IDLE, OD, ModelDP, OutlookAt, World, _Query
+from federation.strategies import PoolOutlook, RunState, Timeline, pools, register
 from pricing.book import PriceBook
-from providers.model import Offering
+from providers.model import CapacityType, Offering
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +65,18 @@ class ChainDP(ModelDP):
     min_history_hours: float = 72.0
     pseudo: float = 0.1
     edges: tuple[int, ...] = EDGES
+    with_loss: bool = False  # plan also where a reclaim loses work (no usable notice); off: see the docstring
     # each pool as last listed: a pool the executor leaves out of the book for a while (the live loop's reclaim
     # blocklist) stays in the chain, so the world does not change with it (the DP's wish to launch it defers)
     _seen: dict[str, Offering] = field(default_factory=dict, compare=False, repr=False)
+
+    def _defers(self, state: RunState, book: PriceBook, q: _Query, act: int) -> bool:
+        """Waiting or on-demand while a spot pool outside the DP's pools is up: the DP cannot weigh that pool, so
+        `Overspill` (which ranks every pool) decides."""
+        if act not in (IDLE, OD) or not state.job.preemptible:
+            return False
+        mine = {o.key for o in q.pair}
+        return any(o.key not in mine for o in pools(state, book, frozenset({CapacityType.SPOT})))
 
     def _world(
         self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
@@ -71,6 +86,8 @@ class ChainDP(ModelDP):
         seen = self._seen
         seen.update((o.key, o) for o in pools_of_shape(state, book))
         every = {k: seen[k] for k in state.outlook if k in seen}
+        if not self.with_loss and any(state.spot_loss_hours(o.provider) > 0 for o in every.values()):
+            return None  # a reclaim would lose work: `Overspill`'s margins did better (module docstring)
         looks = {k: lk for k, lk in state.outlook.items() if k in every and lk.timeline is not None}
         if not looks:
             return None

@@ -376,8 +376,8 @@ class ModelDP:
         else:
             self._tables.move_to_end(q.key)
         act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.joint]) if table is not None else -1
-        if act < 0:
-            return base  # every action risks the deadline on the DP's grid
+        if act < 0 or self._defers(state, book, q, act):
+            return base  # every action risks the deadline on the DP's grid, or the DP's world is too small
         unit = state.ticks(max(self.restart_hours, state.tick_hours))
         why = f"model DP (slack {q.sigma} x {unit:g} h, work {q.work} units)"
         if act == IDLE:
@@ -393,6 +393,11 @@ class ModelDP:
         if q.mode == act:
             return keep(state, self.name, f"{why}: stay on spot {target.key}")
         return launch(state, self.name, target, f"{why}: spot {target.key} has the least expected cost")
+
+    def _defers(self, state: RunState, book: PriceBook, q: _Query, act: int) -> bool:
+        """Whether the DP's action `act` is left to `Overspill` (here: never; a subclass whose world leaves pools
+        out may)."""
+        return False
 
     def _query(self, state: RunState, book: PriceBook, outlook_at: OutlookAt | None) -> _Query | None:
         """The table and the coordinates `decide` would use for `state`; None where it defers to `Overspill`."""

@@ -23,7 +23,9 @@ from federation.simulate.information import fit
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import SpotTrace
-from federation.strategies import Overspill, Timeline, make_strategy
+from federation.strategies import Move, Overspill, Plan, RunState, Timeline, make_strategy, pools
+from pricing.book import PriceBook
+from providers.model import CapacityType
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -149,6 +151,21 @@ def test_without_enough_history_it_decides_as_overspill() -> None:
     assert policy.stats.get("prepare_solves", 0) == 0
 
 
+def test_where_a_reclaim_loses_work_overspill_decides_unless_asked_otherwise() -> None:
+    """No usable notice (a reclaim loses the work since the last checkpoint): `Overspill` decides; with the AWS
+    notice, or with `with_loss`, the DP does."""
+    t = _random_trace(1, n=1000)
+    m = TraceMarket(t)
+    job = DeadlineJob("j", 600, 60, 150, 3, checkpoint_ticks=6)
+    ours = run_deadline(m, job, Overspill(restart_hours=0.25), record=True, notice_seconds={})
+    for notice, with_loss, dp_decides in (({}, False, False), ({"aws": 120.0}, False, True), ({}, True, True)):
+        policy = ChainDP(restart_hours=0.25, min_history_hours=24.0, with_loss=with_loss)
+        run = run_deadline(m, job, policy, record=True, notice_seconds=notice)
+        assert (policy.stats.get("prepare_solves", 0) > 0) is dp_decides, (notice, with_loss)
+        if not dp_decides:
+            assert run.moves == ours.moves
+
+
 def test_the_deadline_policy_is_chosen_by_name_with_a_clear_error() -> None:
     assert isinstance(build_deadline_policy("chain_dp", 0.25), ChainDP)
     assert isinstance(make_strategy("chain_dp", restart_hours=0.25), ChainDP)
@@ -168,3 +185,37 @@ def test_the_broker_setting_picks_the_policy_once_per_process(
     assert isinstance(policy, ChainDP) and policy.restart_hours == 0.25
     assert rt.deadline_strategy() is policy
     assert isinstance(make_runtime(db_url).deadline_strategy(), Overspill)
+
+
+def test_a_pool_outside_the_dps_set_that_is_up_is_left_to_overspill() -> None:
+    """With one pool in the DP's world (`max_zones` 1) and three in the market: the DP never waits or stays on
+    on-demand while another spot pool is up (those decisions are `Overspill`'s), and it does decide otherwise."""
+    t = _random_trace(2, n=1000)
+    m = TraceMarket(t)
+    policy = ChainDP(restart_hours=0.25, min_history_hours=24.0, max_zones=1)
+    seen: list[tuple[str, bool]] = []
+
+    class Spy:
+        name = "spy"
+
+        def decide(self, state: RunState, book: PriceBook) -> Plan:
+            plan = policy.decide(state, book)
+            q = policy._query(state, book, None)
+            if q is not None:
+                mine = {o.key for o in q.pair}
+                outside_up = any(o.key not in mine for o in pools(state, book, frozenset({CapacityType.SPOT})))
+                cautious = plan.move is Move.WAIT or (
+                    plan.offering is not None and plan.offering.capacity_type is CapacityType.ON_DEMAND
+                )
+                if plan.strategy == "chain_dp" and cautious:
+                    assert not outside_up
+                seen.append((plan.strategy, outside_up))
+            return plan
+
+        def prepare(self, *args: object) -> int:
+            return policy.prepare(*args)  # type: ignore[arg-type]
+
+    for start in (600, 700, 800):
+        job = DeadlineJob(f"j{start}", start, 60, 150, 3, checkpoint_ticks=6)
+        assert run_deadline(m, job, Spy(), notice_seconds={"aws": 120.0}).met_deadline  # type: ignore[arg-type]
+    assert ("chain_dp", False) in seen and ("overspill", True) in seen
