@@ -48,10 +48,11 @@ look-up; a table is re-solved only when the epoch's quantised model, a price or 
 needs a larger one.
 
 Contract: pure (no clock, no I/O); deterministic for a given state; information is the history before now only
-(`RunState.outlook`, the book at now). Falls back to `Overspill` (today's strategy) without a deadline, when a
-pool of the pair has fewer than `min_samples` past up or down runs, when the slack is within the safety margin
-(2d + loss + one tick, + d + one tick: `Overspill`'s rules there guarantee the deadline), and when the DP sees
-every action as infeasible on its grid. `exploit` (off by default) leaves a running spot pool to `Overspill`.
+(`RunState.outlook`, the book at now). Falls back to `Overspill` (today's strategy) when the job's table would
+exceed `max_table_cells` (a deadline weeks away), without a deadline, when a pool of the pair has fewer than
+`min_samples` past up or down runs, when the slack is within the safety margin (2d + loss + one tick, + d + one
+tick: `Overspill`'s rules there guarantee the deadline), and when the DP sees every action as infeasible on its
+grid. `exploit` (off by default) leaves a running spot pool to `Overspill`.
 """
 
 from __future__ import annotations
@@ -289,6 +290,16 @@ def solve_world(
 OutlookAt = Callable[[datetime], Mapping[str, PoolOutlook]]
 
 
+def _grown(n: int, step: int) -> int:
+    """`n` rounded up to a multiple of `step` (tables grow in steps so that jobs share them)."""
+    return -(-n // step) * step
+
+
+def _cells(levels: int, slack: int, world: World) -> int:
+    """The size of the action table `solve_world` allocates for `levels` and `slack`."""
+    return (levels + 1) * (slack + 1) * (2 + len(world.ups)) * world.matrix.shape[0]
+
+
 @dataclass(frozen=True, slots=True)
 class _Query:
     """What one decision needs from a table: its key and size, and the job's coordinates in it."""
@@ -324,6 +335,9 @@ class ModelDP:
     exploit: bool = False
     refit_hours: float = 24.0
     max_tables: int = 16
+    # the largest table (levels x slack x modes x joint states, one byte each) a decision may solve: a job with a
+    # deadline weeks away would need gigabytes; beyond this, `Overspill` decides (the simulator's largest: ~11 M)
+    max_table_cells: int = 32_000_000
     fallback: Overspill = field(default_factory=Overspill)
     stats: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[tuple[object, ...], PoolChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -425,6 +439,8 @@ class ModelDP:
         if found is None:
             return None
         pair, world, j = found
+        if _cells(_grown(work + sigma, 48), _grown(sigma, 16), world) > self.max_table_cells:
+            return None  # a table this size is not worth its memory: far from the deadline, spot is easy anyway
         loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
         od = safe[0]
         mode = IDLE
@@ -490,8 +506,10 @@ class ModelDP:
         if found is not None and found.levels >= levels and found.slack >= slack:
             self._tables.move_to_end(key)
             return found
-        lv = -(-max(levels, found.levels if found else 0) // 48) * 48
-        sl = -(-max(slack, found.slack if found else 0) // 16) * 16
+        lv = _grown(max(levels, found.levels if found else 0), 48)
+        sl = _grown(max(slack, found.slack if found else 0), 16)
+        if _cells(lv, sl, q.world) > self.max_table_cells:  # the union of two jobs' needs: this job's alone
+            lv, sl = _grown(levels, 48), _grown(slack, 16)
         od_hourly = float(q.od.price.hourly_usd)
         unit = float(key[2])  # type: ignore[arg-type]
         table = solve_world(q.world, od_hourly, unit, q.loss, lv, sl)

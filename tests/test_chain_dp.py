@@ -17,6 +17,7 @@ from broker.runtime import Runtime
 from broker.settings import Settings
 from federation.chain_dp import ChainDP
 from federation.joint_chain import EDGES, fit_timelines, grid_up, masks_of, states_of_masks
+from federation.model_dp import ModelDP
 from federation.policies import build_deadline_policy
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.information import fit
@@ -219,3 +220,21 @@ def test_a_pool_outside_the_dps_set_that_is_up_is_left_to_overspill() -> None:
         job = DeadlineJob(f"j{start}", start, 60, 150, 3, checkpoint_ticks=6)
         assert run_deadline(m, job, Spy(), notice_seconds={"aws": 120.0}).met_deadline  # type: ignore[arg-type]
     assert ("chain_dp", False) in seen and ("overspill", True) in seen
+
+
+@pytest.mark.parametrize("factory", [ChainDP, ModelDP])
+def test_a_table_too_big_for_its_memory_cap_is_not_solved(factory: type[ModelDP]) -> None:
+    """A job with a deadline weeks away would need a table of gigabytes: beyond `max_table_cells` the DP
+    policies leave the decision to `Overspill` instead of allocating it (here with a cap that any table passes)."""
+    t = _random_trace(1, n=1000)
+    m = TraceMarket(t)
+    job = DeadlineJob("j", 600, 60, 150, 3, checkpoint_ticks=6)
+    notice = {"aws": 120.0}
+    ours = run_deadline(m, job, Overspill(restart_hours=0.25), record=True, notice_seconds=notice)
+    kw = {"restart_hours": 0.25, "min_history_hours": 24.0} if factory is ChainDP else {"restart_hours": 0.25}
+    capped = factory(max_table_cells=1000, **kw)  # type: ignore[arg-type]
+    run = run_deadline(m, job, capped, record=True, notice_seconds=notice)
+    assert capped.stats == {} and run.moves == ours.moves
+    free = factory(**kw)  # type: ignore[arg-type]
+    run_deadline(m, job, free, record=True, notice_seconds=notice)
+    assert free.stats.get("prepare_solves", 0) > 0

@@ -17,9 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-import federation.chain_dp
-import federation.forecast  # registers the forecasting strategy
-import federation.model_dp  # noqa: F401  (registers the model DP strategy)
+import federation.policies  # noqa: F401  (registers forecast, model_dp and chain_dp)
 from federation.burst import BurstParams
 from federation.simulate.cluster import BurstPolicy, ClusterRun, simulate_cluster
 from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
