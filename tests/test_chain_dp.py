@@ -238,3 +238,12 @@ def test_a_table_too_big_for_its_memory_cap_is_not_solved(factory: type[ModelDP]
     free = factory(**kw)  # type: ignore[arg-type]
     run_deadline(m, job, free, record=True, notice_seconds=notice)
     assert free.stats.get("prepare_solves", 0) > 0
+
+
+def test_prices_on_a_grid_reuse_a_table_for_small_moves() -> None:
+    from federation.chain_dp import _on_grid
+
+    assert _on_grid(0.918, 0.05) == _on_grid(0.925, 0.05)  # a 0.8% move: the same table
+    assert _on_grid(0.918, 0.05) != _on_grid(0.918 * 1.06, 0.05)  # a step further: another
+    assert abs(_on_grid(0.918, 0.05) / 0.918 - 1) <= 0.025
+    assert _on_grid(0.918, 0.0) == 0.918
