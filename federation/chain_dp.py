@@ -21,7 +21,7 @@ set is up, `Overspill` (which weighs every pool) decides too. The joint state no
 states and the age of the youngest of their current runs. The DP prices the pools on a 5% grid (`price_step`): a
 spot price moving by less reuses the solved table. On us-east-1's month (`decision_bench.py --live`, where tables
 are solved inside decisions as in the live loop) exact prices meant 607 solves and a p99 of 95 ms, a 2% grid 184
-and 27 ms, 5% few enough that the p99 is a look-up (0.22 ms); the tables' costs moved by at most 0.003x.
+and 27 ms, 5% few enough that the p99 is a look-up (0.2 ms); the tables' costs moved by at most 0.003x.
 
 Where a reclaim loses work (the cloud's notice is shorter than a save: AWS without the notice, GCP, Azure),
 `Overspill` decides (`with_loss` False): chosen on the first halves of the AWS tables (benchmarks/README.md),
