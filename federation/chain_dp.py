@@ -51,7 +51,8 @@ from providers.model import CapacityType, Offering
 
 @dataclass(frozen=True, slots=True)
 class _Fit:
-    """One epoch's joint chain: the pools (keys, in bit order), the transition matrix and its id."""
+    """One epoch's joint chain: the pools (keys, in bit order), the transition matrix, per pool the joint states
+    with it up, and the number of steps the chain was counted on."""
 
     keys: tuple[str, ...]
     matrix: np.ndarray

@@ -72,8 +72,13 @@ class TraceMarket:
         found = self._timelines.get((zone.zone, run))
         if found is None:
             runs = self._zone_runs(zone)
-            flips = tuple(a * self.trace.gap_seconds for a, _, _ in runs[1 : run + 1])
-            found = Timeline(self.trace.start_at, runs[0][2], flips)
+            every = self._timelines.get((zone.zone, -1))
+            if every is None:  # all the zone's flips once; each run's timeline is a slice sharing its floats
+                every = Timeline(
+                    self.trace.start_at, runs[0][2], tuple(a * self.trace.gap_seconds for a, _, _ in runs[1:])
+                )
+                self._timelines[(zone.zone, -1)] = every
+            found = Timeline(every.origin, every.first_up, every.flips[:run])
             self._timelines[(zone.zone, run)] = found
         return found
 
