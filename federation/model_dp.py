@@ -14,12 +14,12 @@ markets (two zones: the pair is the whole market) it is below `Overspill` in thr
 it in the fourth (8 GPUs, no notice). Decision time (branch `policy4`): a look-up, p99 0.36 ms on us-east-1;
 the tables are solved in the per-tick `prepare` step (once per model epoch and pool pair), timed separately.
 
-State (per planning unit of u = the changeover, `restart_hours`, at least one tick): time left tau and slack left
-sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool A or B); and each
-of the two pools' state: up or down, and the current run's age bucket (log-scale edges u x 2^j for up runs,
-u x 4^j for down runs). Pool A is the running spot pool, or the best by price per hour of progress
-(`Overspill`'s ranking: spot pools up by price x E / (E - d), E the mean residual up time at the current age,
-then pools down by their expected remaining down time); B is the next best. On-demand is always there.
+State (per planning unit of u = the changeover, `restart_hours`, at least one tick and `min_unit_hours`): time left
+tau and slack left sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool
+A or B); and each of the two pools' state: up or down, and the current run's age bucket (log-scale edges u x 2^j for
+up runs, u x 4^j for down runs). Pool A is the running spot pool, or the best by price per hour of progress
+(`Overspill`'s ranking: spot pools up by price x E / (E - d), E the mean residual up time at the current age, then
+pools down by their expected remaining down time); B is the next best. On-demand is always there.
 
 Transitions (per unit, pools independent): from a bucket of an up run with representative age a, the run goes on
 with probability S(u | a) (the `availability_model.RunModel` survival fitted on the pool's past up runs, seen
@@ -338,6 +338,9 @@ class ModelDP:
     # the largest table (levels x slack x modes x joint states, one byte each) a decision may solve: a job with a
     # deadline weeks away would need gigabytes; beyond this, `Overspill` decides (the simulator's largest: ~11 M)
     max_table_cells: int = 32_000_000
+    # the planning unit is at least this long: the live loop's 10 s tick and 6-minute changeover would otherwise
+    # plan a 70 h job on 700 levels, a table over the cap (a unit longer than the changeover only overcounts it)
+    min_unit_hours: float = 0.25
     fallback: Overspill = field(default_factory=Overspill)
     stats: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[tuple[object, ...], PoolChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -392,7 +395,7 @@ class ModelDP:
         act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.joint]) if table is not None else -1
         if act < 0 or self._defers(state, book, q, act):
             return base  # every action risks the deadline on the DP's grid, or the DP's world is too small
-        unit = state.ticks(max(self.restart_hours, state.tick_hours))
+        unit = state.ticks(max(self.restart_hours, state.tick_hours, self.min_unit_hours))
         why = f"model DP (slack {q.sigma} x {unit:g} h, work {q.work} units)"
         if act == IDLE:
             return wait(self.name, f"{why}: waiting has the least expected cost")
@@ -423,7 +426,7 @@ class ModelDP:
         if not safe:
             return None
         d, g = self.restart_hours, state.tick_hours
-        unit = state.ticks(max(d, g))
+        unit = state.ticks(max(d, g, self.min_unit_hours))
         left = state.hours_to_deadline() or 0.0
         slack = left - state.work - state.restart_left_hours
         up_spot = pools(state, book, frozenset({CapacityType.SPOT})) if state.job.preemptible else []

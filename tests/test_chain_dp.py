@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from federation.chain_dp import ChainDP
 from federation.joint_chain import EDGES, fit_timelines, grid_up, masks_of, states_of_masks
 from federation.model_dp import ModelDP
 from federation.policies import build_deadline_policy
-from federation.simulate.deadline import DeadlineJob, run_deadline
+from federation.simulate.deadline import DeadlineJob, job_spec, run_deadline
 from federation.simulate.information import fit
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
@@ -247,3 +248,26 @@ def test_prices_on_a_grid_reuse_a_table_for_small_moves() -> None:
     assert _on_grid(0.918, 0.05) != _on_grid(0.918 * 1.06, 0.05)  # a step further: another
     assert abs(_on_grid(0.918, 0.05) / 0.918 - 1) <= 0.025
     assert _on_grid(0.918, 0.0) == 0.918
+
+
+def test_at_the_live_loops_tick_a_multi_day_job_still_gets_a_table() -> None:
+    """The live loop ticks every 10 s with a 6-minute changeover: planned on that unit, 48 h of work due in 70 h
+    would need a table over the memory cap; the planning unit is at least 15 minutes, so it is solved."""
+    t = _random_trace(1, n=2000)
+    m = TraceMarket(t)
+    tick = 1500
+    job = DeadlineJob("j", tick, 48 * 12, 70 * 12, 3)
+    state = RunState(
+        job=job_spec(m, job),
+        now=t.at(tick),
+        started_at=t.at(tick),
+        remaining_work_hours=Decimal(48),
+        tick_hours=10 / 3600,
+        outlook=m.outlook(tick),
+        notice_seconds={"aws": 120.0},
+    )
+    kw = {"restart_hours": 0.1, "min_history_hours": 24.0, "max_table_cells": 10_000_000}
+    q = ChainDP(**kw)._query(state, m.book(tick), None)  # type: ignore[arg-type]
+    assert q is not None and q.work == 48 * 4 and q.sigma == 22 * 4  # 289 x 97 x 5 x 32 cells: 4.5 M
+    fine = ChainDP(**kw, min_unit_hours=0.0)  # type: ignore[arg-type]
+    assert fine._query(state, m.book(tick), None) is None  # 6-minute units: 529 x 225 x 5 x 32 = 19 M

@@ -176,8 +176,14 @@ HISTORY_B = "111111000111110000111000001000111000" + "00111000111111110001100000
 
 def _chain_dp() -> ChainDP:
     """The joint-chain DP with a short memory for a short trace: refitted every 2 h on at least 2 h of history,
-    planning also without a usable notice (this cloud gives none)."""
-    return ChainDP(restart_hours=RESTART_TICKS * GAP / 3600, min_history_hours=2.0, refit_hours=2.0, with_loss=True)
+    planning also without a usable notice (this cloud gives none), in units of one 10-minute tick."""
+    return ChainDP(
+        restart_hours=RESTART_TICKS * GAP / 3600,
+        min_history_hours=2.0,
+        refit_hours=2.0,
+        with_loss=True,
+        min_unit_hours=0.0,
+    )
 
 
 def test_the_live_loop_runs_the_joint_chain_dp_with_the_simulators_decisions(
