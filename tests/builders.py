@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
+
+from federation.simulate.traces import SpotTrace
 
 
 def job_body(**overrides: Any) -> dict[str, Any]:
@@ -96,3 +99,15 @@ def agent_store(
         (root / place.replace("/", "-")).mkdir(parents=True, exist_ok=True)
         out[place] = f"file://{root / place.replace('/', '-')}/"
     return out
+
+
+def future_randomised(trace: SpotTrace, cut: int, seed: int, on_demand_usd: float = 3.0) -> SpotTrace:
+    """`trace` (one price per zone) with every zone's availability from tick `cut` on drawn at random: what a
+    policy decides before `cut` must not change (it may not look ahead)."""
+    rng = random.Random(seed)
+    bits = {
+        z.zone: "".join("1" if b else "0" for b in z.available[:cut])
+        + "".join(rng.choice("01") for _ in range(len(trace) - cut))
+        for z in trace.zones
+    }
+    return SpotTrace.from_bits(bits, {z.zone: z.spot_usd[0] for z in trace.zones}, on_demand_usd, trace.gap_seconds)

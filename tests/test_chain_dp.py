@@ -28,6 +28,7 @@ from federation.simulate.traces import SpotTrace
 from federation.strategies import Move, Overspill, Plan, RunState, Timeline, make_strategy, pools
 from pricing.book import PriceBook
 from providers.model import CapacityType
+from tests.builders import future_randomised
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -126,13 +127,7 @@ def test_decisions_use_only_the_past_perturbing_the_future_changes_nothing_befor
     t = _random_trace(seed, n=1000)
     job = DeadlineJob("j", 600, 60, 150, 3, checkpoint_ticks=6)
     cut = 600 + 60
-    rng = random.Random(seed + 50)
-    flipped = {
-        z.zone: "".join("1" if b else "0" for b in z.available[:cut])
-        + "".join(rng.choice("01") for _ in range(len(t) - cut))
-        for z in t.zones
-    }
-    other = SpotTrace.from_bits(flipped, {z.zone: z.spot_usd[0] for z in t.zones}, 3.0, 300)
+    other = future_randomised(t, cut, seed + 50)
     kw = {"restart_hours": 0.25, "min_history_hours": 24.0}
     policy = ChainDP(**kw)
     a = run_deadline(TraceMarket(t), job, policy, record=True)

@@ -27,6 +27,7 @@ from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import SpotTrace
 from federation.strategies import PoolOutlook, RunLengths, make_strategy
+from tests.builders import future_randomised
 from tests.data import shared_file
 
 
@@ -150,16 +151,8 @@ def test_decisions_use_only_the_past_perturbing_the_future_changes_nothing_befor
     t = _random_trace(seed)
     job = DeadlineJob("j", 150, 24, 40, 1, checkpoint_ticks=2)
     cut = 150 + 12
-    rng = random.Random(seed + 50)
-    flipped = {
-        z.zone: "".join("1" if b else "0" for b in z.available[:cut])
-        + "".join(rng.choice("01") for _ in range(len(t) - cut))
-        for z in t.zones
-    }
-    assert any(
-        a.available[cut:] != tuple(c == "1" for c in flipped[a.zone][cut:]) for a in t.zones
-    )  # the future really changed
-    other = SpotTrace.from_bits(flipped, {z.zone: z.spot_usd[0] for z in t.zones}, 3.0, 3600)
+    other = future_randomised(t, cut, seed + 50)
+    assert any(a.available[cut:] != b.available[cut:] for a, b in zip(t.zones, other.zones, strict=True))
     a = run_deadline(TraceMarket(t), job, ModelDP(restart_hours=1.0), record=True)
     b = run_deadline(TraceMarket(other), job, ModelDP(restart_hours=1.0), record=True)
     n = cut - job.start_tick
