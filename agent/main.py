@@ -532,12 +532,16 @@ class Agent:
         self.logs.note(f"waiting up to {max(0.0, give_up - time.time()):.0f}s for the workload's checkpoint")
         while time.time() < give_up:
             code = workload.wait(min(self.opts.progress_poll_seconds, 0.2))
-            if code is not None:
-                return code
+            # read the progress even when the workload has just exited: a workload that saves on the signal and
+            # exits within one poll must still have its checkpoint in the log
             progress = self._read_progress()
             if progress is not None and progress.checkpoint is not None and progress.checkpoint > base:
                 self.logs.note(f"the workload checkpointed at {progress.checkpoint}")
+                if code is not None:
+                    return code
                 break
+            if code is not None:
+                return code
         grace = max(
             1.0, min(self.opts.stop_grace_seconds, deadline - time.time() - spec.notice.upload_reserve_seconds / 2)
         )

@@ -209,6 +209,23 @@ def test_sigterm_to_the_agent_is_a_preemption_with_a_checkpoint(agent_wheel: Pat
     assert saved is not None and 20 <= saved.checkpoint < STEPS
 
 
+def test_a_workload_that_saves_and_exits_on_the_notice_has_its_checkpoint_in_the_log(
+    agent_wheel: Path, tmp_path: Path
+) -> None:
+    """The workload checkpoints on the notice and exits at once, often before the agent's next look at its
+    progress: the agent still logs the checkpoint it saved (a race seen in CI under load)."""
+    reader = FileReader(tmp_path / "store")
+    spec = make_spec(reader, env={"TRAIN_EXIT_ON_NOTICE": "1"})
+    run = start_agent(publish_spec(reader, spec), spec, tmp_path / "w", agent_env(agent_wheel))
+    wait_for(lambda: _step_in_log(reader, spec, 20), 30, "step 20")
+    run.terminate()
+    assert run.wait(60) == 0, run.stderr()
+    assert final_report(reader, spec).outcome is p.Outcome.PREEMPTED
+    saved = manifest(reader, spec)
+    assert saved is not None and 20 <= saved.checkpoint < STEPS
+    assert f"the workload checkpointed at {saved.checkpoint}" in log_text(reader, spec)
+
+
 # -------------------------------------------------------------------------------------------- classification
 
 
