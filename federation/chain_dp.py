@@ -37,14 +37,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import ClassVar
 
 import numpy as np
 
-from federation.joint_chain import EDGES, bucket_of, fit_timelines, grid_up
+from federation.forecast import pools_of_shape
+from federation.joint_chain import EDGES, bucket_of, fit_grid, shared_grid
 from federation.model_dp import IDLE, OD, ModelDP, OutlookAt, World, _Query
-from federation.strategies import PoolOutlook, RunState, Timeline, pools, register
+from federation.strategies import PoolOutlook, RunState, pools, register
 from pricing.book import PriceBook
 from providers.model import CapacityType, Offering
 
@@ -74,6 +74,7 @@ class ChainDP(ModelDP):
     # each pool as last listed: a pool the executor leaves out of the book for a while (the live loop's reclaim
     # blocklist) stays in the chain, so the world does not change with it (the DP's wish to launch it defers)
     _seen: dict[str, Offering] = field(default_factory=dict, compare=False, repr=False)
+    _fits: dict[tuple[object, ...], _Fit | None] = field(default_factory=dict, compare=False, repr=False)
 
     def _defers(self, state: RunState, book: PriceBook, q: _Query, act: int) -> bool:
         """Waiting or on-demand while a spot pool outside the DP's pools is up: the DP cannot weigh that pool, so
@@ -86,8 +87,6 @@ class ChainDP(ModelDP):
     def _world(
         self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
     ) -> tuple[list[Offering], World, int] | None:
-        from federation.forecast import pools_of_shape
-
         seen = self._seen
         seen.update((o.key, o) for o in pools_of_shape(state, book))
         every = {k: seen[k] for k in state.outlook if k in seen}
@@ -113,24 +112,29 @@ class ChainDP(ModelDP):
     def _fit(
         self, looks: Mapping[str, PoolOutlook], every: Mapping[str, Offering], epoch: int, unit: float
     ) -> _Fit | None:
-        """The epoch's chain for these pools (fitted once per epoch and candidate set; None: too little history)."""
-        key = ("joint", epoch, tuple(sorted(looks)), round(unit, 9))
-        if key in self._chains:
-            return self._chains[key]  # type: ignore[return-value]
-        if any(k[1] != epoch for k in self._chains):
-            self._chains.clear()  # a new epoch: the old fits are not used again
-        end = self.epoch_start(epoch)
-        timelines = {k: lk.timeline for k, lk in looks.items() if lk.timeline is not None}
+        """The epoch's chain for these pools (fitted once per epoch and candidate set; None: too little history):
+        the `max_zones` cheapest per hour up (price / share of steps up) over the history they share before the
+        epoch's start, at least `min_history_hours` of it."""
+        key = (epoch, tuple(sorted(looks)), round(unit, 9))
+        if key in self._fits:
+            return self._fits[key]
+        if any(k[0] != epoch for k in self._fits):
+            self._fits.clear()  # a new epoch: the old fits are not used again
+        keys = sorted(looks)  # every one has a timeline (`_world`)
+        up = shared_grid([looks[k].timeline for k in keys], self.epoch_start(epoch), unit * 3600)  # type: ignore[misc]
         found = None
-        keys = _cheapest(timelines, every, end, unit * 3600, self.max_zones, self.min_history_hours)
-        if keys:
-            lines = [timelines[k] for k in keys]
-            matrix, steps = fit_timelines(lines, end, unit * 3600, self.edges, self.pseudo)
-            nb = len(self.edges)
-            masks = np.arange(matrix.shape[0]) // nb
-            ups = [((masks >> z) & 1).astype(bool) for z in range(len(keys))]
-            found = _Fit(keys, matrix, ups, steps)
-        self._chains[key] = found  # type: ignore[assignment]
+        if up.shape[1] >= 2 and up.shape[1] * unit >= self.min_history_hours:
+            share = up.mean(axis=1)
+            ranked = sorted(
+                (float(every[k].price.hourly_usd) / share[i], i) for i, k in enumerate(keys) if share[i] > 0
+            )
+            rows = sorted(i for _, i in ranked[: self.max_zones])
+            if rows:
+                matrix = fit_grid(up[rows], self.edges, self.pseudo)
+                masks = np.arange(matrix.shape[0]) // len(self.edges)
+                ups = [((masks >> z) & 1).astype(bool) for z in range(len(rows))]
+                found = _Fit(tuple(keys[i] for i in rows), matrix, ups, up.shape[1])
+        self._fits[key] = found
         return found
 
 
@@ -141,29 +145,6 @@ def _on_grid(price: float, step: float) -> float:
         return price
     unit = math.log1p(step)
     return round(math.exp(round(math.log(price) / unit) * unit), 6)
-
-
-def _cheapest(
-    timelines: Mapping[str, Timeline],
-    every: Mapping[str, Offering],
-    end: datetime,
-    step_seconds: float,
-    count: int,
-    min_hours: float,
-) -> tuple[str, ...]:
-    """The `count` pools cheapest per hour up (price / share of steps up) over the history they all share before
-    `end`, in key order; () when that history is shorter than `min_hours` or no pool was ever up."""
-    start = max(t.origin for t in timelines.values())
-    steps = int((end - start).total_seconds() // step_seconds)
-    if steps * step_seconds < min_hours * 3600 or steps < 2:
-        return ()
-    ranked: list[tuple[float, str]] = []
-    for k, t in timelines.items():
-        share = float(grid_up(t, start, steps, step_seconds).mean())
-        if share > 0:
-            ranked.append((float(every[k].price.hourly_usd) / share, k))
-    ranked.sort()
-    return tuple(sorted(k for _, k in ranked[:count]))
 
 
 register(ChainDP.name, ChainDP)

@@ -96,6 +96,19 @@ def grid_up(timeline: Timeline, start: datetime, steps: int, step_seconds: float
     return up_at_start & (before_end == at_start)
 
 
+def shared_grid(timelines: Sequence[Timeline], end: datetime, step_seconds: float) -> np.ndarray:
+    """(pools, steps) bool: `grid_up` of each pool over the history they all share, from the latest origin to
+    `end` (whole steps; none when `end` is not past every origin)."""
+    start = max(t.origin for t in timelines)
+    steps = max(0, int((end - start).total_seconds() // step_seconds))
+    return np.array([grid_up(t, start, steps, step_seconds) for t in timelines]).reshape(len(timelines), steps)
+
+
+def fit_grid(up: np.ndarray, edges: Sequence[int] = EDGES, pseudo: float = 0.1) -> np.ndarray:
+    """The transition matrix of the joint chain of the pools whose steps are the rows of `up`."""
+    return transition_matrix(states_of_masks(masks_of(up), edges), edges, up.shape[0], pseudo)
+
+
 def fit_timelines(
     timelines: Sequence[Timeline],
     end: datetime,
@@ -103,10 +116,7 @@ def fit_timelines(
     edges: Sequence[int] = EDGES,
     pseudo: float = 0.1,
 ) -> tuple[np.ndarray, int]:
-    """The transition matrix of the pools' joint chain over the history they share (from the latest origin to
-    `end`), and the number of steps it was counted on."""
-    start = max(t.origin for t in timelines)
-    steps = max(0, int((end - start).total_seconds() // step_seconds))
-    up = np.array([grid_up(t, start, steps, step_seconds) for t in timelines]).reshape(len(timelines), steps)
-    states = states_of_masks(masks_of(up), edges)
-    return transition_matrix(states, edges, len(timelines), pseudo), steps
+    """The transition matrix of the pools' joint chain over the history they share (`shared_grid`), and the
+    number of steps it was counted on."""
+    up = shared_grid(timelines, end, step_seconds)
+    return fit_grid(up, edges, pseudo), up.shape[1]

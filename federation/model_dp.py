@@ -68,6 +68,7 @@ from typing import ClassVar
 import numpy as np
 
 from federation.availability_model import Run, RunModel
+from federation.forecast import pools_of_shape
 from federation.strategies import (
     NON_SPOT,
     Move,
@@ -308,6 +309,7 @@ class _Query:
     od: Offering
     world: World
     key: tuple[object, ...]
+    unit: float
     loss: int
     work: int
     sigma: int
@@ -395,8 +397,7 @@ class ModelDP:
         act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.joint]) if table is not None else -1
         if act < 0 or self._defers(state, book, q, act):
             return base  # every action risks the deadline on the DP's grid, or the DP's world is too small
-        unit = state.ticks(max(self.restart_hours, state.tick_hours, self.min_unit_hours))
-        why = f"model DP (slack {q.sigma} x {unit:g} h, work {q.work} units)"
+        why = f"model DP (slack {q.sigma} x {q.unit:g} h, work {q.work} units)"
         if act == IDLE:
             return wait(self.name, f"{why}: waiting has the least expected cost")
         if act == OD:
@@ -458,7 +459,7 @@ class ModelDP:
             else:
                 return None  # on another safe pool (e.g. on-prem): today's strategy
         key = (world.key, round(float(od.price.hourly_usd), 6), round(unit, 9), loss)
-        return _Query(pair, od, world, key, loss, work, sigma, mode, j)
+        return _Query(pair, od, world, key, unit, loss, work, sigma, mode, j)
 
     def _world(
         self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
@@ -513,9 +514,7 @@ class ModelDP:
         sl = _grown(max(slack, found.slack if found else 0), 16)
         if _cells(lv, sl, q.world) > self.max_table_cells:  # the union of two jobs' needs: this job's alone
             lv, sl = _grown(levels, 48), _grown(slack, 16)
-        od_hourly = float(q.od.price.hourly_usd)
-        unit = float(key[2])  # type: ignore[arg-type]
-        table = solve_world(q.world, od_hourly, unit, q.loss, lv, sl)
+        table = solve_world(q.world, float(q.od.price.hourly_usd), q.unit, q.loss, lv, sl)
         self.stats[count] = self.stats.get(count, 0) + 1
         self._tables[key] = table
         self._tables.move_to_end(key)
@@ -526,8 +525,6 @@ class ModelDP:
     def _pair(self, state: RunState, book: PriceBook, up_spot: list[Offering]) -> list[Offering] | None:
         """Pool A (the running spot pool, or the best) and B (the next best): spot pools up by price per hour of
         progress, then pools down by expected remaining down time. None when a pool lacks history."""
-        from federation.forecast import pools_of_shape
-
         every = {o.key: o for o in pools_of_shape(state, book)}
         ranked: list[tuple[int, float, str]] = []
         for key, off in every.items():
