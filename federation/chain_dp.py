@@ -23,10 +23,14 @@ spot price moving by less reuses the solved table. On us-east-1's month (`decisi
 are solved inside decisions as in the live loop) exact prices meant 607 solves and a p99 of 95 ms, a 2% grid 184
 and 27 ms, 5% few enough that the p99 is a look-up (0.2 ms); the tables' costs moved by at most 0.003x.
 
-Where a reclaim loses work (the cloud's notice is shorter than a save: AWS without the notice, GCP, Azure),
-`Overspill` decides (`with_loss` False): chosen on the first halves of the AWS tables (benchmarks/README.md),
-where the DP with its half-interval loss per reclaim did worse than `Overspill` in 3 of 4 (us-east-1 1.192x vs
-1.186x, 9 zones 1.324x vs 1.197x, 2022 x1 1.640x vs 1.602x; better on 2022 x8, 1.282x vs 1.318x).
+Where a reclaim loses work (the cloud's notice is shorter than a save: AWS without the notice, GCP, Azure), the
+DP plans with the job's checkpoint phase (`ModelDP`: a reclaim loses the units since the last checkpoint), but only
+when its chain holds every spot pool of the job's shape; with more pools than `max_zones`, `Overspill` decides.
+Both were chosen on the first halves of the tables (benchmarks/README.md, "the checkpoint phase"), against
+`Overspill`: us-east-1 1.181x vs 1.186x, 2022 x1 1.558x vs 1.602x, 2022 x8 1.235x vs 1.318x, GCP us-central1
+equal; on all 9 zones, where the chain holds 4, the DP was worse (1.262x vs 1.197x: it trusted its 4 pools' young
+up runs, was reclaimed and ran short of slack), and on GCP's 13 zones equal. An earlier DP that charged half an
+interval per reclaim lost in 3 of the 4 AWS tables. `with_loss=False` leaves every such market to `Overspill`.
 
 Contract: as `ModelDP` (pure, deterministic for a given state, the past only; `Overspill` is the fallback and the
 safety net near the deadline; `prepare` solves a tick's tables ahead of its decisions).
@@ -69,7 +73,7 @@ class ChainDP(ModelDP):
     min_history_hours: float = 72.0
     pseudo: float = 0.1
     edges: tuple[int, ...] = EDGES
-    with_loss: bool = False  # plan also where a reclaim loses work (no usable notice); off: see the docstring
+    with_loss: bool = True  # plan also where a reclaim loses work (no usable notice); off: `Overspill` decides there
     price_step: float = 0.05  # spot prices on a grid of 5% steps: a table is re-solved when one moves a step
     # each pool as last listed: a pool the executor leaves out of the book for a while (the live loop's reclaim
     # blocklist) stays in the chain, so the world does not change with it (the DP's wish to launch it defers)
@@ -90,8 +94,9 @@ class ChainDP(ModelDP):
         seen = self._seen
         seen.update((o.key, o) for o in pools_of_shape(state, book))
         every = {k: seen[k] for k in state.outlook if k in seen}
-        if not self.with_loss and any(state.spot_loss_hours(o.provider) > 0 for o in every.values()):
-            return None  # a reclaim would lose work: `Overspill`'s margins did better (module docstring)
+        loses = any(state.spot_loss_hours(o.provider) > 0 for o in every.values())
+        if loses and not self.with_loss:
+            return None  # a reclaim would lose work, and `with_loss` is off
         looks = {k: lk for k, lk in state.outlook.items() if k in every and lk.timeline is not None}
         if not looks:
             return None
@@ -99,6 +104,8 @@ class ChainDP(ModelDP):
         fit = self._fit(looks, every, epoch, unit)
         if fit is None:
             return None
+        if loses and len(fit.keys) < len(every):
+            return None  # a reclaim loses work and the DP sees only some of the pools (module docstring)
         chosen = [every[k] for k in fit.keys]
         prices = tuple(_on_grid(float(o.price.hourly_usd), self.price_step) for o in chosen)
         world = World(

@@ -16,10 +16,12 @@ the tables are solved in the per-tick `prepare` step (once per model epoch and p
 
 State (per planning unit of u = the changeover, `restart_hours`, at least one tick and `min_unit_hours`): time left
 tau and slack left sigma (work left = tau - sigma), in units of u; the job's mode (idle, on-demand, or on spot pool
-A or B); and each of the two pools' state: up or down, and the current run's age bucket (log-scale edges u x 2^j for
-up runs, u x 4^j for down runs). Pool A is the running spot pool, or the best by price per hour of progress
-(`Overspill`'s ranking: spot pools up by price x E / (E - d), E the mean residual up time at the current age, then
-pools down by their expected remaining down time); B is the next best. On-demand is always there.
+A or B) and, on spot, its phase (units of progress since its last checkpoint there, `RunState.unsaved_work_hours`;
+always 0 when the cloud's notice saves the work); and each of the two pools' state: up or down, and the current
+run's age bucket (log-scale edges u x 2^j for up runs, u x 4^j for down runs). Pool A is the running spot pool, or
+the best by price per hour of progress (`Overspill`'s ranking: spot pools up by price x E / (E - d), E the mean
+residual up time at the current age, then pools down by their expected remaining down time); B is the next best.
+On-demand is always there.
 
 Transitions (per unit, pools independent): from a bucket of an up run with representative age a, the run goes on
 with probability S(u | a) (the `availability_model.RunModel` survival fitted on the pool's past up runs, seen
@@ -32,15 +34,16 @@ so a small change in history gives the same chain and the solved table is reused
 Actions and costs (as the simulator charges them, `federation.simulate.deadline`): staying on a pool costs one unit
 at its price and makes one unit of work; launching one (from idle or another pool) costs one unit at its price,
 makes none (the changeover) and burns a unit of slack; waiting burns a unit of slack for free. A spot pool can be
-launched or kept only while up; a reclaim at the next unit sends the job idle and loses `loss` units of work (half
-the checkpoint interval when the cloud's notice is too short to save: `RunState.reclaim_loss_hours`), i.e. burns
-that much slack. Slack below 0 is a missed deadline: infinite cost, so an action with any possible future (any
+launched or kept only while up. A job checkpoints every `phases` units of progress on a pool (the checkpoint
+interval in units; 1 when the cloud's notice is long enough to save: `RunState.reclaim_loss_hours`), and a move it
+chooses saves first; a reclaim at the next unit sends it idle and loses its phase's units of work, i.e. burns that
+much slack. Slack below 0 is a missed deadline: infinite cost, so an action with any possible future (any
 positive-probability path) that misses it is never chosen.
 
-Solve (`solve_world`): backward induction over tau, vectorised over (sigma, mode, joint pool state) with the joint
-transition matrix of a `World` - here the Kronecker product of the two pools' chains (`world_of`); the subclass
+Solve (`solve_world`): backward induction over tau, vectorised over (sigma, mode, phase, joint pool state) with the
+joint transition matrix of a `World` - here the Kronecker product of the two pools' chains (`world_of`); the subclass
 `federation.chain_dp.ChainDP` plans on a jointly fitted chain instead (the `_world` hook). The table (best action
-per state) does not depend on the job, only on the two chains, the prices, u and the loss, so one table serves
+per state) does not depend on the job, only on the two chains, the prices, u and the phases, so one table serves
 every job (their work and slack are coordinates in it). The chains are refitted once per `refit_hours` (24 h) on
 the history as of the epoch's start, and `prepare` (called once per tick before the tick's decisions, by the
 simulator and any loop that runs this policy) solves the tables the tick's decisions need, so a decision is one
@@ -180,10 +183,10 @@ def chain_from_hazards(
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """A solved DP: `action[tau, sigma, mode, joint]` the best mode to be in for the next unit (0 idle, 1
+    """A solved DP: `action[tau, sigma, mode, phase, joint]` the best mode to be in for the next unit (0 idle, 1
     on-demand, 2 + i spot pool i; -1 when every action has a possible future that misses the deadline),
-    `value[sigma, mode, joint]` at the top level `levels` (and, with `keep_values`,
-    `values[tau]` at every level)."""
+    `value[sigma, mode, phase, joint]` at the top level `levels` (and, with `keep_values`, `values[tau]` at every
+    level). `phase` is the units of progress since the job's last checkpoint on a spot pool (0 off spot)."""
 
     action: np.ndarray
     value: np.ndarray
@@ -236,13 +239,14 @@ def solve_world(
     world: World,
     od_hourly: float,
     unit: float,
-    loss: int,
+    phases: int,
     levels: int,
     slack: int,
     keep_values: bool = False,
 ) -> Table:
-    """Backward induction (module docstring) for time left 0 .. `levels` units and slack 0 .. `slack` units;
-    `loss`: units of work a reclaim loses."""
+    """Backward induction (module docstring) for time left 0 .. `levels` units and slack 0 .. `slack` units.
+    `phases`: a job on a spot pool checkpoints every `phases` units of progress there, and a reclaim loses the
+    units since its last checkpoint (its phase, 0 .. phases - 1); 1: a reclaim loses nothing (the notice saves)."""
     p, ups = world.matrix, world.ups
     pt = p.T.copy()
     reach = (pt > 0).astype(float)  # which next joint states are possible at all
@@ -250,34 +254,39 @@ def solve_world(
     modes = 2 + n
     cost = np.array([0.0, od_hourly * unit, *(price * unit for price in world.prices)])
     sig = np.arange(slack + 1)
-    v = np.zeros((slack + 1, modes, nj))
-    action = np.zeros((levels + 1, slack + 1, modes, nj), dtype=np.int8)
+    v = np.zeros((slack + 1, modes, phases, nj))
+    action = np.zeros((levels + 1, slack + 1, modes, phases, nj), dtype=np.int8)
     values = [v.copy()] if keep_values else []
-    inf_row = np.full((1, modes, nj), INF)
+    inf_row = np.full((1, modes, phases, nj), INF)
     for tau in range(1, levels + 1):
-        # a reclaim: spot mode i with pool i down at the start of the unit is idle, `loss` units of slack poorer
+        # a reclaim: spot mode i at phase k with pool i down at the start of the unit is idle, k units of slack
+        # poorer (the work since its checkpoint is done again)
         vf = v.copy()
         live = sig < tau - 1  # states of the previous level with work left
-        lost = np.concatenate([np.full((loss, nj), INF), v[: slack + 1 - loss, IDLE]]) if loss else v[:, IDLE]
-        for i in range(n):
-            sel = np.ix_(live, ~ups[i])
-            vf[:, 2 + i][sel] = lost[sel]
+        for k in range(phases):
+            lost = np.concatenate([np.full((k, nj), INF), v[: slack + 1 - k, IDLE, 0]]) if k else v[:, IDLE, 0]
+            for i in range(n):
+                sel = np.ix_(live, ~ups[i])
+                vf[:, 2 + i, k][sel] = lost[sel]
         # expectation over the next joint pool state; infinite if any possible next state misses the deadline
         finite = np.isfinite(vf)
         ev = np.where(finite, vf, 0.0) @ pt
         ev[((~finite).astype(float) @ reach) > 0] = INF
-        evs = np.concatenate([inf_row, ev[:-1]])  # the same one unit of slack poorer
+        evs = np.concatenate([inf_row, ev[:-1]])[:, :, 0]  # the same one unit of slack poorer, at phase 0
         go = cost[None, :, None] + evs  # switch to (or launch) mode t: a unit of slack for the changeover
         go[:, IDLE] = evs[:, IDLE]  # waiting burns a unit of slack for free
-        stay = cost[None, :, None] + ev  # keep running mode m: a unit of work
+        # keep running mode m: a unit of work, one phase on (a checkpoint after the last); phases mean nothing
+        # off spot
+        stay = cost[None, :, None, None] + np.roll(ev, -1, axis=2)
+        stay[:, OD] = cost[OD] + ev[:, OD, :1]
         for i in range(n):
             go[:, 2 + i, ~ups[i]] = INF
-            stay[:, 2 + i, ~ups[i]] = INF
+            stay[:, 2 + i, :, ~ups[i]] = INF
         stay[:, IDLE] = INF
         best_go = go.argmin(axis=1)  # (slack, joint)
         go_v = np.take_along_axis(go, best_go[:, None, :], axis=1)[:, 0]
-        new = np.minimum(go_v[:, None, :], stay)
-        act = np.where(stay <= go_v[:, None, :], np.arange(modes)[None, :, None], best_go[:, None, :])
+        new = np.minimum(go_v[:, None, None, :], stay)
+        act = np.where(stay <= go_v[:, None, None, :], np.arange(modes)[None, :, None, None], best_go[:, None, None, :])
         done = sig >= tau
         new[done] = 0.0
         act[done] = IDLE
@@ -296,9 +305,9 @@ def _grown(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def _cells(levels: int, slack: int, world: World) -> int:
+def _cells(levels: int, slack: int, world: World, phases: int) -> int:
     """The size of the action table `solve_world` allocates for `levels` and `slack`."""
-    return (levels + 1) * (slack + 1) * (2 + len(world.ups)) * world.matrix.shape[0]
+    return (levels + 1) * (slack + 1) * (2 + len(world.ups)) * phases * world.matrix.shape[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,10 +319,11 @@ class _Query:
     world: World
     key: tuple[object, ...]
     unit: float
-    loss: int
+    phases: int
     work: int
     sigma: int
     mode: int
+    phase: int
     joint: int
 
 
@@ -323,7 +333,7 @@ class ModelDP:
 
     Tables are shared: `prepare(now, book, states, outlook_at)`, called once per tick before the tick's
     decisions, solves every table those decisions will need (one per (model epoch, ordered pool pair, prices,
-    loss), sized to the longest horizon seen), so `decide` is a look-up. The pools' chains are refitted once per
+    phases), sized to the longest horizon seen), so `decide` is a look-up. The pools' chains are refitted once per
     `refit_hours` epoch, on the history as of the epoch's start (`outlook_at`; without it, the outlook of the
     first call in the epoch, which in a live loop ticking every few seconds is the same thing). `decide` without a
     prior `prepare` still works: it solves the missing table inline (counted in `stats["inline_solves"]`)."""
@@ -394,7 +404,7 @@ class ModelDP:
             table = self._table(q.key, q, q.work + q.sigma, q.sigma, count="inline_solves")
         else:
             self._tables.move_to_end(q.key)
-        act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.joint]) if table is not None else -1
+        act = int(table.action[q.work + q.sigma, q.sigma, q.mode, q.phase, q.joint]) if table is not None else -1
         if act < 0 or self._defers(state, book, q, act):
             return base  # every action risks the deadline on the DP's grid, or the DP's world is too small
         why = f"model DP (slack {q.sigma} x {q.unit:g} h, work {q.work} units)"
@@ -443,23 +453,25 @@ class ModelDP:
         if found is None:
             return None
         pair, world, j = found
-        if _cells(_grown(work + sigma, 48), _grown(sigma, 16), world) > self.max_table_cells:
+        # a reclaim without a usable notice loses the work since the last checkpoint: plan the checkpoint's phase
+        phases = max(1, round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / unit))
+        if _cells(_grown(work + sigma, 48), _grown(sigma, 16), world, phases) > self.max_table_cells:
             return None  # a table this size is not worth its memory: far from the deadline, spot is easy anyway
-        loss = round(max((state.reclaim_loss_hours(o) for o in pair), default=0.0) / 2 / unit)
         od = safe[0]
-        mode = IDLE
+        mode = phase = IDLE
         if current_alive(state) and state.current is not None:
             if state.current.capacity_type is CapacityType.SPOT:
                 keys = [o.key for o in pair]
                 if state.current.key not in keys:
                     return None
                 mode = 2 + keys.index(state.current.key)
+                phase = min(phases - 1, round(state.unsaved_work_hours / unit))
             elif state.current.key == od.key:
                 mode = OD
             else:
                 return None  # on another safe pool (e.g. on-prem): today's strategy
-        key = (world.key, round(float(od.price.hourly_usd), 6), round(unit, 9), loss)
-        return _Query(pair, od, world, key, unit, loss, work, sigma, mode, j)
+        key = (world.key, round(float(od.price.hourly_usd), 6), round(unit, 9), phases)
+        return _Query(pair, od, world, key, unit, phases, work, sigma, mode, phase, j)
 
     def _world(
         self, state: RunState, book: PriceBook, up_spot: list[Offering], unit: float, outlook_at: OutlookAt | None
@@ -512,9 +524,9 @@ class ModelDP:
             return found
         lv = _grown(max(levels, found.levels if found else 0), 48)
         sl = _grown(max(slack, found.slack if found else 0), 16)
-        if _cells(lv, sl, q.world) > self.max_table_cells:  # the union of two jobs' needs: this job's alone
+        if _cells(lv, sl, q.world, q.phases) > self.max_table_cells:  # the union of two jobs' needs: this job's alone
             lv, sl = _grown(levels, 48), _grown(slack, 16)
-        table = solve_world(q.world, float(q.od.price.hourly_usd), q.unit, q.loss, lv, sl)
+        table = solve_world(q.world, float(q.od.price.hourly_usd), q.unit, q.phases, lv, sl)
         self.stats[count] = self.stats.get(count, 0) + 1
         self._tables[key] = table
         self._tables.move_to_end(key)

@@ -170,8 +170,11 @@ class RunState:
     `tick_hours` is the time until the executor asks again; `outlook` is each spot pool's availability history
     by pool key (empty when the executor has none: strategies then go by interruption rates alone);
     `checkpoint_interval_hours`, `save_seconds` and `notice_seconds` say what a reclaim costs in lost work
-    (`reclaim_loss_hours`); `reclaims_at_decisions` says the executor reclaims only at its decision points, where
-    progress and checkpoints also fall (the trace simulator), rather than at any time (the live loop)."""
+    (`reclaim_loss_hours`), and `unsaved_work_hours` how much of it the running job would lose now (its progress
+    since its last checkpoint on `current`; 0 when idle, and where the executor does not know it, as the live loop,
+    which decides only for jobs not running); `reclaims_at_decisions` says the executor reclaims only at its
+    decision points, where progress and checkpoints also fall (the trace simulator), rather than at any time (the
+    live loop)."""
 
     job: JobSpec
     now: datetime
@@ -188,6 +191,7 @@ class RunState:
     save_seconds: float = 60.0
     notice_seconds: Mapping[str, float] = field(default_factory=dict)
     reclaims_at_decisions: bool = False
+    unsaved_work_hours: float = 0.0
 
     def spot_margin_hours(self, restart_hours: float, loss_hours: float) -> float:
         """The slack a spot launch needs so that a reclaim at the worst moment still meets the deadline on a safe

@@ -148,18 +148,22 @@ def test_without_enough_history_it_decides_as_overspill() -> None:
     assert policy.stats.get("prepare_solves", 0) == 0
 
 
-def test_where_a_reclaim_loses_work_overspill_decides_unless_asked_otherwise() -> None:
-    """No usable notice (a reclaim loses the work since the last checkpoint): `Overspill` decides; with the AWS
-    notice, or with `with_loss`, the DP does."""
+def test_where_a_reclaim_loses_work_the_dp_decides_unless_told_not_to() -> None:
+    """No usable notice (a reclaim loses the work since the last checkpoint): the DP decides, with the job's
+    checkpoint phase in its tables; with `with_loss` off, or when its chain holds only some of the pools (here 2
+    of 3), `Overspill` does. With the AWS notice, one phase, also on 2 of 3 pools."""
     t = _random_trace(1, n=1000)
     m = TraceMarket(t)
     job = DeadlineJob("j", 600, 60, 150, 3, checkpoint_ticks=6)
     ours = run_deadline(m, job, Overspill(restart_hours=0.25), record=True, notice_seconds={})
-    for notice, with_loss, dp_decides in (({}, False, False), ({"aws": 120.0}, False, True), ({}, True, True)):
-        policy = ChainDP(restart_hours=0.25, min_history_hours=24.0, with_loss=with_loss)
+    aws = {"aws": 120.0}
+    cases = (({}, False, 4, None), (aws, False, 4, 1), ({}, True, 4, 2), ({}, True, 2, None), (aws, True, 2, 1))
+    for notice, with_loss, zones, phases in cases:
+        policy = ChainDP(restart_hours=0.25, min_history_hours=24.0, with_loss=with_loss, max_zones=zones)
         run = run_deadline(m, job, policy, record=True, notice_seconds=notice)
-        assert (policy.stats.get("prepare_solves", 0) > 0) is dp_decides, (notice, with_loss)
-        if not dp_decides:
+        assert run.met_deadline
+        assert {k[-1] for k in policy._tables} == (set() if phases is None else {phases}), (notice, with_loss, zones)
+        if phases is None:
             assert run.moves == ours.moves
 
 

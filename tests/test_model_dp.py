@@ -38,60 +38,78 @@ def tiny_chain(price: float, seed: int) -> PoolChain:
     return chain_from_hazards([hz(), hz()], [hz()], (0.0, 1.0), (0.0,), price, 1.0)
 
 
-def brute_force(chains: list[PoolChain], od: float, loss: int, tau: int, sigma: int, mode: int, states: tuple) -> float:
+def brute_force(
+    chains: list[PoolChain], od: float, phases: int, tau: int, sigma: int, mode: int, phase: int, states: tuple
+) -> float:
     """Expectimax straight from the model's definition, one state at a time (no vectorisation, no shared
-    arrays): the least expected cost to finish `tau - sigma` units of work within `tau` units."""
+    arrays): the least expected cost to finish `tau - sigma` units of work within `tau` units, for a job that
+    checkpoints every `phases` units of progress on a spot pool and is `phase` units past its last checkpoint."""
 
     @functools.cache
-    def value(tau: int, sigma: int, mode: int, states: tuple[int, ...]) -> float:
+    def value(tau: int, sigma: int, mode: int, phase: int, states: tuple[int, ...]) -> float:
         if sigma < 0:
             return math.inf
         if tau - sigma <= 0:
             return 0.0
-        if mode >= 2 and not chains[mode - 2].up[states[mode - 2]]:  # reclaimed at the start of this unit
-            return value(tau, sigma - loss, IDLE, states)
+        if mode >= 2 and not chains[mode - 2].up[states[mode - 2]]:  # reclaimed: the unsaved work is done again
+            return value(tau, sigma - phase, IDLE, 0, states)
         nexts = []
         for nxt in itertools.product(*(range(len(c.up)) for c in chains)):
             p = math.prod(float(c.matrix[a, b]) for c, a, b in zip(chains, states, nxt, strict=True))
             if p > 0:
                 nexts.append((p, nxt))
 
-        def expect(sig: int, m: int) -> float:
-            vals = [(p, value(tau - 1, sig, m, nxt)) for p, nxt in nexts]
+        def expect(sig: int, m: int, ph: int) -> float:
+            vals = [(p, value(tau - 1, sig, m, ph, nxt)) for p, nxt in nexts]
             if any(math.isinf(v) for _, v in vals):
                 return math.inf
             return sum(p * v for p, v in vals)
 
-        options = [expect(sigma - 1, IDLE)]  # wait
-        options.append(od * 1.0 + expect(sigma if mode == OD else sigma - 1, OD))
+        options = [expect(sigma - 1, IDLE, 0)]  # wait (a chosen stop saves first)
+        options.append(od * 1.0 + expect(sigma if mode == OD else sigma - 1, OD, 0))
         for i, c in enumerate(chains):
             if c.up[states[i]]:
-                options.append(c.price + expect(sigma if mode == 2 + i else sigma - 1, 2 + i))
+                kept = mode == 2 + i
+                ph = (phase + 1) % phases if kept else 0  # a unit of progress, or a launch (which saved first)
+                options.append(c.price + expect(sigma if kept else sigma - 1, 2 + i, ph))
         return min(options)
 
-    return value(tau, sigma, mode, states)
+    return value(tau, sigma, mode, phase, states)
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("loss", [0, 1])
-def test_the_dp_value_is_the_brute_force_expectimax_on_a_tiny_model(seed: int, loss: int) -> None:
+@pytest.mark.parametrize("phases", [1, 2, 3])
+def test_the_dp_value_is_the_brute_force_expectimax_on_a_tiny_model(seed: int, phases: int) -> None:
     chains = [tiny_chain(1.0, seed), tiny_chain(1.4, seed + 100)]
     levels, slack = 7, 4
-    table = solve_world(world_of(chains), 3.0, 1.0, loss, levels, slack, keep_values=True)
+    table = solve_world(world_of(chains), 3.0, 1.0, phases, levels, slack, keep_values=True)
     checked = finite = 0
     for tau in range(levels + 1):
         for sigma in range(min(slack, tau) + 1):
             for mode in range(4):
-                for states in itertools.product(range(3), range(3)):
-                    if mode >= 2 and not chains[mode - 2].up[states[mode - 2]]:
-                        continue  # not a state a decision starts from (a reclaimed job is idle)
-                    want = brute_force(chains, 3.0, loss, tau, sigma, mode, states)
-                    got = table.values[tau][sigma, mode, states[0] * 3 + states[1]]
-                    assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (tau, sigma, mode, states)
-                    assert (table.action[tau, sigma, mode, states[0] * 3 + states[1]] >= 0) == math.isfinite(want)
-                    checked += 1
-                    finite += math.isfinite(want) and want > 0
+                for phase in range(phases if mode >= 2 else 1):
+                    for states in itertools.product(range(3), range(3)):
+                        if mode >= 2 and not chains[mode - 2].up[states[mode - 2]]:
+                            continue  # not a state a decision starts from (a reclaimed job is idle)
+                        want = brute_force(chains, 3.0, phases, tau, sigma, mode, phase, states)
+                        j = states[0] * 3 + states[1]
+                        got = table.values[tau][sigma, mode, phase, j]
+                        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (tau, sigma, mode, phase, states)
+                        assert (table.action[tau, sigma, mode, phase, j] >= 0) == math.isfinite(want)
+                        checked += 1
+                        finite += math.isfinite(want) and want > 0
     assert checked > 500 and finite > 200  # the comparison covered real, feasible, costly states
+
+
+def test_work_since_the_checkpoint_is_worth_keeping_on_a_risky_pool() -> None:
+    """Without a notice, a job one unit past its checkpoint on a pool likely to be reclaimed expects more cost
+    than one just checkpointed, and with the notice (one phase) the two are the same state."""
+    chains = [tiny_chain(1.0, 7), tiny_chain(1.4, 8)]
+    for phases in (1, 3):
+        table = solve_world(world_of(chains), 3.0, 1.0, phases, 8, 4, keep_values=True)
+        up = next(j for j in range(9) if chains[0].up[j // 3] and chains[1].up[j % 3])
+        fresh, unsaved = (table.values[8][2, 2, k, up] for k in (0, min(1, phases - 1)))
+        assert bool(unsaved > fresh + 1e-9) is (phases > 1), (phases, fresh, unsaved)
 
 
 def test_the_chain_follows_the_history_age_dependence() -> None:

@@ -182,6 +182,7 @@ def run_deadline(
             save_seconds=job.save_seconds,
             notice_seconds=notice_seconds,
             reclaims_at_decisions=True,  # a reclaim happens at a tick and is seen by that tick's decision
+            unsaved_work_hours=unsaved * gap_h,
         )
         prepare = getattr(strategy, "prepare", None)
         if prepare is not None:  # a policy with shared tables solves them here, off the per-job path
