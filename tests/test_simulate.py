@@ -23,6 +23,7 @@ from federation.simulate.experiments import (
     GCP_MARKETS,
     BurstConfig,
     DeadlineConfig,
+    PlacingOnly,
     deadline_experiment,
     deadline_jobs,
     gcp_config,
@@ -43,6 +44,7 @@ from federation.strategies import make_strategy
 from pricing.book import PriceBook
 from tests.builders import offering
 from tests.data import shared_file
+from tests.trace_replay import two_zone_trace
 
 POLICIES = ("on_demand", "eager_next_region", "greedy_safety_net", "uniform_progress", "overspill")
 WITH_RESTART = ("uniform_progress", "overspill", "greedy_safety_net")
@@ -523,3 +525,66 @@ def test_every_gcp_market_loads_from_the_shared_data_and_its_jobs_fit_the_week()
         split = halves(jobs, len(t))
         assert split.count("first") > 30 and split.count("second") > 30
     assert up[(16, 13)] < up[(1, 13)] and up[(16, 3)] < up[(1, 3)]  # a 16-VM gang is up less often than one VM
+
+
+class _Told:
+    """A strategy that records the work since the last checkpoint it was told of, per decision."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.unsaved = inner, inner.name, []
+
+    def decide(self, state: Any, book: PriceBook) -> Any:
+        self.unsaved.append(state.unsaved_work_hours)
+        return self.inner.decide(state, book)
+
+    def prepare(self, *args: Any) -> int:
+        return self.inner.prepare(*args) if hasattr(self.inner, "prepare") else 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_moves_at_checkpoints_meet_every_deadline_never_beat_the_optimum_and_wait_for_a_checkpoint(seed: int) -> None:
+    """Executed as the live loop executes them (`moves_at_checkpoints`), a running job's moves happen only at a
+    decision at most one tick past a checkpoint; in between the job runs on. Deadlines still hold (a deferred move
+    keeps a job where the policy had put it with the margin it needed) and no run beats the optimum."""
+    rng = random.Random(200 + seed)
+    bits = {}
+    for z in ("us-east-1a", "us-east-1c", "us-west-2a"):  # runs of 5 min to 4 h: outages the jobs wait out on OD
+        out, up = "", rng.random() < 0.5
+        while len(out) < 400:
+            out += ("1" if up else "0") * rng.choice([1, 3, 8, 20, 48])
+            up = not up
+        bits[z] = out[:400]
+    prices = {"us-east-1a": 1.0, "us-east-1c": 1.3, "us-west-2a": 0.8}
+    t = SpotTrace.from_bits(bits, prices, on_demand_usd=3.0, gap_seconds=300)  # changeover 15 min, checkpoint 30
+    m = TraceMarket(t)
+    moved = 0
+    for deadline in (60, 90):
+        job = DeadlineJob("r", 100, 48, deadline, 3, checkpoint_ticks=6)
+        opt = optimum_cost(t, job)
+        for name in ("overspill", "chain_dp"):
+            spy = _Told(make_strategy(name, restart_hours=0.25))
+            run = run_deadline(m, job, spy, record=True, notice_seconds={}, moves_at_checkpoints=True)
+            unsaved = spy.unsaved
+            assert run.met_deadline and run.cost_usd >= opt - 1e-9, (name, deadline)
+            on = None
+            for i, move in enumerate(run.moves):
+                _, what, key = move.split(":", 2)
+                if what == "launch" and on is not None and key != on:
+                    assert unsaved[i] <= t.gap_hours + 1e-9, (name, deadline, i, unsaved[i])
+                    moved += 1
+                on = key if what in ("launch", "keep") else None
+    assert moved > 0  # the traces made the policies move running jobs
+
+
+def test_a_place_only_policy_keeps_a_running_job_where_the_full_policy_moves_it() -> None:
+    """`PlacingOnly` (the `_place_only` variant) asks its policy only about waiting jobs: on on-demand when spot
+    comes back the job stays there, where `overspill` returns to spot, at once or (`moves_at_checkpoints`, the
+    `_live` variant) at its next checkpoint."""
+    m = TraceMarket(two_zone_trace("0" * 6 + "1" * 39, "0" * 45))
+    job = DeadlineJob("j", 0, work_ticks=12, deadline_ticks=30, restart_ticks=1, checkpoint_ticks=3)
+    ours = make_strategy("overspill", restart_hours=1 / 6)
+    full = run_deadline(m, job, ours, notice_seconds={})
+    live = run_deadline(m, job, ours, notice_seconds={}, moves_at_checkpoints=True)
+    kept = run_deadline(m, job, PlacingOnly(ours), notice_seconds={})
+    assert (full.migrations, live.migrations, kept.migrations) == (1, 1, 0)
+    assert kept.on_demand_hours == pytest.approx(13 / 6) and kept.cost_usd > live.cost_usd >= full.cost_usd

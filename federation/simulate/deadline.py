@@ -11,6 +11,10 @@ The model is the one of "Can't Be Late" (NSDI'24) and its simulator, so the omni
   last checkpoint, unless the cloud's interruption notice is long enough to save first (AWS 2 min, GCP and Azure
   30 s, `federation.strategies.NOTICE_SECONDS`, against the job's `save_seconds`); a move the policy chooses
   saves first; with no interval, progress is saved as it is made (the model of "Can't Be Late");
+- with `moves_at_checkpoints`, a move the policy chooses for a running job (a migration, or a stop to wait) is
+  executed as the broker's live loop executes it (`broker.loop.move`): only at a decision with at most one tick of
+  progress since the job's last checkpoint, that tick's progress redone; at any other decision the job keeps
+  running where it is;
 - every tick on a pool is billed in full at its price; progress is one tick of work per tick past the changeover;
 - the policy sees the tick's `PriceBook` and each spot pool's availability history up to the tick
   (`TraceMarket.outlook`), nothing later.
@@ -26,7 +30,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from federation.simulate.market import TraceMarket
-from federation.strategies import NOTICE_SECONDS, Move, PoolOutlook, Preemption, RunState, Strategy, decide
+from federation.strategies import NOTICE_SECONDS, Move, Plan, PoolOutlook, Preemption, RunState, Strategy, decide
 from providers.model import CapacityType, JobSpec, Offering
 
 
@@ -116,13 +120,15 @@ def run_deadline(
     record: bool = False,
     outlook: bool = True,
     notice_seconds: Mapping[str, float] = NOTICE_SECONDS,
+    moves_at_checkpoints: bool = False,
 ) -> DeadlineRun:
     """Run `job` under `strategy`; a job not done by its deadline keeps going for `overrun_ticks` more (default:
     as long again as its deadline window, within the trace) so late finishes are still costed. With `outlook`
     False the policy is not shown the pools' availability history (`RunState.outlook`), as a broker without an
     availability feed. `notice_seconds` is each provider's spot interruption notice: a reclaim of a job with a
     checkpoint interval loses the work since its last checkpoint unless the notice covers `job.save_seconds`. A
-    stop the policy chooses (a migration, or waiting) saves first and loses nothing."""
+    stop the policy chooses (a migration, or waiting) saves first and loses nothing; with `moves_at_checkpoints`
+    it waits instead for a decision at most one tick past a checkpoint and redoes that tick (module docstring)."""
     trace = market.trace
     gap_h = trace.gap_hours
     gap = Decimal(trace.gap_seconds) / Decimal(3600)
@@ -188,6 +194,12 @@ def run_deadline(
         if prepare is not None:  # a policy with shared tables solves them here, off the per-job path
             prepare(now, book, [state], outlook_at)
         plan = decide(strategy, state, book)
+        if moves_at_checkpoints and current is not None and _stops(plan, current):
+            if unsaved > 1:  # the live loop moves a running job at its next checkpoint: until then it runs on
+                plan = Plan(Move.KEEP, plan.reason, plan.strategy, current)
+            elif unsaved:  # one tick past its checkpoint: the move goes ahead and that tick is redone
+                remaining, lost = remaining + unsaved, lost + unsaved
+                acct.lost_usd += acct.unsaved_usd
         if record:
             moves.append(f"{tick - job.start_tick}:{plan.move.value}:{plan.offering.key if plan.offering else ''}")
         if plan.move is Move.PAUSE:
@@ -224,7 +236,7 @@ def run_deadline(
             else:
                 remaining -= 1
                 unsaved = (unsaved + 1) % job.checkpoint_ticks if job.checkpoint_ticks else 0
-                acct.unsaved_usd = acct.unsaved_usd + float(step) if unsaved and on_spot else 0.0
+                acct.unsaved_usd = acct.unsaved_usd + float(step) if unsaved else 0.0
         else:
             acct.idle_spot_up += spot_up
         tick += 1
@@ -260,6 +272,13 @@ def run_deadline(
     )
 
 
+def _stops(plan: Plan, current: Offering) -> bool:
+    """Whether `plan` ends the run on `current`: a wait, or a launch of another pool."""
+    if plan.move is Move.WAIT:
+        return True
+    return plan.move is Move.LAUNCH and plan.offering is not None and plan.offering.key != current.key
+
+
 @dataclass(slots=True)
 class _Ledger:
     """`run_deadline`'s running tallies behind `RunCosts` (ticks for the hour counts)."""
@@ -268,7 +287,7 @@ class _Ledger:
     on_demand_usd: float = 0.0
     changeover_usd: float = 0.0
     lost_usd: float = 0.0
-    unsaved_usd: float = 0.0  # cost of the spot ticks since the last checkpoint (lost if a reclaim comes first)
+    unsaved_usd: float = 0.0  # cost of the ticks since the last checkpoint (lost to a reclaim, or to a live move)
     od_spot_up: int = 0
     od_forced: int = 0
     idle_spot_up: int = 0

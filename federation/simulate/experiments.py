@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, ClassVar
 
 import federation.policies  # noqa: F401  (registers forecast, model_dp and chain_dp)
 from federation.burst import BurstParams
@@ -24,7 +25,7 @@ from federation.simulate.deadline import DeadlineJob, DeadlineRun, run_deadline
 from federation.simulate.market import TraceMarket
 from federation.simulate.optimum import optimum_cost
 from federation.simulate.traces import SpotTrace, TraceJob
-from federation.strategies import NOTICE_SECONDS, make_strategy
+from federation.strategies import NOTICE_SECONDS, Plan, RunState, Strategy, current_alive, keep, make_strategy
 from pricing.book import PriceBook
 
 DEADLINE_POLICIES = (
@@ -38,6 +39,12 @@ DEADLINE_POLICIES = (
 )
 RESEARCH_POLICIES = ("forecast", "model_dp")  # slow experimental policies, left out of a quick run
 BLIND = "_no_history"  # suffix: the policy runs without the pools' availability history (RunState.outlook)
+# suffix: a running job's chosen moves are executed as the live loop executes them, at its next checkpoint
+# (`run_deadline(moves_at_checkpoints=True)`, `broker.loop.move`), not at once with a free save
+LIVE = "_live"
+# suffix: the policy is asked only about waiting jobs, a running one is kept until it ends (the broker's live loop
+# before `broker.loop.move`): what moving running jobs is worth
+PLACE_ONLY = "_place_only"
 POLICY_SOURCES = {
     "on_demand": "on-demand only",
     "eager_next_region": "greedy spot, SkyPilot EAGER_NEXT_REGION",
@@ -45,6 +52,9 @@ POLICY_SOURCES = {
     "uniform_progress": "Uniform Progress (Can't Be Late, NSDI'24)",
     "overspill": "ours: cost model + slack accounting + availability history",
     "overspill_no_history": "ours without availability history (a broker with no availability feed)",
+    "overspill_live": "ours, running jobs moved at their next checkpoint, as the live loop moves them",
+    "chain_dp_live": "chain_dp, running jobs moved at their next checkpoint, as the live loop moves them",
+    "overspill_place_only": "ours, asked only about waiting jobs (running ones kept to the end)",
     "forecast": "ours, forecasting: MPC over sampled availability futures (exact DP per future)",
     "model_dp": "ours, expected-value DP on the availability model's state space (two pools, age buckets)",
     "optimum": "omniscient offline optimum (DP, lower bound)",
@@ -116,25 +126,72 @@ def deadline_jobs(trace: SpotTrace, cfg: DeadlineConfig) -> list[DeadlineJob]:
 def _strategy_kwargs(name: str, cfg: DeadlineConfig) -> dict[str, float]:
     return (
         {"restart_hours": cfg.restart_hours}
-        if name.removesuffix(BLIND) in ("uniform_progress", "overspill", "greedy_safety_net", "forecast", "model_dp")
+        if name in ("uniform_progress", "overspill", "greedy_safety_net", "forecast", "model_dp")
         else {}
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """What a deadline policy name asks for: the strategy (`base`) and how it is run (the suffixes, in the order
+    `<base>[_no_history][_live|_place_only]`)."""
+
+    base: str
+    blind: bool = False
+    live: bool = False
+    place_only: bool = False
+
+    @classmethod
+    def of(cls, name: str) -> Variant:
+        live, place_only = name.endswith(LIVE), name.endswith(PLACE_ONLY)
+        name = name.removesuffix(LIVE).removesuffix(PLACE_ONLY)
+        return cls(name.removesuffix(BLIND), name.endswith(BLIND), live, place_only)
+
+
+@dataclass(frozen=True)
+class PlacingOnly:
+    """`inner` asked only about a job that is not running: a running job is kept until it ends (`PLACE_ONLY`)."""
+
+    inner: Strategy
+    name: ClassVar[str] = "place_only"
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        if current_alive(state):
+            return keep(state, self.inner.name, "asked only about waiting jobs")
+        return self.inner.decide(state, book)
+
+    def prepare(self, *args: Any) -> int:
+        prepare = getattr(self.inner, "prepare", None)
+        return prepare(*args) if prepare is not None else 0
 
 
 def run_deadline_chunk(
     trace: SpotTrace, jobs: Sequence[DeadlineJob], cfg: DeadlineConfig
 ) -> list[tuple[float, list[DeadlineRun]]]:
     """For each job: its optimum cost and every policy's run (one process's share of the work). A policy name
-    ending in `_no_history` is that strategy run without the pools' availability history."""
+    ending in `_no_history` is that strategy run without the pools' availability history; one ending in `_live`
+    has its running jobs' moves executed as the live loop does (`LIVE`), one in `_place_only` is asked only about
+    waiting jobs (`PLACE_ONLY`)."""
     market = TraceMarket(trace)
     notice = NOTICE_SECONDS if cfg.notice else {}
-    base = {n: n.removesuffix(BLIND) for n in cfg.policies}
-    strategies = {n: make_strategy(b, **_strategy_kwargs(b, cfg)) for n, b in base.items()}
+    variants = {n: Variant.of(n) for n in cfg.policies}
+    strategies: dict[str, Strategy] = {}
+    for n, v in variants.items():
+        made = make_strategy(v.base, **_strategy_kwargs(v.base, cfg))
+        strategies[n] = PlacingOnly(made) if v.place_only else made
     return [
         (
             optimum_cost(trace, job),
             [
-                run_deadline(market, job, strategies[n], n, outlook=not n.endswith(BLIND), notice_seconds=notice)
+                run_deadline(
+                    market,
+                    job,
+                    strategies[n],
+                    n,
+                    outlook=not variants[n].blind,
+                    notice_seconds=notice,
+                    moves_at_checkpoints=variants[n].live,
+                )
                 for n in cfg.policies
             ],
         )
