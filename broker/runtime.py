@@ -79,6 +79,9 @@ class Runtime:
     # return-on-prem's verdicts "stays in the cloud" by placement id, with the inputs they were taken on
     # (`broker.loop.return_onprem`): a placement whose inputs did not move is not screened again
     return_memo: dict[str, Any] = field(default_factory=dict)
+    # when the move step last asked the deadline policy about a running placement and it stayed, by placement id
+    # (`broker.loop.move`): asked again after `move_check_seconds`
+    move_checked: dict[str, datetime] = field(default_factory=dict)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
     # the deadline policy, built from the settings on first use (an embedding or a test may set its own)
     deadline_policy: Strategy | None = field(default=None, repr=False)

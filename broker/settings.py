@@ -186,6 +186,17 @@ class Settings(BaseSettings):
     return_onprem: bool = Field(default=True, description="move cloud jobs back on-prem when its queue drains")
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
     return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
+    move_running_jobs: bool = Field(
+        default=True,
+        description="ask the deadline policy about running cloud jobs with a deadline too, and move one (back to "
+        "spot from on-demand, to a cheaper spot pool, or off to wait) at its next checkpoint when the policy says so",
+    )
+    move_check_seconds: float = Field(
+        default=60.0, ge=0, description="ask again about a running deadline job the policy kept at most this often"
+    )
+    move_checks_per_tick: int = Field(
+        default=5000, ge=1, description="running deadline jobs asked about per tick, longest unasked first"
+    )
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     slurm_transport: Literal["cli", "rest"] = Field(
         default="cli",

@@ -14,7 +14,8 @@ from sqlmodel import Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from broker.logging_setup import bind
-from broker.tables import BlockEntry, Job, Placement
+from broker.services.jobs import add_event
+from broker.tables import BlockEntry, Job, JobEvent, Placement
 
 if TYPE_CHECKING:
     from broker.runtime import Runtime
@@ -81,6 +82,14 @@ def bind_job(job: Job | None, placement: Placement | None = None) -> None:
         provider=placement.provider if placement else None,
         offering=placement.offering_key if placement else None,
     )
+
+
+def event_once(session: Session, job: Job, p: Placement, now: datetime, kind: str, message: str) -> None:
+    """Add a `kind` event for placement `p` unless the job already has one for it (a step that waits for a
+    placement's next checkpoint says so once, not on every tick)."""
+    earlier = session.exec(select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == kind)).all()
+    if not any(data.get("placement_id") == p.id for data in earlier):
+        add_event(session, job, now, kind, message, placement_id=p.id)
 
 
 def block(session: Session, scope_key: str, until: datetime, reason: str) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -63,7 +63,7 @@ from broker.services.agent_reports import INFRA_FAILED
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
-from federation.strategies import NOTICE_SECONDS, Move, Preemption, RunState, decide
+from federation.strategies import NOTICE_SECONDS, Move, Plan, PoolOutlook, Preemption, RunState, decide
 from pricing.book import PriceBook
 from pricing.extras import extra_hourly_table
 from providers.base import (
@@ -77,7 +77,7 @@ from providers.base import (
     Scope,
     Throttled,
 )
-from providers.model import CapacityType, JobSpec, JobState, PlacementState, Tags
+from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, Tags
 
 _P = Placement.__table__  # type: ignore[attr-defined]
 
@@ -349,25 +349,7 @@ def _deadline_decision(
     slack allows, on-demand (or on-prem) when it does not, pause when the budget cannot finish it.
 
     Returns (candidate, reason when none, pause?)."""
-    history = session.exec(
-        select(Placement).where(Placement.job_id == job.id, Placement.state == PlacementState.PREEMPTED.value)
-    ).all()
-    state = RunState(
-        job=spec,
-        now=now,
-        started_at=job.created_at,
-        remaining_work_hours=ctx.remaining_work_hours,
-        spent_usd=ctx.spent_usd,
-        checkpoint_at=ctx.checkpoint_at,
-        preemptions=tuple(Preemption(p.ended_at or now, p.provider, p.region, p.zone) for p in history),
-        tick_hours=rt.settings.tick_interval_seconds / 3600,
-        outlook=pool_outlooks(session, _spot_keys(book, spec), now, rt.trace_runs),
-        checkpoint_interval_hours=rt.settings.checkpoint_interval_hours,
-        notice_seconds=_notice_seconds(rt),
-    )
-    strategy = rt.deadline_strategy()
-    with rt.deadline_policy_lock:
-        plan = decide(strategy, state, _without_blocked(book, spec, ctx, now))
+    plan = deadline_plan(rt, deadline_state(rt, session, job, spec, book, ctx, now), book, ctx)
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
     if plan.move is not Move.LAUNCH or plan.offering is None:
@@ -377,6 +359,84 @@ def _deadline_decision(
     if isinstance(verdict, Candidate):
         return verdict, "", False
     return None, f"{verdict.reason.value}: {verdict.message} ({plan.offering.key})", False
+
+
+@dataclass(frozen=True, slots=True)
+class RunningNow:
+    """A running job as the deadline policy is told of it: its pool (as the book lists it now), the changeover it
+    still has ahead, and the work done since its last checkpoint (what stopping it now would redo)."""
+
+    offering: Offering
+    restart_left_hours: float
+    unsaved_work_hours: float
+
+
+def deadline_state(
+    rt: Runtime,
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    book: PriceBook,
+    ctx: PlacementContext,
+    now: datetime,
+    *,
+    run: RunningNow | None = None,
+    outlooks: dict[frozenset[str], dict[str, PoolOutlook]] | None = None,
+    preemptions: tuple[Preemption, ...] | None = None,
+) -> RunState:
+    """What the deadline policy is told about `job` now: waiting to be placed (`run` None), or running as `run`
+    says (`broker.loop.move`). `ctx` gives the work left and the spend. A step that asks about many jobs at once
+    passes `outlooks`, a cache of the pools' histories by pool key set (read once per set), and each job's
+    `preemptions` (`preemptions_of`, read for all of them at once)."""
+    if preemptions is None:
+        preemptions = preemptions_of(session, [job.id], now).get(job.id, ())
+    keys = frozenset(_spot_keys(book, spec))
+    outlook = outlooks.get(keys) if outlooks is not None else None
+    if outlook is None:
+        outlook = pool_outlooks(session, keys, now, rt.trace_runs)
+        if outlooks is not None:
+            outlooks[keys] = outlook
+    return RunState(
+        job=spec,
+        now=now,
+        started_at=job.created_at,
+        remaining_work_hours=ctx.remaining_work_hours,
+        spent_usd=ctx.spent_usd,
+        current=run.offering if run else None,
+        restart_left_hours=run.restart_left_hours if run else 0.0,
+        checkpoint_at=ctx.checkpoint_at,
+        preemptions=preemptions,
+        tick_hours=rt.settings.tick_interval_seconds / 3600,
+        outlook=outlook,
+        checkpoint_interval_hours=rt.settings.checkpoint_interval_hours,
+        notice_seconds=_notice_seconds(rt),
+        unsaved_work_hours=run.unsaved_work_hours if run else 0.0,
+    )
+
+
+def preemptions_of(session: Session, job_ids: list[str], now: datetime) -> dict[str, tuple[Preemption, ...]]:
+    """The reclaims of each job's earlier placements, by job id (jobs with none are missing): one read per 1,000
+    jobs."""
+    out: dict[str, list[Preemption]] = {}
+    for start in range(0, len(job_ids), 1000):
+        rows = session.exec(
+            select(Placement)
+            .where(
+                col(Placement.job_id).in_(job_ids[start : start + 1000]),
+                Placement.state == PlacementState.PREEMPTED.value,
+            )
+            .order_by(col(Placement.created_at))
+        ).all()
+        for p in rows:
+            out.setdefault(p.job_id, []).append(Preemption(p.ended_at or now, p.provider, p.region, p.zone))
+    return {job_id: tuple(found) for job_id, found in out.items()}
+
+
+def deadline_plan(rt: Runtime, state: RunState, book: PriceBook, ctx: PlacementContext) -> Plan:
+    """The process's deadline policy's plan for `state`, on the pools the job may use now (`without_blocked`)."""
+    strategy = rt.deadline_strategy()
+    with rt.deadline_policy_lock:
+        return decide(strategy, state, without_blocked(book, state.job, ctx, state.now))
 
 
 def _notice_seconds(rt: Runtime) -> dict[str, float]:
@@ -396,7 +456,7 @@ def _spot_keys(book: PriceBook, spec: JobSpec) -> list[str]:
     ]
 
 
-def _without_blocked(book: PriceBook, spec: JobSpec, ctx: PlacementContext, now: datetime) -> PriceBook:
+def without_blocked(book: PriceBook, spec: JobSpec, ctx: PlacementContext, now: datetime) -> PriceBook:
     """The job's pools minus those the broker's blocklist (failed launches, recent reclaims) rules out now and those
     nothing here can launch."""
     blocklist, launchable, storeless = ctx.blocklist, ctx.launchable, ctx.no_checkpoint_store

@@ -29,12 +29,12 @@ from sqlmodel import Session, col, select
 
 from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import active_blocklist, in_scope, locked
+from broker.loop.common import active_blocklist, event_once, in_scope, locked
 from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, JobEvent, Placement
+from broker.tables import Job, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
 from pricing.book import PriceBook
 from providers.base import ComputeProvider, Instance, NotFound, ProviderError
@@ -395,7 +395,8 @@ def _act(
     """Stop the placement now (not started, or at a fresh checkpoint) or plan the move for its next checkpoint."""
     started = p.started_at is not None
     if started and not _checkpoint_is_fresh(rt, p, inst, now):
-        _plan_once(session, job, p, now, f"{decision.reason} (to {decision.onprem.key})")
+        why = f"at its next checkpoint: {decision.reason} (to {decision.onprem.key})"
+        event_once(session, job, p, now, "return_planned", why)
         return 0
     why = f"returning on-prem to {decision.onprem.key}: {decision.reason}"
     stop_placement(session, provider, p, job, now, why)
@@ -415,11 +416,3 @@ def _checkpoint_is_fresh(rt: Runtime, p: Placement, inst: Instance, now: datetim
         return ran - inst.checkpointed_work_hours <= tick
     interval = Decimal(str(rt.settings.checkpoint_interval_hours))
     return ran % interval <= tick
-
-
-def _plan_once(session: Session, job: Job, p: Placement, now: datetime, why: str) -> None:
-    planned = session.exec(
-        select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "return_planned")
-    ).all()
-    if not any(data.get("placement_id") == p.id for data in planned):
-        add_event(session, job, now, "return_planned", f"at its next checkpoint: {why}", placement_id=p.id)

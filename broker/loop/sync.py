@@ -485,14 +485,14 @@ def _release(provider: ComputeProvider, p: Placement) -> None:
         )
 
 
-def _saved(p: Placement, inst: Instance | None) -> Decimal | None:
+def saved_work(p: Placement, inst: Instance | None) -> Decimal | None:
     """The work of `p` its last durable checkpoint holds: the provider's figure or the agent's, the larger."""
     known = [h for h in (inst.checkpointed_work_hours if inst else None, p.checkpointed_work_hours) if h is not None]
     return max(known) if known else None
 
 
 def _remaining_after(p: Placement, inst: Instance | None) -> Decimal:
-    saved = _saved(p, inst)
+    saved = saved_work(p, inst)
     if saved is None:
         return p.work_hours_at_start
     return max(Decimal("0"), p.work_hours_at_start - saved)
@@ -544,7 +544,7 @@ def _ended(
     elif job.state == JobState.RUNNING.value:
         job.state = JobState.PENDING.value
         job.wait_reason = f"{message}; re-placing with {remaining} h of work left"
-        if _saved(p, inst) is not None and job.checkpoint_uri:
+        if saved_work(p, inst) is not None and job.checkpoint_uri:
             job.checkpoint_provider = p.provider
             job.checkpoint_region = p.region
     session.add(job)

@@ -2,7 +2,8 @@
 
 Steps: refresh prices -> sample on-prem pressure -> burst opted-in Slurm jobs -> act on interruption notices
 -> read the instance agents' reports from the mailboxes -> sync instances (the agents' verdicts, cancellations,
-ceilings, finishes, preemptions) -> return cloud work on-prem when its queue drained -> place pending jobs
+ceilings, finishes, preemptions) -> return cloud work on-prem when its queue drained -> move running deadline jobs
+where the deadline policy moves them (at their next checkpoint) -> place pending jobs
 -> accrue cost -> sweep orphans -> check budgets (threshold alerts) -> run due reports -> deliver reports (queued
 by the API and by scheduled runs; each within a total deadline, the step within `delivery_step_seconds`).
 Providers with `begin_tick(now)` / `end_tick()` (the Slurm provider) are told where a tick starts and ends, so
@@ -12,8 +13,8 @@ from `overspill serve`'s interval loop. One step failing is logged and reported;
 
 Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runner.run_forever`: `overspill
 serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
-(`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, accrue_costs) read
-only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
+(`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, move_deadline_jobs,
+accrue_costs) read only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
 pending jobs, budgets, reports) keep running in every replica, safe as before through row locks; the orphan
 sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick` from cron, the serverless
 schedule, a test) holds no lease and works on every placement: a process that lives for one tick would only keep
@@ -45,6 +46,7 @@ from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
 from broker.loop.mailbox import read_mailboxes
+from broker.loop.move import move_deadline_jobs
 from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
@@ -63,6 +65,7 @@ STEPS: tuple[tuple[str, Callable[[Runtime, datetime], int]], ...] = (
     ("read_mailboxes", read_mailboxes),
     ("sync_instances", sync_instances),
     ("return_onprem", return_onprem),
+    ("move_deadline_jobs", move_deadline_jobs),
     ("place_pending", place_pending),
     ("accrue_costs", accrue_costs),
     ("sweep_orphans", sweep_orphans),
