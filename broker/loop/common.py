@@ -16,6 +16,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 from broker.logging_setup import bind
 from broker.services.jobs import add_event
 from broker.tables import BlockEntry, Job, JobEvent, Placement
+from providers.model import JobState
 
 if TYPE_CHECKING:
     from broker.runtime import Runtime
@@ -55,6 +56,19 @@ def lock_batch(
     job_ids = sorted({p.job_id for p in placements})
     jobs = session.exec(select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id)).with_for_update()).all()
     return placements, {j.id: j for j in jobs}
+
+
+def lock_running(session: Session, pid: str, live: Sequence[str]) -> tuple[Placement, Job] | None:
+    """Placement `pid` and its job, row-locked in that order, when the placement is in one of the `live` states
+    with an instance and is its running job's current one; None when it is not (or another replica holds it).
+    For a step that decided on an unlocked snapshot and now acts on one placement."""
+    p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
+    if p is None or p.state not in live or p.instance_id is None:
+        return None
+    job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
+    if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
+        return None
+    return p, job
 
 
 def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], keys: list[str]) -> None:

@@ -47,7 +47,7 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
 from broker.finance.unaccrued import unaccrued_by, unaccrued_usd
-from broker.loop.common import active_blocklist, bind_job, event_once, in_scope, locked
+from broker.loop.common import active_blocklist, bind_job, event_once, in_scope, lock_running
 from broker.loop.place import (
     RunningNow,
     deadline_plan,
@@ -297,12 +297,10 @@ def _moves(plan: Plan, current: Offering) -> bool:
 def _move_locked(rt: Runtime, pid: str, now: datetime, reads: Reads) -> int:
     """Decide again under the row locks (placement, then job) with a fresh read of the instance, and act."""
     with Session(rt.engine, expire_on_commit=False) as session:
-        p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
-        if p is None or p.state not in _CLOUD_LIVE or p.instance_id is None:
+        found = lock_running(session, pid, _CLOUD_LIVE)
+        if found is None:
             return 0
-        job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-        if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
-            return 0
+        p, job = found
         provider = rt.provider(p.provider)
         current = reads.book.get(p.offering_key)
         if provider is None or current is None or not current.available:

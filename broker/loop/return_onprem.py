@@ -29,7 +29,7 @@ from sqlmodel import Session, col, select
 
 from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import active_blocklist, event_once, in_scope, locked
+from broker.loop.common import active_blocklist, event_once, in_scope, lock_running
 from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
@@ -325,12 +325,10 @@ def _verdict(
 def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: datetime) -> int:
     """Decide again under the row locks (placement, then job) with a fresh read of the instance, and act."""
     with Session(rt.engine, expire_on_commit=False) as session:
-        p = session.exec(locked(select(Placement).where(Placement.id == pid))).first()
-        if p is None or p.state not in _CLOUD_LIVE or p.instance_id is None:
+        found = lock_running(session, pid, _CLOUD_LIVE)
+        if found is None:
             return 0
-        job = session.exec(select(Job).where(Job.id == p.job_id).with_for_update()).one()
-        if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
-            return 0
+        p, job = found
         provider = rt.provider(p.provider)
         current = rt.catalog.book(now).get(p.offering_key)
         if provider is None or current is None:

@@ -14,11 +14,11 @@ from `overspill serve`'s interval loop. One step failing is logged and reported;
 Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runner.run_forever`: `overspill
 serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
 (`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, move_deadline_jobs,
-accrue_costs) read only the placements of those shards. The global steps (prices, pressure, bursting, interruption notices, placing
-pending jobs, budgets, reports) keep running in every replica, safe as before through row locks; the orphan
-sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick` from cron, the serverless
-schedule, a test) holds no lease and works on every placement: a process that lives for one tick would only keep
-its shards from the next one.
+accrue_costs) read only the placements of those shards. The global steps (prices, pressure, bursting,
+interruption notices, placing pending jobs, budgets, reports) keep running in every replica, safe as before
+through row locks; the orphan sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick`
+from cron, the serverless schedule, a test) holds no lease and works on every placement: a process that lives for
+one tick would only keep its shards from the next one.
 
 The cyclic garbage collector is paused while a tick runs (`collector_relaxed`): a tick with tens of thousands of
 running placements allocates hundreds of thousands of objects that live until its step ends (rows, instance
