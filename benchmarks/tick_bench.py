@@ -20,6 +20,7 @@ Run (from the repository root, in the environment where the project is installed
     python benchmarks/tick_bench.py --jobs 20000 --profile 25   # cProfile the steady ticks (one replica)
     python benchmarks/tick_bench.py --db sqlite --jobs 2000 --ticks 8
     python benchmarks/tick_bench.py --json
+    python benchmarks/tick_bench.py --jobs 5000 --deadline-share 1 --move-check-seconds 0   # the move step, worst case
 """
 
 from __future__ import annotations
@@ -56,7 +57,15 @@ from tests.pg import start_postgres
 
 ACCELERATORS = ["A100", "V100", "A10G", "L4", "H100"]
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
-SHOWN = ["sync_instances", "return_onprem", "accrue_costs", "read_mailboxes", "refresh_prices", "sweep_orphans"]
+SHOWN = [
+    "sync_instances",
+    "return_onprem",
+    "move_deadline_jobs",
+    "accrue_costs",
+    "read_mailboxes",
+    "refresh_prices",
+    "sweep_orphans",
+]
 _J, _P, _S = (t.__table__ for t in (Job, Placement, SimInstanceRow))  # type: ignore[attr-defined]
 
 
@@ -68,7 +77,7 @@ class Clock:
         return self.now
 
 
-def _settings(db_url: str, workdir: Path, jobs: int, minutes: float) -> Settings:
+def _settings(db_url: str, workdir: Path, jobs: int, minutes: float, move_check_seconds: float = 60.0) -> Settings:
     # leases outlive the simulated gap between two rounds, so every replica stays live for the others
     return Settings(
         database_url=db_url,
@@ -76,11 +85,15 @@ def _settings(db_url: str, workdir: Path, jobs: int, minutes: float) -> Settings
         bootstrap_api_key=DEV_API_KEY,
         max_placements_per_tick=jobs,
         shard_lease_seconds=3 * minutes * 60,
+        move_check_seconds=move_check_seconds,
     )
 
 
-def generate(db_url: str, workdir: Path, jobs: int, seed_jobs: int, minutes: float) -> tuple[datetime, float]:
-    """`jobs` running jobs in the database; returns the simulated time of the last set-up tick and the seconds."""
+def generate(
+    db_url: str, workdir: Path, jobs: int, seed_jobs: int, minutes: float, deadline_share: float = 0.0
+) -> tuple[datetime, float]:
+    """`jobs` running jobs in the database (the first `deadline_share` of every 100 seed jobs, and so of their
+    clones, with a deadline 72 h out); returns the simulated time of the last set-up tick and the seconds."""
     started = time.perf_counter()
     clock = Clock()
     rt = build_runtime(_settings(db_url, workdir, jobs, minutes), clock=clock)
@@ -92,6 +105,7 @@ def generate(db_url: str, workdir: Path, jobs: int, seed_jobs: int, minutes: flo
             gpu_count=[1, 1, 2, 4, 8][i % 5],
             work_gpu_hours=str(20 + i % 7),
             max_total_usd="5000",
+            **({"deadline": (clock() + timedelta(hours=72)).isoformat()} if i % 100 < deadline_share * 100 else {}),
         )
         submit_job(rt.engine, rt.catalog, tenant="demo", create=JobCreate(**body), idempotency_key=None, now=clock())
     for _ in range(3):  # placed, started, accrued once
@@ -145,11 +159,12 @@ def replica(
     barrier: Any,
     out: Any,
     profile_top: int,
+    move_check_seconds: float = 60.0,
 ) -> None:
     """One tick replica: `ticks` rounds at the simulated times after `first`, each started on `barrier`."""
     logging.disable(logging.WARNING)
     clock = Clock(datetime.fromisoformat(first))
-    rt = build_runtime(_settings(db_url, Path(workdir), jobs, minutes), clock=clock)
+    rt = build_runtime(_settings(db_url, Path(workdir), jobs, minutes, move_check_seconds), clock=clock)
     rt.shares_work = True  # a long-running replica, as `overspill serve` runs one
     profiler = cProfile.Profile() if profile_top else None
     rows = []
@@ -190,13 +205,18 @@ def run(
     seed_jobs: int,
     profile_top: int,
     step_seconds: float,
+    deadline_share: float = 0.0,
+    move_check_seconds: float = 60.0,
 ) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="tick-bench-"))
-    first, setup_seconds = generate(db_url, workdir, jobs, seed_jobs, minutes)
+    first, setup_seconds = generate(db_url, workdir, jobs, seed_jobs, minutes, deadline_share)
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(replicas), ctx.Queue()
     args = (db_url, str(workdir), jobs, minutes, step_seconds, first.isoformat(), ticks, barrier, out)
-    procs = [ctx.Process(target=replica, args=(i, *args, profile_top if i == 0 else 0)) for i in range(replicas)]
+    procs = [
+        ctx.Process(target=replica, args=(i, *args, profile_top if i == 0 else 0, move_check_seconds))
+        for i in range(replicas)
+    ]
     for p in procs:
         p.start()
     results = {index: (rows, profile) for index, rows, profile in (out.get() for _ in procs)}
@@ -281,11 +301,33 @@ def main() -> None:
         help="simulated seconds between the measured rounds (default: the broker's tick interval)",
     )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N of replica 0's profile")
+    parser.add_argument(
+        "--deadline-share",
+        type=float,
+        default=0.0,
+        help="share of the jobs with a deadline (72 h out): the move step asks the deadline policy about those",
+    )
+    parser.add_argument(
+        "--move-check-seconds",
+        type=float,
+        default=60.0,
+        help="the move step's move_check_seconds (0: every deadline job on every tick, the worst case)",
+    )
     parser.add_argument("--db", choices=["postgresql", "sqlite"], default="postgresql")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    options = (args.jobs, args.ticks, args.minutes, args.replicas, args.seed_jobs, args.profile, args.step_seconds)
+    options = (
+        args.jobs,
+        args.ticks,
+        args.minutes,
+        args.replicas,
+        args.seed_jobs,
+        args.profile,
+        args.step_seconds,
+        args.deadline_share,
+        args.move_check_seconds,
+    )
     if args.db == "postgresql":
         pg = start_postgres()
         try:

@@ -195,7 +195,7 @@ class Settings(BaseSettings):
         default=60.0, ge=0, description="ask again about a running deadline job the policy kept at most this often"
     )
     move_checks_per_tick: int = Field(
-        default=5000, ge=1, description="running deadline jobs asked about per tick, longest unasked first"
+        default=2000, ge=1, description="running deadline jobs asked about per tick, longest unasked first"
     )
     slurm_conf: str = Field(default="", description="SLURM_CONF for the Slurm tools (default: Slurm's own)")
     slurm_transport: Literal["cli", "rest"] = Field(

@@ -282,6 +282,27 @@ def pools(
     return out
 
 
+def first_pool(
+    state: RunState, book: PriceBook, kinds: frozenset[CapacityType], blocklist: frozenset[str] = frozenset()
+) -> Offering | None:
+    """`pools(state, book, kinds, blocklist)[0]` (or None) without building the list: each group's items are in
+    (price, key) order, so its first fitting item is its best, and the answer is the best of those."""
+    job = state.job
+    best: Offering | None = None
+    for group in book.for_shape(job.accelerators, job.gpu_count):
+        for item in group.items:
+            off = item.offering
+            if off.capacity_type not in kinds or not off.available or blocked(off, blocklist):
+                continue
+            if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+                continue
+            if ever_feasible(job, (off,)):
+                if best is None or (off.price.hourly_usd, off.key) < (best.price.hourly_usd, best.key):
+                    best = off
+                break
+    return best
+
+
 def recent_blocklist(state: RunState, hours: float, scope: str = "zone") -> frozenset[str]:
     """Zones (or regions) where the job was preempted within the last `hours`."""
     keys = set()
@@ -596,8 +617,8 @@ class Overspill:
 
     def _cheaper_spot_exists(self, state: RunState, book: PriceBook) -> bool:
         assert state.current is not None
-        found = pools(state, book, frozenset({CapacityType.SPOT}))
-        return bool(found) and found[0].price.hourly_usd < state.current.price.hourly_usd * Decimal("0.9")
+        found = first_pool(state, book, frozenset({CapacityType.SPOT}))
+        return found is not None and found.price.hourly_usd < state.current.price.hourly_usd * Decimal("0.9")
 
     def _rank(self, state: RunState, book: PriceBook, block: frozenset[str]) -> list[Candidate]:
         """Every available, fitting, affordable pool by expected cost (the deadline is handled by slack). The

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
@@ -287,3 +288,28 @@ def test_a_preemption_records_zone_and_region_keys() -> None:
     assert off is not None
     p = Preemption.of(off, m.trace.at(0) + timedelta(minutes=5))
     assert (p.zone_key, p.region_key) == ("aws/us-east-1/us-east-1a", "aws/us-east-1")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_pool_is_the_head_of_pools_on_random_books(seed: int) -> None:
+    """`first_pool` answers what `pools(...)[0]` does (the cheapest fitting pool, ties by key) on books with equal
+    prices, zones down, a blocklist and an hourly cap, for every kind of pool."""
+    import random
+
+    from federation.strategies import NON_SPOT, first_pool, pools
+    from providers.model import CapacityType
+
+    rng = random.Random(seed)
+    zones = [f"us-east-1{c}" for c in "abcdef"]
+    bits = {z: "".join(rng.choice("10") for _ in range(6)) for z in zones}
+    prices = {z: rng.choice([0.9, 1.0, 1.0, 1.3]) for z in zones}
+    m = market(bits, prices)
+    job = DeadlineJob("j", 0, 3, 6, 0)
+    for tick in range(6):
+        book = m.book(tick)
+        for cap in (None, Decimal("1.0")):
+            state = replace(state_at(m, job, tick), job=replace(job_spec(m, job), max_hourly_usd=cap))
+            for kinds in (frozenset({CapacityType.SPOT}), NON_SPOT, frozenset(CapacityType)):
+                for block in (frozenset(), frozenset({f"aws/us-east-1/{rng.choice(zones)}"})):
+                    found = pools(state, book, kinds, block)
+                    assert first_pool(state, book, kinds, block) == (found[0] if found else None)

@@ -49,6 +49,7 @@ from broker.finance.budgets import HardBudgetGate
 from broker.finance.unaccrued import unaccrued_by, unaccrued_usd
 from broker.loop.common import active_blocklist, bind_job, event_once, in_scope, lock_running
 from broker.loop.place import (
+    BookMemo,
     RunningNow,
     deadline_plan,
     deadline_state,
@@ -63,7 +64,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
 from broker.tables import Job, Placement
 from federation.placement import Candidate, evaluate
-from federation.strategies import Move, Plan, PoolOutlook, Preemption
+from federation.strategies import Move, Plan, Preemption
 from pricing.book import PriceBook
 from providers.base import Instance, NotFound, ProviderError
 from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
@@ -75,7 +76,6 @@ _P = Placement.__table__  # type: ignore[attr-defined]
 _J = Job.__table__  # type: ignore[attr-defined]
 EPS_HOURS = 1e-9
 _NEVER = datetime.min.replace(tzinfo=UTC)  # the last check of a placement never asked about sorts first
-Outlooks = dict[frozenset[str], dict[str, PoolOutlook]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +105,16 @@ class Verdict:
 @dataclass
 class Reads:
     """What deciding about a job reads beside the job itself, for one tick: the price book, the blocklist, the
-    hard-budget gate, the pools' histories by key set, and per job its refused pools, its unaccrued spend and its
-    earlier reclaims. `bulk` reads those three for many jobs in one statement each (the unlocked screen); a
-    `fresh` one reads them per job (under the row locks, where nothing is taken from an earlier read)."""
+    hard-budget gate, the books and pools' histories per job shape (`BookMemo`), and per job its refused pools, its
+    unaccrued spend and its earlier reclaims. `bulk` reads those three for many jobs in one statement each (the
+    unlocked screen); a `fresh` one reads them per job (under the row locks, where nothing is taken from an earlier
+    read)."""
 
     book: PriceBook
     blocklist: frozenset[str]
     budgets: HardBudgetGate
     extras: dict[str, Any]  # what instances bill beside compute (`Runtime.extras`), for the unaccrued spend
-    outlooks: Outlooks = field(default_factory=dict)
+    memo: BookMemo = field(default_factory=BookMemo)
     refused: dict[str, frozenset[str]] | None = None
     unaccrued: dict[str, Decimal] | None = None
     preempted: dict[str, tuple[Preemption, ...]] | None = None
@@ -261,16 +262,14 @@ def _decide(
     ctx = placement_context(rt, job, now, reads.blocklist | reads.refused_of(session, job))
     spent = ctx.spent_usd + reads.unaccrued_of(session, job, now)
     running = replace(ctx, remaining_work_hours=done.remaining_work_hours, spent_usd=spent)
-    history = reads.preempted_of(session, job, now)
-    told = deadline_state(
-        rt, session, job, spec, book, running, now, run=done.run, outlooks=reads.outlooks, preemptions=history
-    )
-    plan = deadline_plan(rt, told, book, running)
+    history, memo = reads.preempted_of(session, job, now), reads.memo
+    told = deadline_state(rt, session, job, spec, book, running, now, run=done.run, memo=memo, preemptions=history)
+    plan = deadline_plan(rt, told, book, running, memo)
     if not _moves(plan, current):
         return None
     stopped = replace(running, remaining_work_hours=done.saved_remaining_hours)
-    idle = deadline_state(rt, session, job, spec, book, stopped, now, outlooks=reads.outlooks, preemptions=history)
-    then = deadline_plan(rt, idle, book, stopped)
+    idle = deadline_state(rt, session, job, spec, book, stopped, now, memo=memo, preemptions=history)
+    then = deadline_plan(rt, idle, book, stopped, memo)
     if then.move is Move.PAUSE:
         return None
     if then.move is Move.LAUNCH and then.offering is not None:

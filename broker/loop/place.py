@@ -140,9 +140,10 @@ def place_pending(rt: Runtime, now: datetime) -> int:
         ).all()
     placed: list[str] = []
     budgets = HardBudgetGate(rt.engine, now, rt.extras)
+    memo = BookMemo()  # deadline jobs of one shape share their usable book and pool histories this tick
     for job_id in ids:
         bind_job(None)
-        placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets)
+        placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets, memo)
         if placement_id:
             placed.append(placement_id)
             crashpoint("place.after_commit")
@@ -159,6 +160,7 @@ def _place_one(
     blocklist: frozenset[str],
     now: datetime,
     budgets: HardBudgetGate | None = None,
+    memo: BookMemo | None = None,
 ) -> tuple[str | None, PriceBook]:
     with Session(rt.engine, expire_on_commit=False) as session:
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
@@ -169,7 +171,7 @@ def _place_one(
         # a run that ended this tick is accrued later in it (accrue_costs): its stretch counts against the ceiling
         ended = unaccrued_usd(session.connection(), now, _P.c.job_id == job.id, extras=rt.extras)
         ctx = replace(ctx, spent_usd=ctx.spent_usd + ended) if ended else ctx
-        best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets)
+        best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets, memo=memo)
         if best is None:
             if pause:
                 job.state = JobState.PAUSED.value
@@ -242,13 +244,15 @@ def choose_pool(
     budgets: HardBudgetGate | None = None,
     *,
     explain: bool = True,
+    memo: BookMemo | None = None,
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
     for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
     its team or project is spent. Returns (candidate, reason when none, pause?). Also asked by the
     return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
     `budgets` gate for all of them; one that does not show the reason passes `explain=False` (explaining a
-    cheapest-cost miss is a full `quote`, every pool of the job's accelerators judged: skipped then)."""
+    cheapest-cost miss is a full `quote`, every pool of the job's accelerators judged: skipped then); one asking
+    about many deadline jobs passes a `memo` (`BookMemo`)."""
     spec = spec_of(job)
     over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if over_budget:
@@ -257,7 +261,7 @@ def choose_pool(
     if refused:  # e.g. Slurm without a submit identity for this tenant: never run it as the broker's account
         book = PriceBook.build([o for o in book if o.provider not in refused], now, book.feed_observed_at)
     if spec.deadline_at is not None:
-        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now)
+        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now, memo)
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
@@ -344,12 +348,14 @@ def _deadline_decision(
     book: PriceBook,
     ctx: PlacementContext,
     now: datetime,
+    memo: BookMemo | None = None,
 ) -> tuple[Candidate | None, str, bool]:
     """A job with a deadline is placed by the deadline-aware strategy (federation.strategies): spot while the
     slack allows, on-demand (or on-prem) when it does not, pause when the budget cannot finish it.
 
     Returns (candidate, reason when none, pause?)."""
-    plan = deadline_plan(rt, deadline_state(rt, session, job, spec, book, ctx, now), book, ctx)
+    state = deadline_state(rt, session, job, spec, book, ctx, now, memo=memo)
+    plan = deadline_plan(rt, state, book, ctx, memo)
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True
     if plan.move is not Move.LAUNCH or plan.offering is None:
@@ -381,21 +387,17 @@ def deadline_state(
     now: datetime,
     *,
     run: RunningNow | None = None,
-    outlooks: dict[frozenset[str], dict[str, PoolOutlook]] | None = None,
+    memo: BookMemo | None = None,
     preemptions: tuple[Preemption, ...] | None = None,
 ) -> RunState:
     """What the deadline policy is told about `job` now: waiting to be placed (`run` None), or running as `run`
     says (`broker.loop.move`). `ctx` gives the work left and the spend. A step that asks about many jobs at once
-    passes `outlooks`, a cache of the pools' histories by pool key set (read once per set), and each job's
-    `preemptions` (`preemptions_of`, read for all of them at once)."""
+    passes a `memo` (the pools' histories read once per set of pools) and each job's `preemptions`
+    (`preemptions_of`, read for all of them at once)."""
     if preemptions is None:
         preemptions = preemptions_of(session, [job.id], now).get(job.id, ())
-    keys = frozenset(_spot_keys(book, spec))
-    outlook = outlooks.get(keys) if outlooks is not None else None
-    if outlook is None:
-        outlook = pool_outlooks(session, keys, now, rt.trace_runs)
-        if outlooks is not None:
-            outlooks[keys] = outlook
+    memo = memo or BookMemo()
+    outlook = memo.outlook(book, spec, lambda keys: pool_outlooks(session, keys, now, rt.trace_runs))
     return RunState(
         job=spec,
         now=now,
@@ -432,11 +434,50 @@ def preemptions_of(session: Session, job_ids: list[str], now: datetime) -> dict[
     return {job_id: tuple(found) for job_id, found in out.items()}
 
 
-def deadline_plan(rt: Runtime, state: RunState, book: PriceBook, ctx: PlacementContext) -> Plan:
-    """The process's deadline policy's plan for `state`, on the pools the job may use now (`without_blocked`)."""
+def deadline_plan(
+    rt: Runtime, state: RunState, book: PriceBook, ctx: PlacementContext, memo: BookMemo | None = None
+) -> Plan:
+    """The process's deadline policy's plan for `state`, on the pools the job may use now (`without_blocked`;
+    through `memo` when given: one filtered book per job shape and exclusions)."""
     strategy = rt.deadline_strategy()
+    usable = (memo or BookMemo()).without_blocked(book, state.job, ctx, state.now)
     with rt.deadline_policy_lock:
-        return decide(strategy, state, without_blocked(book, state.job, ctx, state.now))
+        return decide(strategy, state, usable)
+
+
+class BookMemo:
+    """What a step that asks the deadline policy about many jobs of one tick computes once, not per job: a job's
+    usable book (`without_blocked`) per (book, accelerators, exclusions), its spot pools per (book, accelerators),
+    and the pools' histories per set of pools. Keyed by the book's identity and keeping the book alive, so an
+    entry is never taken for another book. One memo lives for one step of one tick (prices, blocklist and
+    histories are those of that moment)."""
+
+    def __init__(self) -> None:
+        self._books: dict[tuple[Any, ...], tuple[PriceBook, PriceBook]] = {}
+        self._keys: dict[tuple[Any, ...], tuple[PriceBook, frozenset[str]]] = {}
+        self._outlooks: dict[frozenset[str], dict[str, PoolOutlook]] = {}
+
+    def without_blocked(self, book: PriceBook, spec: JobSpec, ctx: PlacementContext, now: datetime) -> PriceBook:
+        key = (id(book), tuple(spec.accelerators), ctx.blocklist, ctx.launchable, ctx.no_checkpoint_store)
+        found = self._books.get(key)
+        if found is None or found[0] is not book:
+            found = (book, without_blocked(book, spec, ctx, now))
+            self._books[key] = found
+        return found[1]
+
+    def outlook(
+        self, book: PriceBook, spec: JobSpec, read: Callable[[frozenset[str]], dict[str, PoolOutlook]]
+    ) -> dict[str, PoolOutlook]:
+        """The histories of the job's spot pools in `book`, read by `read` once per set of pools."""
+        key = (id(book), tuple(spec.accelerators))
+        found = self._keys.get(key)
+        if found is None or found[0] is not book:
+            found = (book, frozenset(_spot_keys(book, spec)))
+            self._keys[key] = found
+        pools = found[1]
+        if pools not in self._outlooks:
+            self._outlooks[pools] = read(pools)
+        return self._outlooks[pools]
 
 
 def _notice_seconds(rt: Runtime) -> dict[str, float]:
