@@ -237,3 +237,19 @@ def test_the_return_check_never_explains_a_job_it_cannot_place(
     monkeypatch.setattr(place_module, "quote", no_quote)
     assert return_onprem(rt, clock()) == 0
     assert [p.provider for p in _placements(rt, job_id)] == ["aws"]
+
+
+def test_a_job_the_placement_policy_keeps_in_the_cloud_is_remembered_as_its_verdict(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    """On-prem drains and would take the job back by the return rule, but the placement policy cannot put this
+    tenant there (the cluster refuses it): the job stays, and the verdict is kept as the policy's, not asked again
+    until its inputs move."""
+    job_id = _submit(api, rt, clock)
+    _run(rt, clock, 4)
+    onprem.wait_hours = 0.0
+    onprem.refuses_tenant = lambda tenant: "no submit identity for this tenant"  # type: ignore[attr-defined]
+    _run(rt, clock, 1)
+    [placement] = _placements(rt, job_id)
+    assert placement.provider == "aws" and placement.state == "running"
+    assert rt.return_memo[placement.id][1] == "policy"

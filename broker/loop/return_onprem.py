@@ -30,7 +30,13 @@ from sqlmodel import Session, col, select
 from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import active_blocklist, event_once, in_scope, lock_running
-from broker.loop.place import choose_pool, placement_context, refused_pools, refused_pools_of_running_jobs
+from broker.loop.place import (
+    BookMemo,
+    choose_pool,
+    placement_context,
+    refused_pools,
+    refused_pools_of_running_jobs,
+)
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
@@ -90,10 +96,11 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     with Session(rt.engine) as session:
         refused = refused_pools_of_running_jobs(session)
     returned = 0
+    books = BookMemo()  # the deadline jobs of one shape share their usable book and pool histories this tick
     for p, job, view, current in screened:
         with Session(rt.engine) as session:
             verdict = _decide(
-                rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset())
+                rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset()), books
             )
             if verdict is None:
                 memo.keep(p, job, view, current, spec_of(job), by_policy=True)
@@ -366,15 +373,17 @@ def _decide(
     now: datetime,
     budgets: HardBudgetGate | None = None,
     refused: frozenset[str] | None = None,
+    memo: BookMemo | None = None,
 ) -> _Return | None:
     """Should `job` move on-prem now (module docstring)? Reads only; None when it stays. `refused` is the job's
-    `refused_pools` when the caller read them for every job at once (else they are read here)."""
+    `refused_pools` when the caller read them for every job at once (else they are read here); `memo` what the
+    screen of many jobs shares (`BookMemo`)."""
     remaining, started = _remaining(p, inst)
     ctx = replace(
         placement_context(rt, job, now, blocklist | (refused if refused is not None else refused_pools(session, job))),
         remaining_work_hours=remaining,
     )
-    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False)
+    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False, memo=memo)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
     return _verdict(rt, job, spec_of(job), current, best.offering, remaining, started, now)
