@@ -17,13 +17,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from agent import protocol as p
 from agent.checkpoints import parse_manifest
+from tests.local_server import QuietHTTPServer
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "tests" / "workloads" / "train.py"
@@ -310,7 +311,7 @@ class FlakyProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 

@@ -22,10 +22,12 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+from tests.local_server import QuietHTTPServer
 
 PRICES_PATH = "/api/retail/prices"
 VM_SERVICE_ID = "DZH313Z7MMC8"
@@ -214,7 +216,7 @@ class AzureFake:
         self.faults: list[Fault] = []
         self.delays: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietHTTPServer | None = None
         self._port: int | None = None
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -251,7 +253,7 @@ class AzureFake:
         class Handler(_Handler):
             owner = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._port = int(self._server.server_address[1])
         self._stopped.clear()

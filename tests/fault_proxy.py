@@ -49,10 +49,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from tests.local_server import QuietHTTPServer
 from tests.moto_server import free_port
 
 LAUNCH_ACTIONS = frozenset({"RunInstances", "CreateFleet"})
@@ -370,7 +371,7 @@ class FaultProxy:
         self.token_answers: dict[str, Answer] = {}
         self._token_locks: dict[str, threading.Lock] = {}
         self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self.server = QuietHTTPServer(("127.0.0.1", self.port), self._handler())
         self.server.daemon_threads = True
 
     @property

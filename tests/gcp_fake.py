@@ -30,10 +30,12 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.local_server import QuietHTTPServer
 
 COMPUTE_SERVICE_ID = "6F81-5844-456A"
 AMERICAS = ("us-central1", "us-east1", "us-east4", "us-west1")
@@ -351,7 +353,7 @@ class GcpFake:
     requests: list[str] = field(default_factory=list)
     _failures: list[int] = field(default_factory=list)  # 0 = answer normally
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _server: ThreadingHTTPServer | None = None
+    _server: QuietHTTPServer | None = None
     _thread: threading.Thread | None = None
 
     @property
@@ -378,7 +380,7 @@ class GcpFake:
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="gcp-fake", daemon=True)
         self._thread.start()

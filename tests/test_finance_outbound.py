@@ -12,7 +12,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 from broker.finance import outbound
 from broker.finance.outbound import NotifyError, UnsafeTarget, check_url, post, redact_url
 from tests.attacks.finance_parts import InternalService
+from tests.local_server import QuietHTTPServer
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 
@@ -131,7 +132,7 @@ def tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, 
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
