@@ -327,6 +327,14 @@ class _Query:
     joint: int
 
 
+@dataclass
+class _Moment:
+    """The inline solves of one moment (`ModelDP.max_inline_solves_per_tick`)."""
+
+    at: datetime | None = None
+    solves: int = 0
+
+
 @dataclass(frozen=True)
 class ModelDP:
     """The expected-value DP on the availability model's state space, `Overspill` as fallback (module docstring).
@@ -353,10 +361,15 @@ class ModelDP:
     # the planning unit is at least this long: the live loop's 10 s tick and 6-minute changeover would otherwise
     # plan a 70 h job on 700 levels, a table over the cap (a unit longer than the changeover only overcounts it)
     min_unit_hours: float = 0.25
+    # a decision that needs a table nobody solved yet solves it inline (the live loop calls no `prepare`): at most
+    # this many per moment (one `state.now`: one tick), so a tick with many job shapes, each wanting its own table,
+    # cannot stall on solves (~0.1-0.3 s each); beyond it `Overspill` decides, and a later tick solves the rest
+    max_inline_solves_per_tick: int = 4
     fallback: Overspill = field(default_factory=Overspill)
     stats: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[tuple[object, ...], PoolChain | None] = field(default_factory=dict, compare=False, repr=False)
     _tables: OrderedDict[tuple[object, ...], Table] = field(default_factory=OrderedDict, compare=False, repr=False)
+    _inline: _Moment = field(default_factory=lambda: _Moment(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.fallback.restart_hours != self.restart_hours:
@@ -401,6 +414,9 @@ class ModelDP:
             return base
         table = self._tables.get(q.key)
         if table is None or table.levels < q.work + q.sigma or table.slack < q.sigma:
+            if not self._may_solve_inline(state.now):
+                self.stats["inline_deferred"] = self.stats.get("inline_deferred", 0) + 1
+                return base  # this tick's inline solves are spent: today's strategy, the DP on a later tick
             table = self._table(q.key, q, q.work + q.sigma, q.sigma, count="inline_solves")
         else:
             self._tables.move_to_end(q.key)
@@ -421,6 +437,16 @@ class ModelDP:
         if q.mode == act:
             return keep(state, self.name, f"{why}: stay on spot {target.key}")
         return launch(state, self.name, target, f"{why}: spot {target.key} has the least expected cost")
+
+    def _may_solve_inline(self, now: datetime) -> bool:
+        """Whether a decision at `now` may still solve a table inside it (`max_inline_solves_per_tick`)."""
+        moment = self._inline
+        if moment.at != now:
+            moment.at, moment.solves = now, 0
+        if moment.solves >= self.max_inline_solves_per_tick:
+            return False
+        moment.solves += 1
+        return True
 
     def _defers(self, state: RunState, book: PriceBook, q: _Query, act: int) -> bool:
         """Whether the DP's action `act` is left to `Overspill` (here: never; a subclass whose world leaves pools

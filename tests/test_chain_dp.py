@@ -53,21 +53,23 @@ def test_a_step_is_up_only_if_the_pool_is_up_for_all_of_it() -> None:
         grid_up(line, T - timedelta(minutes=15), 1, 900)
 
 
-def _random_trace(seed: int, n: int = 600, correlated: bool = False) -> SpotTrace:
-    """Three zones on 5-minute ticks; `correlated`: b and c go down whenever a does (a region-wide shortage)."""
+def _random_trace(seed: int, n: int = 600, correlated: bool = False, region: str = "tr-1") -> SpotTrace:
+    """Three zones of `region` on 5-minute ticks; `correlated`: b and c go down whenever a does (a region-wide
+    shortage)."""
     rng = random.Random(seed)
     bits = {}
-    for z in ("tr-1a", "tr-1b", "tr-1c"):
+    for z in (f"{region}a", f"{region}b", f"{region}c"):
         out, up = [], rng.random() < 0.5
         while len(out) < n:
             out += ["1" if up else "0"] * rng.choice([2, 5, 9, 20, 40] if up else [1, 3, 6, 12])
             up = not up
         bits[z] = "".join(out[:n])
     if correlated:
-        a = bits["tr-1a"]
-        for z in ("tr-1b", "tr-1c"):
+        a = bits[f"{region}a"]
+        for z in (f"{region}b", f"{region}c"):
             bits[z] = "".join(x if y == "1" else "0" for x, y in zip(bits[z], a, strict=True))
-    return SpotTrace.from_bits(bits, {"tr-1a": 1.0, "tr-1b": 1.2, "tr-1c": 1.1}, on_demand_usd=3.0, gap_seconds=300)
+    prices = {f"{region}a": 1.0, f"{region}b": 1.2, f"{region}c": 1.1}
+    return SpotTrace.from_bits(bits, prices, on_demand_usd=3.0, gap_seconds=300)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -270,3 +272,29 @@ def test_at_the_live_loops_tick_a_multi_day_job_still_gets_a_table() -> None:
     assert q is not None and q.work == 48 * 4 and q.sigma == 22 * 4  # 289 x 97 x 5 x 32 cells: 4.5 M
     fine = ChainDP(**kw, min_unit_hours=0.0)  # type: ignore[arg-type]
     assert fine._query(state, m.book(tick), None) is None  # 6-minute units: 529 x 225 x 5 x 32 = 19 M
+
+
+def test_a_tick_solves_at_most_its_budget_of_tables_inline_and_the_rest_wait_for_a_later_tick() -> None:
+    """As the live loop calls it (no `prepare`), a decision needing an unsolved table solves it inline, but at most
+    `max_inline_solves_per_tick` per moment: with a budget of 1, jobs of two regions (two worlds) at one moment get
+    one DP decision and one `Overspill` decision; at the next moment the second table is solved."""
+    markets = [TraceMarket(_random_trace(1, n=1000, region=r)) for r in ("tr-1", "tr-2")]
+    policy = ChainDP(restart_hours=0.25, min_history_hours=24.0, max_inline_solves_per_tick=1)
+
+    def decide(m: TraceMarket, tick: int) -> str:
+        job = DeadlineJob("j", tick, 60, 150, 3)
+        state = RunState(
+            job=job_spec(m, job),
+            now=m.trace.at(tick),
+            started_at=m.trace.at(tick),
+            remaining_work_hours=Decimal(5),
+            tick_hours=m.trace.gap_hours,
+            outlook=m.outlook(tick),
+            notice_seconds={"aws": 120.0},
+        )
+        return policy.decide(state, m.book(tick)).strategy
+
+    assert [decide(m, 700) for m in markets] == ["chain_dp", "overspill"]
+    assert policy.stats == {"inline_solves": 1, "inline_deferred": 1}
+    assert [decide(m, 701) for m in markets] == ["chain_dp", "chain_dp"]
+    assert policy.stats == {"inline_solves": 2, "inline_deferred": 1}
