@@ -268,16 +268,12 @@ def pools(
 ) -> list[Offering]:
     """Available pools of `kinds` that fit the job (shape, constraints, hourly ceiling), cheapest first."""
     job = state.job
-    out: list[Offering] = []
-    for group in book.for_shape(job.accelerators, job.gpu_count):
-        for item in group.items:
-            off = item.offering
-            if off.capacity_type not in kinds or not off.available or blocked(off, blocklist):
-                continue
-            if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
-                continue
-            if ever_feasible(job, (off,)):
-                out.append(off)
+    out = [
+        item.offering
+        for group in book.for_shape(job.accelerators, job.gpu_count)
+        for item in group.items
+        if _usable(job, item.offering, kinds, blocklist)
+    ]
     out.sort(key=lambda o: (o.price.hourly_usd, o.key))
     return out
 
@@ -288,19 +284,20 @@ def first_pool(
     """`pools(state, book, kinds, blocklist)[0]` (or None) without building the list: each group's items are in
     (price, key) order, so its first fitting item is its best, and the answer is the best of those."""
     job = state.job
-    best: Offering | None = None
-    for group in book.for_shape(job.accelerators, job.gpu_count):
-        for item in group.items:
-            off = item.offering
-            if off.capacity_type not in kinds or not off.available or blocked(off, blocklist):
-                continue
-            if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
-                continue
-            if ever_feasible(job, (off,)):
-                if best is None or (off.price.hourly_usd, off.key) < (best.price.hourly_usd, best.key):
-                    best = off
-                break
-    return best
+    heads = [
+        next((item.offering for item in group.items if _usable(job, item.offering, kinds, blocklist)), None)
+        for group in book.for_shape(job.accelerators, job.gpu_count)
+    ]
+    return min((o for o in heads if o is not None), key=lambda o: (o.price.hourly_usd, o.key), default=None)
+
+
+def _usable(job: JobSpec, off: Offering, kinds: frozenset[CapacityType], blocklist: frozenset[str]) -> bool:
+    """`off` is available, of `kinds`, not blocked, within the job's hourly cap, and can ever run the job."""
+    if off.capacity_type not in kinds or not off.available or blocked(off, blocklist):
+        return False
+    if job.max_hourly_usd is not None and off.price.hourly_usd > job.max_hourly_usd:
+        return False
+    return ever_feasible(job, (off,))
 
 
 def recent_blocklist(state: RunState, hours: float, scope: str = "zone") -> frozenset[str]:

@@ -16,7 +16,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 from broker.logging_setup import bind
 from broker.services.jobs import add_event
 from broker.tables import BlockEntry, Job, JobEvent, Placement
-from providers.model import JobState
+from providers.model import JobState, PlacementState
 
 if TYPE_CHECKING:
     from broker.runtime import Runtime
@@ -58,7 +58,11 @@ def lock_batch(
     return placements, {j.id: j for j in jobs}
 
 
-def lock_running(session: Session, pid: str, live: Sequence[str]) -> tuple[Placement, Job] | None:
+# a placement whose instance is (or may soon be) running: launched, queued at its provider, or running
+LIVE_STATES = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
+
+
+def lock_running(session: Session, pid: str, live: Sequence[str] = LIVE_STATES) -> tuple[Placement, Job] | None:
     """Placement `pid` and its job, row-locked in that order, when the placement is in one of the `live` states
     with an instance and is its running job's current one; None when it is not (or another replica holds it).
     For a step that decided on an unlocked snapshot and now acts on one placement."""

@@ -47,7 +47,7 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
 from broker.finance.unaccrued import unaccrued_by, unaccrued_usd
-from broker.loop.common import active_blocklist, bind_job, event_once, in_scope, lock_running
+from broker.loop.common import LIVE_STATES, active_blocklist, bind_job, event_once, in_scope, lock_running
 from broker.loop.place import (
     BookMemo,
     RunningNow,
@@ -67,11 +67,10 @@ from federation.placement import Candidate, evaluate
 from federation.strategies import Move, Plan, Preemption
 from pricing.book import PriceBook
 from providers.base import Instance, NotFound, ProviderError
-from providers.model import CapacityType, JobState, Offering, PlacementState, hours_between
+from providers.model import CapacityType, JobState, Offering, hours_between
 
 log = logging.getLogger(__name__)
 
-_CLOUD_LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
 _P = Placement.__table__  # type: ignore[attr-defined]
 _J = Job.__table__  # type: ignore[attr-defined]
 EPS_HOURS = 1e-9
@@ -189,7 +188,7 @@ def _candidates(rt: Runtime) -> set[str]:
         core_select(_P.c.id)
         .select_from(_P.join(_J, _J.c.id == _P.c.job_id))
         .where(
-            _P.c.state.in_(_CLOUD_LIVE),
+            _P.c.state.in_(LIVE_STATES),
             _P.c.capacity_type != CapacityType.ON_PREM.value,
             _P.c.instance_id.is_not(None),
             _J.c.state == JobState.RUNNING.value,
@@ -296,7 +295,7 @@ def _moves(plan: Plan, current: Offering) -> bool:
 def _move_locked(rt: Runtime, pid: str, now: datetime, reads: Reads) -> int:
     """Decide again under the row locks (placement, then job) with a fresh read of the instance, and act."""
     with Session(rt.engine, expire_on_commit=False) as session:
-        found = lock_running(session, pid, _CLOUD_LIVE)
+        found = lock_running(session, pid)
         if found is None:
             return 0
         p, job = found

@@ -29,7 +29,7 @@ from sqlmodel import Session, col, select
 
 from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import active_blocklist, event_once, in_scope, lock_running
+from broker.loop.common import LIVE_STATES, active_blocklist, event_once, in_scope, lock_running
 from broker.loop.place import (
     BookMemo,
     choose_pool,
@@ -44,11 +44,9 @@ from broker.tables import Job, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
 from pricing.book import PriceBook
 from providers.base import ComputeProvider, Instance, NotFound, ProviderError
-from providers.model import CapacityType, JobSpec, JobState, Offering, PlacementState, hours_between
+from providers.model import CapacityType, JobSpec, JobState, Offering, hours_between
 
 log = logging.getLogger(__name__)
-
-_CLOUD_LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
 
 
 def return_onprem(rt: Runtime, now: datetime) -> int:
@@ -234,7 +232,7 @@ def _candidates(rt: Runtime, session: Session) -> list[tuple[Any, Any]]:
         select(Placement, Job)
         .join(Job, col(Job.id) == Placement.job_id)
         .where(
-            col(Placement.state).in_(_CLOUD_LIVE),
+            col(Placement.state).in_(LIVE_STATES),
             Placement.capacity_type != CapacityType.ON_PREM.value,
             col(Placement.instance_id).is_not(None),
             Job.state == JobState.RUNNING.value,
@@ -257,7 +255,7 @@ _ON_PREM, _RUNNING = CapacityType.ON_PREM.value, JobState.RUNNING.value  # (an e
 def _returnable(p: Placement, job: Job) -> bool:
     """The candidates query's condition, on a snapshot row."""
     return (
-        p.state in _CLOUD_LIVE
+        p.state in LIVE_STATES
         and p.capacity_type != _ON_PREM
         and p.instance_id is not None
         and job.state == _RUNNING
@@ -332,7 +330,7 @@ def _verdict(
 def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: datetime) -> int:
     """Decide again under the row locks (placement, then job) with a fresh read of the instance, and act."""
     with Session(rt.engine, expire_on_commit=False) as session:
-        found = lock_running(session, pid, _CLOUD_LIVE)
+        found = lock_running(session, pid)
         if found is None:
             return 0
         p, job = found
