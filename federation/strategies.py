@@ -171,10 +171,10 @@ class RunState:
     by pool key (empty when the executor has none: strategies then go by interruption rates alone);
     `checkpoint_interval_hours`, `save_seconds` and `notice_seconds` say what a reclaim costs in lost work
     (`reclaim_loss_hours`), and `unsaved_work_hours` how much of it the running job would lose now (its progress
-    since its last checkpoint on `current`; 0 when idle, and where the executor does not know it, as the live loop,
-    which decides only for jobs not running); `reclaims_at_decisions` says the executor reclaims only at its
-    decision points, where progress and checkpoints also fall (the trace simulator), rather than at any time (the
-    live loop)."""
+    since its last checkpoint on `current`: counted by the simulator, estimated from the instance by the live
+    loop's move step, `broker.loop.move`; 0 when idle); `reclaims_at_decisions` says the executor reclaims only at
+    its decision points, where progress and checkpoints also fall (the trace simulator), rather than at any time
+    (the live loop)."""
 
     job: JobSpec
     now: datetime
