@@ -6,6 +6,9 @@ BIN    := $(VENV)/bin
 STAMP_RUN  := $(VENV)/.installed-run
 STAMP      := $(VENV)/.installed-dev
 PYTEST_ARGS ?=
+# the suite runs in parallel pytest-xdist workers, one more than the CPUs (many tests wait on real daemons);
+# tests that share something machine-wide stay in one worker (tests/xdist_groups.py). PYTEST_WORKERS=0: no workers
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)' 2>/dev/null || echo 2)
 
 .PHONY: run test lint bench demo clean
 
@@ -25,7 +28,7 @@ run: $(STAMP_RUN)
 	$(BIN)/overspill serve
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -23,7 +23,15 @@ from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
 from broker.settings import DEV_API_KEY, Settings
 
+pytest_plugins = ["tests.xdist_groups"]
+
 REQUIRE_INTEGRATION = os.environ.get("OVERSPILL_REQUIRE_INTEGRATION") == "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # a pytest-xdist worker has imported GNU readline by now, which exported its guess at a terminal (COLUMNS=80,
+    # LINES=24) into the environment: the CLI's rich Console, made at import, would keep that width, and every
+    # process a test starts would inherit it
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 
 
@@ -52,8 +60,8 @@ def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The Terraform example's readers run at a file boundary half-way through the run and its destroy runs last,
-    so the background apply overlaps the first half of the run and the destroy the second (tests/terraform_cli.py).
-    """
+    so in a run without workers the background apply overlaps the first half of the run and the destroy the second
+    (tests/terraform_cli.py)."""
     destroys = [i for i in items if i.get_closest_marker("terraform_destroy")]
     readers = [i for i in items if i.get_closest_marker("terraform_deployment")]
     if not destroys and not readers:
@@ -68,6 +76,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly or not session.config.stash.get(_TF_READERS, set()):
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # every worker collects every test: the one that runs the group applies when its first reader asks
     from tests.terraform_cli import start_example_deployment
 
     start_example_deployment(session.config)

@@ -63,6 +63,7 @@ def fuzz_rt(tmp_path: Any, make_runtime: Any, clock: Any) -> Iterator[Runtime]:
     yield runtime
 
 
+@pytest.mark.slow(60)
 def test_generated_requests_never_get_a_5xx_or_an_answer_off_the_spec(fuzz_rt: Runtime) -> None:
     schema = load_schema(create_app(runtime=fuzz_rt))
     sent: Counter[str] = Counter()

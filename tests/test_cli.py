@@ -174,6 +174,7 @@ def test_prices_import_catalog(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow(30)
 def test_simulate_replays_real_traces(tmp_path: Path) -> None:
     from tests.data import shared_file
 

@@ -28,6 +28,7 @@ def crash_env(postgres: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.mark.integration
+@pytest.mark.slow(150)
 @pytest.mark.timeout(900)
 def test_broker_survives_sigkill_at_every_crash_point(crash_env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     outcomes = [run_injection(crash_env, point, nth) for point, nth in CI_INJECTIONS]

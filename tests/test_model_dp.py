@@ -220,6 +220,7 @@ def test_without_history_it_decides_as_overspill() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow(45)
 def test_real_us_east_1_slice_meets_every_deadline() -> None:
     """The tight (52 h) and loose (70 h) jobs of a stretch of the real AWS V100 trace, us-east-1's 4 zones,
     with and without the interruption notice."""

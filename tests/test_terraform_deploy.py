@@ -503,6 +503,7 @@ def test_the_broker_policy_admits_the_adapters_launches_and_nothing_else(deploym
     assert outputs["instance_security_group_id"] in groups
 
 
+@pytest.mark.slow(200)  # the group's apply (paid by its first reader) and this destroy
 @pytest.mark.terraform_destroy
 def test_example_destroys_cleanly(request: pytest.FixtureRequest) -> None:
     deployment = example_destroyed(request.config)
