@@ -186,6 +186,8 @@ def test_watch_a_job_from_pending_to_done_with_its_spend_growing(browser: Any, b
     tab.shot("job-running")
 
     wait_state(tab, "succeeded", timeout_s=120)
+    # the accrual that reaches the placement's end writes its event in the tick after the state changed, or in it
+    expect(tab.page.locator("[data-testid=timeline]")).to_contain_text("cost accrued", timeout=30_000)
     timeline = tab.text("[data-testid=timeline]")
     for kind in ("submitted", "placed", "started", "cost accrued", "finished"):
         assert kind in timeline, timeline

@@ -52,7 +52,8 @@ def sdk(served: tuple[str, Runtime], tmp_path: Path) -> Any:
     """The generated package, built from the document the running broker serves."""
     url, _ = served
     spec = tmp_path / "openapi.json"
-    spec.write_text(json.dumps(httpx.get(f"{url}/openapi.json").json()))
+    # the first request builds the document, which on a loaded machine takes longer than httpx's 5 s default
+    spec.write_text(json.dumps(httpx.get(f"{url}/openapi.json", timeout=120).json()))
     out = tmp_path / "generated"
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"package_name_override": PACKAGE, "project_name_override": PACKAGE}))

@@ -545,8 +545,11 @@ async function renderJob(id) {
     );
     await showLogTail(id, logBox);
     ready("job");
-    // An ended job's last accrual may land a moment after its state changes: poll until the spend settles too.
-    const settled = TERMINAL.has(job.state) && job.spent_usd === lastSpent;
+    // An ended job's last accrual may land a tick or more after its state changes: poll until every placement
+    // that started has its one closing `cost_accrued` event and the spend stops moving.
+    const count = (kind) => events.filter((e) => e.kind === kind).length;
+    const accrued = count("cost_accrued") >= count("started");
+    const settled = TERMINAL.has(job.state) && accrued && job.spent_usd === lastSpent;
     lastSpent = job.spent_usd;
     return !settled;
   }
