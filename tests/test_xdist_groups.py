@@ -1,4 +1,4 @@
-"""The suite's worker groups (tests/xdist_groups.py): a small suite run with `-n 3 --dist loadgroup` keeps a
+"""The suite's worker groups (tests/xdist_groups.py): a small suite run with `-n 3` (and `--dist loadgroup`) keeps a
 module's tests in one worker and every test on the `cluster` fixture in one worker, whichever module it is in;
 the scheduler's queue hands out the heaviest group first."""
 
@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.xdist_groups import HeaviestFirst
 
@@ -42,7 +44,8 @@ def test_on_the_cluster(cluster, n):
 """
 
 
-def test_a_modules_tests_share_a_worker_and_so_do_all_cluster_tests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dist", [["--dist", "loadgroup"], []], ids=["loadgroup", "plain-n"])
+def test_a_modules_tests_share_a_worker_and_so_do_all_cluster_tests(tmp_path: Path, dist: list[str]) -> None:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     for name in ("test_one", "test_two", "test_three"):
         (tmp_path / f"{name}.py").write_text(MODULE)
@@ -51,7 +54,7 @@ def test_a_modules_tests_share_a_worker_and_so_do_all_cluster_tests(tmp_path: Pa
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("OVERSPILL_XDIST_GROUPS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadgroup", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-n", "3", *dist, "-p", "no:cacheprovider",
          "-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -1,5 +1,5 @@
-"""Which tests share a pytest-xdist worker (`make test` runs `pytest -n N --dist loadgroup`), and a scheduler that
-keeps them together.
+"""Which tests share a pytest-xdist worker (`make test` runs `pytest -n N --dist loadgroup`; `-n N` alone, or with
+`--dist load`, is scheduled the same way), and a scheduler that keeps them together.
 
 Every test of a module runs in one worker, as with `--dist loadfile`, so its module fixtures start once. Besides:
 - every test on the session's one Slurm cluster (its closure holds the `cluster` fixture) runs in one worker: the
@@ -62,7 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _distributed(config: pytest.Config) -> bool:
-    return bool(config.getoption("numprocesses", None)) and config.getoption("dist", "no") == "loadgroup"
+    """Workers that hand out tests one by one (`-n N` alone means `--dist load`): the suite needs its groups."""
+    return bool(config.getoption("numprocesses", None)) and config.getoption("dist", "no") in ("load", "loadgroup")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which tells the controller the collection is complete
