@@ -369,7 +369,7 @@ class ModelDP:
     stats: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[tuple[object, ...], PoolChain | None] = field(default_factory=dict, compare=False, repr=False)
     _tables: OrderedDict[tuple[object, ...], Table] = field(default_factory=OrderedDict, compare=False, repr=False)
-    _inline: _Moment = field(default_factory=lambda: _Moment(), compare=False, repr=False)
+    _inline: _Moment = field(default_factory=_Moment, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.fallback.restart_hours != self.restart_hours:

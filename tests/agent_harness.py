@@ -312,7 +312,6 @@ class FlakyProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
         self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property

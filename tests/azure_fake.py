@@ -254,7 +254,6 @@ class AzureFake:
             owner = fake
 
         self._server = QuietHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
         self._port = int(self._server.server_address[1])
         self._stopped.clear()
         self._thread = threading.Thread(

@@ -372,7 +372,6 @@ class FaultProxy:
         self._token_locks: dict[str, threading.Lock] = {}
         self.port = free_port()
         self.server = QuietHTTPServer(("127.0.0.1", self.port), self._handler())
-        self.server.daemon_threads = True
 
     @property
     def url(self) -> str:

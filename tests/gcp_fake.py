@@ -381,7 +381,6 @@ class GcpFake:
                 return
 
         self._server = QuietHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="gcp-fake", daemon=True)
         self._thread.start()
         return self

@@ -546,14 +546,16 @@ async function renderJob(id) {
     await showLogTail(id, logBox);
     ready("job");
     // An ended job's last accrual may land a tick or more after its state changes: poll until every placement
-    // that started has its one closing `cost_accrued` event and the spend stops moving.
+    // that started has its one closing `cost_accrued` event and the spend stops moving. A placement with nothing
+    // left to accrue when it ended writes no such event, so a spend steady for 20 polls (30 s) settles it too.
     const count = (kind) => events.filter((e) => e.kind === kind).length;
     const accrued = count("cost_accrued") >= count("started");
-    const settled = TERMINAL.has(job.state) && accrued && job.spent_usd === lastSpent;
+    steadyPolls = TERMINAL.has(job.state) && job.spent_usd === lastSpent ? steadyPolls + 1 : 0;
     lastSpent = job.spent_usd;
-    return !settled;
+    return !(steadyPolls > 0 && (accrued || steadyPolls >= 20));
   }
   let lastSpent = null;
+  let steadyPolls = 0;
   let live = await load();
   if (live) {
     every(1500, async () => {
