@@ -195,6 +195,14 @@ class AzureComputeFake(LocalServer):
         with self._lock:
             self.hooks.setdefault(call, []).append(action)
 
+    def finish_operations(self) -> None:
+        """End every operation still in progress now, as if its `op_seconds` had passed (tests that must not race
+        the clock give operations a long `op_seconds` and end them here)."""
+        with self._lock:
+            now = time.time()
+            for op in self.operations.values():
+                op.done_at = min(op.done_at, now)
+
     def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
         with self._lock:
             return [r for r in self.requests if r.method == method and r.path.lower().endswith(suffix.lower())]

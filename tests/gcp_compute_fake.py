@@ -253,6 +253,14 @@ class GcpComputeFake(LocalServer):
         with self._lock:
             self.op_faults.append(OperationFault(code, message, http_status, count))
 
+    def finish_operations(self) -> None:
+        """End every operation still running now, as if its `op_seconds` had passed (tests that must not race the
+        clock give operations a long `op_seconds` and end them here)."""
+        with self._lock:
+            now = time.time()
+            for key, at in self._done_at.items():
+                self._done_at[key] = min(at, now)
+
     def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
         with self._lock:
             return [r for r in self.requests if r.method == method and r.path.endswith(suffix)]

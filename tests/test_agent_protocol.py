@@ -320,8 +320,7 @@ def test_gcp_notice_arrives_through_the_long_poll(metadata: MetadataServer) -> N
     try:
         time.sleep(0.3)
         metadata.issue_gcp_preemption()
-        issued = time.monotonic()
-        assert got.wait(3) and time.monotonic() - issued < 1.0
+        assert got.wait(15), "the watcher polls every 30 s: only the long poll can bring the notice this soon"
         assert seen[0].kind == "preempt" and seen[0].deadline
     finally:
         watcher.stop()
