@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,7 +137,7 @@ def test_an_insert_refused_in_its_operation_fails_over_on_the_next_tick(fake: Gc
     operation; the next tick's sync reads it, fails the placement, blocklists the zone and places the job in the
     other zone, with Google's message in the launch_failed event."""
     rt, api = _runtime(fake, tmp_path)
-    fake.op_seconds = 0.3
+    fake.op_seconds = 600.0  # the insert's operation ends when the test says so
     message = "The zone 'projects/proj/zones/us-central1-a' does not have enough resources available."
     fake.fail_operation("ZONE_RESOURCE_POOL_EXHAUSTED", message, 503)
     job = api.post("/v1/jobs", json=job_body(accelerators=["T4"], gpu_count=2, work_gpu_hours="4")).json()
@@ -146,7 +145,7 @@ def test_an_insert_refused_in_its_operation_fails_over_on_the_next_tick(fake: Gc
     [first] = _placements(rt, job["id"])
     assert first.zone == "us-central1-a" and first.instance_id and first.state == "launching"
     assert not fake.recorded("POST", "/wait"), "the tick never waited on the insert operation"
-    time.sleep(0.35)
+    fake.finish_operations()
     tick(rt, datetime.now(UTC))
     first, second = _placements(rt, job["id"])
     assert first.state == "failed" and first.detail.startswith("InsufficientCapacity:")
