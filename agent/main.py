@@ -101,6 +101,8 @@ class _State:
     preempt: p.Notice | None = None
     notices: list[p.Notice] = field(default_factory=list)
     signalled_at: list[float] = field(default_factory=list)
+    # the workload's checkpoint when it was told of the preemption (-1: none yet): one after it is the notice's
+    checkpoint_at_preempt: float | None = None
 
 
 def classify(code: int, *, container: bool, preempted: bool) -> Final:
@@ -303,6 +305,9 @@ class Agent:
             self.state.notices.append(notice)
             if notice.kind == "preempt" and self.state.preempt is None:
                 self.state.preempt = notice
+                # read before the signal: a workload that saves and exits at once must not have its checkpoint
+                # taken for the one it had before (that race lost the note from the log)
+                self.state.checkpoint_at_preempt = self._peek_checkpoint()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             body = json.dumps(
@@ -527,8 +532,10 @@ class Agent:
             with contextlib.suppress(ValueError):
                 deadline = parse_iso8601(notice.deadline).timestamp()
         give_up = deadline - spec.notice.upload_reserve_seconds
-        start = self._read_progress()
-        base = start.checkpoint if start and start.checkpoint is not None else -1.0
+        base = self.state.checkpoint_at_preempt
+        if base is None:  # (set with the notice; read now only if that never happened)
+            start = self._read_progress()
+            base = start.checkpoint if start and start.checkpoint is not None else -1.0
         self.logs.note(f"waiting up to {max(0.0, give_up - time.time()):.0f}s for the workload's checkpoint")
         while time.time() < give_up:
             code = workload.wait(min(self.opts.progress_poll_seconds, 0.2))
@@ -546,6 +553,15 @@ class Agent:
             1.0, min(self.opts.stop_grace_seconds, deadline - time.time() - spec.notice.upload_reserve_seconds / 2)
         )
         return workload.stop(grace)
+
+    def _peek_checkpoint(self) -> float:
+        """The checkpoint the progress file declares now (-1 for none), leaving the agent's view of it alone (this
+        runs on the watcher's thread)."""
+        try:
+            progress: p.Progress | None = p.parse_progress((self.run_dir / PROGRESS_NAME).read_bytes())
+        except (OSError, p.ProtocolError):
+            progress = self.state.progress
+        return progress.checkpoint if progress is not None and progress.checkpoint is not None else -1.0
 
     def _read_progress(self) -> p.Progress | None:
         path = self.run_dir / PROGRESS_NAME
