@@ -18,6 +18,7 @@ Run (from the repository root, in the environment where the project is installed
     python benchmarks/tick_bench.py                          # 5,000 jobs, PostgreSQL (a throw-away server)
     python benchmarks/tick_bench.py --jobs 50000 --replicas 4
     python benchmarks/tick_bench.py --jobs 20000 --profile 25   # cProfile the steady ticks (one replica)
+    python benchmarks/tick_bench.py --deadline-share 1 --profile 25 --profile-first   # ... or a fresh process's first
     python benchmarks/tick_bench.py --db sqlite --jobs 2000 --ticks 8
     python benchmarks/tick_bench.py --json
     python benchmarks/tick_bench.py --jobs 5000 --deadline-share 1 --move-check-seconds 0   # the move step, worst case
@@ -160,8 +161,10 @@ def replica(
     out: Any,
     profile_top: int,
     move_check_seconds: float = 60.0,
+    profile_first: bool = False,
 ) -> None:
-    """One tick replica: `ticks` rounds at the simulated times after `first`, each started on `barrier`."""
+    """One tick replica: `ticks` rounds at the simulated times after `first`, each started on `barrier`; with
+    `profile_top`, cProfile the steady rounds (from the 4th) or, with `profile_first`, the first round only."""
     logging.disable(logging.WARNING)
     clock = Clock(datetime.fromisoformat(first))
     rt = build_runtime(_settings(db_url, Path(workdir), jobs, minutes, move_check_seconds), clock=clock)
@@ -171,7 +174,7 @@ def replica(
     for n in range(ticks):
         clock.now = datetime.fromisoformat(first) + timedelta(seconds=step_seconds * (n + 1))
         barrier.wait()
-        if profiler is not None and n >= 3:
+        if profiler is not None and (n == 0 if profile_first else n >= 3):
             profiler.enable()
         cpu, wall = time.process_time(), time.perf_counter()
         report = tick(rt, clock())
@@ -207,6 +210,7 @@ def run(
     step_seconds: float,
     deadline_share: float = 0.0,
     move_check_seconds: float = 60.0,
+    profile_first: bool = False,
 ) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="tick-bench-"))
     first, setup_seconds = generate(db_url, workdir, jobs, seed_jobs, minutes, deadline_share)
@@ -214,7 +218,7 @@ def run(
     barrier, out = ctx.Barrier(replicas), ctx.Queue()
     args = (db_url, str(workdir), jobs, minutes, step_seconds, first.isoformat(), ticks, barrier, out)
     procs = [
-        ctx.Process(target=replica, args=(i, *args, profile_top if i == 0 else 0, move_check_seconds))
+        ctx.Process(target=replica, args=(i, *args, profile_top if i == 0 else 0, move_check_seconds, profile_first))
         for i in range(replicas)
     ]
     for p in procs:
@@ -302,6 +306,11 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N of replica 0's profile")
     parser.add_argument(
+        "--profile-first",
+        action="store_true",
+        help="profile the first measured round (a fresh process: nothing memoised yet) instead of the steady ones",
+    )
+    parser.add_argument(
         "--deadline-share",
         type=float,
         default=0.0,
@@ -327,6 +336,7 @@ def main() -> None:
         args.step_seconds,
         args.deadline_share,
         args.move_check_seconds,
+        args.profile_first,
     )
     if args.db == "postgresql":
         pg = start_postgres()

@@ -186,6 +186,12 @@ class Settings(BaseSettings):
     return_onprem: bool = Field(default=True, description="move cloud jobs back on-prem when its queue drains")
     return_min_saving_usd: float = Field(default=5.0, ge=0, description="move back only when it saves this much")
     return_max_wait_hours: float = Field(default=0.05, ge=0, description="...and on-prem starts it within this")
+    return_checks_per_tick: int = Field(
+        default=2000,
+        ge=1,
+        description="cloud jobs the return check puts to the placement policy per tick, longest unasked first (the "
+        "rest wait for the next tick)",
+    )
     move_running_jobs: bool = Field(
         default=True,
         description="ask the deadline policy about running cloud jobs with a deadline too, and move one (back to "

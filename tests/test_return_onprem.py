@@ -10,16 +10,22 @@ queue drains (wait 0) the on-prem pool scores $8 for the whole job.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.loop import return_onprem as return_onprem_step
+from broker.loop.feeds import refresh_prices
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from federation.strategies import Plan, RunState
+from pricing.book import PriceBook
 from providers.base import Instance
 from providers.model import CapacityType, Offering
 from tests.builders import job_body
@@ -73,6 +79,11 @@ def _placements(rt: Runtime, job_id: str) -> list[Placement]:
 def _events(rt: Runtime, job_id: str) -> list[str]:
     with Session(rt.engine) as s:
         return [e.kind for e in s.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))]
+
+
+def _details(rt: Runtime, job_id: str) -> list[str]:
+    with Session(rt.engine) as s:
+        return [f"{e.kind}: {e.message}" for e in s.exec(select(JobEvent).where(JobEvent.job_id == job_id))]
 
 
 def _submit(api: TestClient, rt: Runtime, clock: MovableClock) -> str:
@@ -253,3 +264,57 @@ def test_a_job_the_placement_policy_keeps_in_the_cloud_is_remembered_as_its_verd
     [placement] = _placements(rt, job_id)
     assert placement.provider == "aws" and placement.state == "running"
     assert rt.return_memo[placement.id][1] == "policy"
+
+
+@dataclass
+class Told:
+    """A deadline policy that records the reclaims each question tells it of, and answers as `inner` does."""
+
+    inner: Any
+    reclaims: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    def decide(self, state: RunState, book: PriceBook) -> Plan:
+        self.reclaims.append(len(state.preemptions))
+        return self.inner.decide(state, book)  # type: ignore[no-any-return]
+
+
+def test_the_screen_tells_the_deadline_policy_of_each_jobs_reclaims(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    """The screen reads every screened job's reclaims in one query; the policy still hears of each job's own."""
+    cloud.on_demand = {"us-east-1b": Decimal("12")}  # where the policy goes once the spot zone has been reclaimed
+    deadline = (clock() + timedelta(hours=8)).isoformat()  # too soon to wait out 10 h of on-prem queue
+    body = job_body(work_gpu_hours="4", max_total_usd="100", deadline=deadline)
+    job_id = api.post("/v1/jobs", json=body).json()["id"]
+    tick(rt, clock())
+    [first] = _placements(rt, job_id)
+    assert first.provider == "aws" and first.instance_id
+    cloud.preempt(first.instance_id)
+    _run(rt, clock, 2)  # the reclaim is seen and the job placed again, in the cloud
+    assert [p.provider for p in _placements(rt, job_id)] == ["aws", "aws"], _details(rt, job_id)
+    told = Told(rt.deadline_strategy())
+    rt.deadline_policy = told
+    onprem.wait_hours = 0.0
+    refresh_prices(rt, clock(), force=True)  # the book now shows the on-prem queue drained
+    assert return_onprem_step.return_onprem(rt, clock()) == 1, "on-prem at $2/h against on-demand at $12/h"
+    assert told.reclaims and set(told.reclaims) == {1}, told.reclaims
+
+
+def test_a_fresh_process_asks_the_policy_about_at_most_return_checks_per_tick_jobs_per_tick(
+    rt: Runtime, api: TestClient, cloud: ScriptedCloud, onprem: ScriptedCloud, clock: MovableClock
+) -> None:
+    """Three jobs that would all return, with `return_checks_per_tick` 2: two are asked (and return) in the first
+    tick, the third in the next, none forgotten."""
+    cloud.slow_start = {"us-east-1a"}  # pending in the cloud: each returns as soon as the policy is asked
+    jobs = [_submit(api, rt, clock) for _ in range(3)]
+    rt.settings = rt.settings.model_copy(update={"return_checks_per_tick": 2})
+    onprem.wait_hours = 0.0
+    refresh_prices(rt, clock(), force=True)
+    assert return_onprem_step.return_onprem(rt, clock()) == 2
+    assert sum(_placements(rt, j)[0].state == "stopped" for j in jobs) == 2
+    assert return_onprem_step.return_onprem(rt, clock()) == 1
+    assert [_placements(rt, j)[0].state for j in jobs] == ["stopped"] * 3

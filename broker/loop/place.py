@@ -245,6 +245,7 @@ def choose_pool(
     *,
     explain: bool = True,
     memo: BookMemo | None = None,
+    preemptions: tuple[Preemption, ...] | None = None,
 ) -> tuple[Candidate | None, str, bool]:
     """Where the job's remaining work (`ctx.remaining_work_hours`) should run now: the deadline-aware strategy
     for a job with a deadline, the cheapest expected cost otherwise, on-prem pools only while a hard budget of
@@ -252,7 +253,8 @@ def choose_pool(
     return-on-prem step, so both steps agree on where a job belongs. A step choosing for many jobs passes one
     `budgets` gate for all of them; one that does not show the reason passes `explain=False` (explaining a
     cheapest-cost miss is a full `quote`, every pool of the job's accelerators judged: skipped then); one asking
-    about many deadline jobs passes a `memo` (`BookMemo`)."""
+    about many deadline jobs passes a `memo` (`BookMemo`) and each job's `preemptions` (`preemptions_of`, read for
+    all of them at once; else they are read here)."""
     spec = spec_of(job)
     over_budget = (budgets or HardBudgetGate(session, now)).block_reason(job)
     if over_budget:
@@ -261,7 +263,7 @@ def choose_pool(
     if refused:  # e.g. Slurm without a submit identity for this tenant: never run it as the broker's account
         book = PriceBook.build([o for o in book if o.provider not in refused], now, book.feed_observed_at)
     if spec.deadline_at is not None:
-        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now, memo)
+        best, reason, pause = _deadline_decision(rt, session, job, spec, book, ctx, now, memo, preemptions)
     else:
         best, reason, pause = place(spec, book, ctx), "", False
     if best is None:
@@ -349,12 +351,13 @@ def _deadline_decision(
     ctx: PlacementContext,
     now: datetime,
     memo: BookMemo | None = None,
+    preemptions: tuple[Preemption, ...] | None = None,
 ) -> tuple[Candidate | None, str, bool]:
     """A job with a deadline is placed by the deadline-aware strategy (federation.strategies): spot while the
     slack allows, on-demand (or on-prem) when it does not, pause when the budget cannot finish it.
 
     Returns (candidate, reason when none, pause?)."""
-    state = deadline_state(rt, session, job, spec, book, ctx, now, memo=memo)
+    state = deadline_state(rt, session, job, spec, book, ctx, now, memo=memo, preemptions=preemptions)
     plan = deadline_plan(rt, state, book, ctx, memo)
     if plan.move is Move.PAUSE:
         return None, f"paused: {plan.reason}", True

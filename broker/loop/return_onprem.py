@@ -34,6 +34,7 @@ from broker.loop.place import (
     BookMemo,
     choose_pool,
     placement_context,
+    preemptions_of,
     refused_pools,
     refused_pools_of_running_jobs,
 )
@@ -42,6 +43,7 @@ from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
 from broker.tables import Job, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
+from federation.strategies import Preemption
 from pricing.book import PriceBook
 from providers.base import ComputeProvider, Instance, NotFound, ProviderError
 from providers.model import CapacityType, JobSpec, JobState, Offering, hours_between
@@ -56,8 +58,9 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     the step costs nothing per job. Otherwise a job is screened only when its inputs moved since it was last found
     to stay (`_Memo`: its own state, price and checkpointed work, the open on-prem pools): the rest cost a dict
     lookup. A job screened is first put to the return policy on each open on-prem pool (`_could_return`, no
-    placement search); only the jobs that pass are asked the placement policy, with the pools each job's launches
-    were refused by read for all of them in one query. The decision is taken first on an unlocked snapshot (the
+    placement search); only the jobs that pass are asked the placement policy (at most `return_checks_per_tick`
+    of them per tick, never or longest ago asked first), with the pools each job's launches were refused by and
+    its reclaims read for all of them at once. The decision is taken first on an unlocked snapshot (the
     placement, its job, the instance read in one batch per provider); only a job that would move is locked, read
     again and decided again before anything is stopped."""
     if not rt.settings.return_onprem:
@@ -91,14 +94,28 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     if not screened:
         memo.save()
         return 0
+    # each question to the placement policy costs ~1-4 ms (a deadline job's strategy judges every pool): a fresh
+    # process facing tens of thousands of jobs asks at most `return_checks_per_tick` per tick, never-asked and
+    # longest-asked first; the rest are not remembered, so they come first in the next tick
+    screened = _longest_unasked(rt, screened)[: rt.settings.return_checks_per_tick]
     with Session(rt.engine) as session:
         refused = refused_pools_of_running_jobs(session)
+        # the reclaims the deadline policy is told of, read once for every job (jobs with none are missing)
+        preempted = preemptions_of(session, [job.id for _, job, _, _ in screened], now)
     returned = 0
     books = BookMemo()  # the deadline jobs of one shape share their usable book and pool histories this tick
     for p, job, view, current in screened:
         with Session(rt.engine) as session:
             verdict = _decide(
-                rt, session, p, job, view, current, blocklist, now, budgets, refused.get(job.id, frozenset()), books
+                rt,
+                session,
+                p,
+                job,
+                view,
+                current,
+                blocklist,
+                now,
+                _Reads(budgets, refused.get(job.id, frozenset()), books, preempted.get(job.id, ())),
             )
             if verdict is None:
                 memo.keep(p, job, view, current, spec_of(job), by_policy=True)
@@ -106,6 +123,16 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
         returned += _return_locked(rt, p.id, blocklist, now)
     memo.save()
     return returned
+
+
+def _longest_unasked(rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]) -> list[Any]:
+    """`rows` by when the placement policy last gave its verdict on each (never first), then by placement id."""
+
+    def asked(row: tuple[Any, Any, Instance, Offering]) -> tuple[float, str]:
+        known = rt.return_memo.get(row[0].id)
+        return (known[3].timestamp() if known is not None and known[1] == "policy" else 0.0, row[0].id)
+
+    return sorted(rows, key=asked)
 
 
 # a verdict of the placement policy (which weighs every pool, availability history, budgets...) is taken again at
@@ -355,6 +382,17 @@ def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: dateti
 
 
 @dataclass(frozen=True)
+class _Reads:
+    """What the screen of many jobs reads once for all of them and hands `_decide` per job: the hard-budget gate,
+    the pools the job's launches were refused by, the shared `BookMemo`, and the job's reclaims."""
+
+    budgets: HardBudgetGate
+    refused: frozenset[str]
+    memo: BookMemo
+    preemptions: tuple[Preemption, ...]
+
+
+@dataclass(frozen=True)
 class _Return:
     onprem: Offering
     reason: str
@@ -369,19 +407,25 @@ def _decide(
     current: Offering,
     blocklist: frozenset[str],
     now: datetime,
-    budgets: HardBudgetGate | None = None,
-    refused: frozenset[str] | None = None,
-    memo: BookMemo | None = None,
+    reads: _Reads | None = None,
 ) -> _Return | None:
-    """Should `job` move on-prem now (module docstring)? Reads only; None when it stays. `refused` is the job's
-    `refused_pools` when the caller read them for every job at once (else they are read here); `memo` what the
-    screen of many jobs shares (`BookMemo`)."""
+    """Should `job` move on-prem now (module docstring)? Reads only; None when it stays. `reads` is what the
+    screen of many jobs read for all of them at once (else each is read here)."""
     remaining, started = _remaining(p, inst)
-    ctx = replace(
-        placement_context(rt, job, now, blocklist | (refused if refused is not None else refused_pools(session, job))),
-        remaining_work_hours=remaining,
+    refused = reads.refused if reads is not None else refused_pools(session, job)
+    ctx = replace(placement_context(rt, job, now, blocklist | refused), remaining_work_hours=remaining)
+    best, _, _ = choose_pool(
+        rt,
+        session,
+        job,
+        rt.catalog.book(now),
+        ctx,
+        now,
+        reads.budgets if reads is not None else None,
+        explain=False,
+        memo=reads.memo if reads is not None else None,
+        preemptions=reads.preemptions if reads is not None else None,
     )
-    best, _, _ = choose_pool(rt, session, job, rt.catalog.book(now), ctx, now, budgets, explain=False, memo=memo)
     if best is None or best.offering.capacity_type is not CapacityType.ON_PREM:
         return None
     return _verdict(rt, job, spec_of(job), current, best.offering, remaining, started, now)
