@@ -59,31 +59,27 @@ class NoReports:
         pass
 
 
-def test_a_checkpoint_saved_before_the_signal_returns_is_the_notices(tmp_path: Path) -> None:
+def _preempt(tmp_path: Path, before: float, at: float) -> list[str]:
+    """An agent that has seen the workload's checkpoint `before` hears a preempt notice; the workload saves `at`
+    and exits inside the signal. Returns what the agent logged."""
     agent = Agent(Options(spec_uri="file:///unused", work_dir=tmp_path / "work"), env={})
     spec = make_spec(FileReader(tmp_path / "store"))
     notes = Notes()
     agent.logs, agent.reporter = notes, NoReports()  # type: ignore[assignment]
     agent.notice_signal = signal.SIGUSR1
-    agent.workload = workload = InstantSaver(agent.run_dir, before=50.0, at=74.0)
-    agent.state.progress = p.parse_progress(workload.progress.read_bytes())  # the agent has seen checkpoint 50
-
+    agent.workload = workload = InstantSaver(agent.run_dir, before=before, at=at)
+    agent.state.progress = p.parse_progress(workload.progress.read_bytes())
     agent._on_notice(p.Notice(p.NoticeSource.AWS, "preempt", "2026-12-02T00:00:00Z", None))
     assert agent._preempted(workload, spec) == 0, "the workload's own exit code"
+    return notes.lines
 
-    assert "the workload checkpointed at 74.0" in notes.lines, notes.lines
+
+def test_a_checkpoint_saved_before_the_signal_returns_is_the_notices(tmp_path: Path) -> None:
+    lines = _preempt(tmp_path, before=50.0, at=74.0)
+    assert "the workload checkpointed at 74.0" in lines, lines
 
 
 def test_no_new_checkpoint_is_not_reported_as_one(tmp_path: Path) -> None:
     """The other side: a workload that exits on the notice without saving has no notice checkpoint logged."""
-    agent = Agent(Options(spec_uri="file:///unused", work_dir=tmp_path / "work"), env={})
-    spec = make_spec(FileReader(tmp_path / "store"))
-    notes = Notes()
-    agent.logs, agent.reporter = notes, NoReports()  # type: ignore[assignment]
-    agent.notice_signal = signal.SIGUSR1
-    agent.workload = workload = InstantSaver(agent.run_dir, before=50.0, at=50.0)
-    agent.state.progress = p.parse_progress(workload.progress.read_bytes())
-
-    agent._on_notice(p.Notice(p.NoticeSource.AWS, "preempt", "2026-12-02T00:00:00Z", None))
-    assert agent._preempted(workload, spec) == 0
-    assert not any("checkpointed at" in line for line in notes.lines), notes.lines
+    lines = _preempt(tmp_path, before=50.0, at=50.0)
+    assert not any("checkpointed at" in line for line in lines), lines
