@@ -125,10 +125,13 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
     return returned
 
 
-def _longest_unasked(rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]) -> list[Any]:
+_Row = tuple[Any, Any, Instance, Offering]  # a placement, its job, the instance's view, its pool in the book now
+
+
+def _longest_unasked(rt: Runtime, rows: list[_Row]) -> list[_Row]:
     """`rows` by when the placement policy last gave its verdict on each (never first), then by placement id."""
 
-    def asked(row: tuple[Any, Any, Instance, Offering]) -> tuple[float, str]:
+    def asked(row: _Row) -> tuple[float, str]:
         known = rt.return_memo.get(row[0].id)
         return (known[3].timestamp() if known is not None and known[1] == "policy" else 0.0, row[0].id)
 
