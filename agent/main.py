@@ -532,10 +532,8 @@ class Agent:
             with contextlib.suppress(ValueError):
                 deadline = parse_iso8601(notice.deadline).timestamp()
         give_up = deadline - spec.notice.upload_reserve_seconds
-        base = self.state.checkpoint_at_preempt
-        if base is None:  # (set with the notice; read now only if that never happened)
-            start = self._read_progress()
-            base = start.checkpoint if start and start.checkpoint is not None else -1.0
+        # set by `_on_notice` with the preempt notice, which always comes first (a SIGTERM becomes one too)
+        base = self.state.checkpoint_at_preempt if self.state.checkpoint_at_preempt is not None else -1.0
         self.logs.note(f"waiting up to {max(0.0, give_up - time.time()):.0f}s for the workload's checkpoint")
         while time.time() < give_up:
             code = workload.wait(min(self.opts.progress_poll_seconds, 0.2))
