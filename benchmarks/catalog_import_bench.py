@@ -223,9 +223,9 @@ def run_cli(catalog: Path, db: str, code: Path, say: Any) -> dict[str, Any]:
         pg = start_postgres()
         url = pg.create_database()
     else:
-        url = f"sqlite:///{tempfile.mkdtemp(prefix='catalog-bench-')}/broker.db"
+        url = f"sqlite:///{tempfile.mkdtemp(prefix='catalog-bench-')}/broker.store.db"
     env = {**os.environ, "OVERSPILL_DATABASE_URL": url, "PYTHONPATH": str(code)}
-    cmd = [sys.executable, "-c", "from broker.cli import main; main()", "prices", "import-catalog", "--json"]
+    cmd = [sys.executable, "-c", "from broker.cli.main import main; main()", "prices", "import-catalog", "--json"]
     cmd += [str(catalog / name) for name in FILES]
     runs: list[dict[str, Any]] = []
     try:

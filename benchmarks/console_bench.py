@@ -39,11 +39,11 @@ from typing import Any
 import httpx
 from sqlalchemy import insert, text
 
-from broker.db import make_engine
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.db import make_engine
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATES = [("succeeded", 55), ("running", 12), ("pending", 15), ("failed", 6), ("cancelled", 6), ("paused", 6)]

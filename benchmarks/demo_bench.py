@@ -27,7 +27,7 @@ def run_once(jobs: int, throwaway: bool) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory(prefix="overspill-demo-bench-") as data_dir:
         env = {**os.environ, "OVERSPILL_DATA_DIR": data_dir}
         env.pop("OVERSPILL_DATABASE_URL", None)
-        cmd = [sys.executable, "-c", "from broker.cli import main; main()", "demo", "--jobs", str(jobs), "--json"]
+        cmd = [sys.executable, "-c", "from broker.cli.main import main; main()", "demo", "--jobs", str(jobs), "--json"]
         if throwaway:
             cmd.append("--throwaway")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -1,7 +1,7 @@
 """Cloud faults, the long variant: jobs placed on AWS (moto), GCP and Azure (the local Compute Engine and ARM stand-ins)
 and through the generic libcloud adapter (libcloud's EC2 driver on moto) through a proxy failing 20% of each cloud's API
 calls with capacity errors, throttling, 5xx and timeouts in that cloud's own shapes (tests/fault_proxy.py), by the real
-adapters and SDK clients that the broker's settings build (broker/providers_config.py), in an in-process broker ticking
+adapters and SDK clients that the broker's settings build (broker/config/providers.py), in an in-process broker ticking
 once per simulated minute (tests/fault_scenario.py). Prints one table per cloud: attempts per placement, retries and
 backoff, blocklist use; and checks every job is placed exactly once with nothing billing unseen.
 

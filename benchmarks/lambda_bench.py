@@ -27,7 +27,7 @@ CHILD = r"""
 import json, resource, statistics, sys, time
 t0 = time.perf_counter()
 from broker import serverless
-from broker.settings import DEV_API_KEY
+from broker.config.settings import DEV_API_KEY
 from tests.serverless_events import http_event, schedule_event
 imported = time.perf_counter() - t0
 calls = int(sys.argv[1])

@@ -143,12 +143,12 @@ def stand_in(cloud: str, op_seconds: float) -> Iterator[tuple[dict[str, Any], Ma
 def run(cloud: str, jobs: int, op_seconds: float, ticks: int, progress: bool) -> dict[str, Any]:
     from sqlmodel import Session, col, select
 
+    from broker.api.schemas import JobCreate
+    from broker.config.settings import DEV_API_KEY, Settings
     from broker.loop.tick import tick
     from broker.runtime import build_runtime
-    from broker.schemas import JobCreate
     from broker.services.jobs import submit_job
-    from broker.settings import DEV_API_KEY, Settings
-    from broker.tables import Placement
+    from broker.store.tables import Placement
     from tests.builders import job_body
 
     workdir = Path(tempfile.mkdtemp(prefix="launch-bench-"))
@@ -160,7 +160,7 @@ def run(cloud: str, jobs: int, op_seconds: float, ticks: int, progress: bool) ->
 
             values["checkpoint_stores"] = agent_store(workdir)
         settings = Settings(
-            database_url=f"sqlite:///{workdir / 'broker.db'}",
+            database_url=f"sqlite:///{workdir / 'broker.store.db'}",
             data_dir=workdir,
             simulated=False,
             bootstrap_api_key=DEV_API_KEY,

@@ -82,10 +82,10 @@ def takes(backend: str, n: int, concurrency: int = 16) -> dict[str, float]:
     `concurrency` takes in flight on one event loop (as a busy API process has)."""
     import asyncio
 
-    from broker import migrate
-    from broker.db import make_engine
-    from broker.ratelimit import SharedBuckets
-    from broker.settings import Settings
+    from broker.api.ratelimit import SharedBuckets
+    from broker.config.settings import Settings
+    from broker.store import migrate
+    from broker.store.db import make_engine
 
     server = None
     workdir = Path(tempfile.mkdtemp(prefix="ratelimit-bench-"))

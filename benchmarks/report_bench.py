@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from broker.config.settings import Settings
 from broker.finance import manage
 from broker.finance.costs import entries as read_entries
 from broker.finance.reports.runs import run_report
 from broker.runtime import build_runtime
-from broker.settings import Settings
 from tests.finance_data import seed_ledger
 
 OCT = datetime(2026, 10, 1, tzinfo=UTC)

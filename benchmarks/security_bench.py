@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
-from broker.settings import DEV_API_KEY  # noqa: E402
+from broker.config.settings import DEV_API_KEY  # noqa: E402
 from tests.api_process import wait_healthy  # noqa: E402
 from tests.bill_bombs import HEADER, gzip_bomb, parquet_bomb  # noqa: E402
 from tests.moto_server import free_port  # noqa: E402
@@ -74,7 +74,10 @@ def _env(code: Path, tmp: Path, **extra: str) -> dict[str, str]:
 
 def _prepare(code: Path, env: dict[str, str]) -> None:
     """Migrate the database with the code under test (several workers must not race to do it)."""
-    script = "from broker.runtime import build_runtime; from broker.settings import Settings; build_runtime(Settings())"
+    script = (
+        "from broker.runtime import build_runtime; from broker.config.settings import Settings; "
+        "build_runtime(Settings())"
+    )
     subprocess.run([sys.executable, "-c", script], cwd=code, env=env, check=True)
 
 
@@ -238,7 +241,7 @@ def hang(args: argparse.Namespace) -> dict[str, Any]:
         loop_cmd = [
             sys.executable,
             "-c",
-            "import sys; from broker.cli import main; sys.argv[1:] = ['tick', '--loop']; main()",
+            "import sys; from broker.cli.main import main; sys.argv[1:] = ['tick', '--loop']; main()",
         ]
         with open(tmp / "loop.log", "wb") as out:  # ticking every second: it starts delivering at once
             loop_env = {**env, "OVERSPILL_TICK_INTERVAL_SECONDS": "1"}

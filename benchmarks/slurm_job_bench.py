@@ -41,9 +41,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker.loop.tick import tick
-from broker.slurm_job import cloud_job
-from broker.tables import Job
-from providers.slurm_script import read_job
+from broker.slurm.job import cloud_job
+from broker.store.tables import Job
+from providers.slurm.script import read_job
 from tests.slurm_cluster import SlurmCluster, start_slurm_cluster
 
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
 from tests.builders import job_body
 
 PARTITION = "gpu"

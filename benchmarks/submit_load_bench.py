@@ -3,7 +3,7 @@
 What it measures, per backend (`--db sqlite|postgresql|both`, default both):
   1. A fresh database: a SQLite file in a temp dir, or a new database on a throw-away PostgreSQL server started
      from the installed binaries (`tests.pg.start_postgres()`), or on the server given by `--pg-url`.
-  2. One control-loop tick in a subprocess (`broker.cli tick`): migrates, installs the development admin key
+  2. One control-loop tick in a subprocess (`broker.cli.main tick`): migrates, installs the development admin key
      `ovs_devadmin_local-development-only` and loads the simulated prices, so submissions are checked against a
      real catalog (set OVERSPILL_SIMULATED=false to skip: the catalog is then empty and so is the check).
   3. `uvicorn --factory broker.app:app_from_env --workers W` (API only, no control loop) on 127.0.0.1, with
@@ -206,7 +206,7 @@ def broker_env(database_url: str, data_dir: Path, *, access_log: bool = False) -
 
 def seed_database(env: dict[str, str], cwd: Path) -> int:
     """Run one tick (migrate, bootstrap key, simulated prices). Returns how many offerings were refreshed."""
-    cmd = [sys.executable, "-c", "from broker.cli import main; main()", "tick", "--json"]
+    cmd = [sys.executable, "-c", "from broker.cli.main import main; main()", "tick", "--json"]
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"seeding tick failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
@@ -492,7 +492,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("endpoint: CatalogCache.book", r"CatalogCache\.book"),
     ("endpoint: ever_feasible", r"ever_feasible"),
     ("endpoint: rest of services.jobs.submit_job (Job(), spec_of, dump, hash)", r"broker/services/jobs\.py"),
-    ("endpoint: route function", r"broker/routes/jobs\.py"),
+    ("endpoint: route function", r"broker/api/routes/jobs\.py"),
     (
         "dependencies: get_runtime, get_principal, require",
         r"KeyVerifier\.verify|get_principal|check \(broker|get_runtime",

@@ -1,5 +1,5 @@
 """The control loop at scale: how long one tick and each of its steps take with thousands of running jobs, on one
-replica or shared by several (shard leases, broker/shards.py).
+replica or shared by several (shard leases, broker/store/shards.py).
 
 The built-in simulated market and on-prem cluster, on a clock the script moves by `--minutes` per set-up tick and
 by `--step-seconds` (10, the broker's tick interval) per measured round. Setting
@@ -46,13 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import insert, select
 
+from broker.api.schemas import JobCreate
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.accrue import grid_point
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import new_id, submit_job
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Job, Placement, SimInstanceRow
+from broker.store.tables import Job, Placement, SimInstanceRow
 from tests.builders import job_body
 from tests.pg import start_postgres
 
@@ -345,7 +345,7 @@ def main() -> None:
         finally:
             pg.stop()
     else:
-        path = Path(tempfile.mkdtemp(prefix="tick-bench-")) / "broker.db"
+        path = Path(tempfile.mkdtemp(prefix="tick-bench-")) / "broker.store.db"
         result = run(f"sqlite:///{path}", *options)
     if args.json:
         print(json.dumps({"backend": args.db, **result}))

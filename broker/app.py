@@ -1,9 +1,9 @@
 """The FastAPI application: `create_app(settings | runtime)` builds it; nothing is built at import time.
 
-Errors come back as RFC 9457 problem details (broker/problems.py) naming each field at fault and where it
+Errors come back as RFC 9457 problem details (broker/api/problems.py) naming each field at fault and where it
 was sent; a request without a valid credential gets its 401 before its body is looked at. Bodies over
-`max_request_bytes` get 413; a key over its rate limit gets 429 with `Retry-After` (broker/ratelimit.py); every
-state-changing request is audited (broker/audit.py). The OpenAPI document and `/docs`: broker/docs.py.
+`max_request_bytes` get 413; a key over its rate limit gets 429 with `Retry-After` (broker/api/ratelimit.py); every
+state-changing request is audited (broker/api/audit.py). The OpenAPI document and `/docs`: broker/api/docs.py.
 """
 
 from __future__ import annotations
@@ -20,20 +20,33 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.audit import AuditLog
+from broker.api.audit import AuditLog
+from broker.api.deps import HashGate
+from broker.api.docs import mount_docs, openapi_document
+from broker.api.http_errors import authentication_first, field_error, http_problem, locate, problem_response
+from broker.api.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem, problem_bytes
+from broker.api.ratelimit import RateLimit, SharedBuckets
+from broker.api.request_id import RequestIdMiddleware
+from broker.api.routes import (
+    audit,
+    budgets,
+    catalog,
+    costs,
+    health,
+    jobs,
+    keys,
+    logs,
+    metrics,
+    placements,
+    reports,
+    whoami,
+)
+from broker.config.settings import Settings
 from broker.console import router as console_router
-from broker.db_async import AsyncPgPool
-from broker.deps import HashGate
-from broker.docs import mount_docs, openapi_document
-from broker.errors import BrokerError
-from broker.http_errors import authentication_first, field_error, http_problem, locate, problem_response
-from broker.logging_setup import configure_logging
-from broker.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem, problem_bytes
-from broker.ratelimit import RateLimit, SharedBuckets
-from broker.request_id import RequestIdMiddleware
-from broker.routes import audit, budgets, catalog, costs, health, jobs, keys, logs, metrics, placements, reports, whoami
+from broker.observe.logging_setup import configure_logging
 from broker.runtime import Runtime, build_runtime
-from broker.settings import Settings
+from broker.services.errors import BrokerError
+from broker.store.db_async import AsyncPgPool
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +158,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         rt = runtime or build_runtime(config)
         app.state.runtime = rt
-        # POST /v1/jobs writes through its own asynchronous connections on PostgreSQL (broker/db_async.py);
+        # POST /v1/jobs writes through its own asynchronous connections on PostgreSQL (broker/store/db_async.py);
         # without a lifespan (a test client used without `with`) it falls back to the engine in a worker thread
         job_pool = app.state.job_pool = AsyncPgPool.for_engine(rt.engine)
         worker = None
@@ -166,7 +179,7 @@ def create_app(
 
     app = FastAPI(
         title="Overspill",
-        docs_url=None,  # served from the package, offline (broker/docs.py)
+        docs_url=None,  # served from the package, offline (broker/api/docs.py)
         redoc_url=None,
         version="0.1.0",
         summary="Burst GPU training jobs from on-prem queues to the cheapest suitable cloud pool, "
@@ -176,7 +189,7 @@ def create_app(
     )
     if runtime is not None:
         app.state.runtime = runtime
-    app.state.hash_gate = HashGate(config.key_hash_concurrency)  # slow hashes of unverified keys (broker/deps.py)
+    app.state.hash_gate = HashGate(config.key_hash_concurrency)  # slow hashes of unverified keys (broker/api/deps.py)
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)

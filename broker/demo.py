@@ -32,12 +32,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlmodel import Session, col, select
 
+from broker.api.schemas import JobCreate
+from broker.config.settings import Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import spec_of, submit_job
-from broker.settings import Settings
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.tables import CostEntryRow, Job, Placement
 from federation.placement import Candidate, PlacementContext, evaluate
 from pricing.book import PriceBook
 from providers.model import CENT, CapacityType, JobState

@@ -2,7 +2,7 @@
 
 `build_runtime(settings)` migrates the database, installs the bootstrap admin key and builds the providers the
 settings enable (the simulated market and on-prem cluster by default), with what each launching cloud's instances
-bill beside compute (`extras`: boot disk, public IPv4; `broker.launch_settings.instance_extras`). Nothing is built
+bill beside compute (`extras`: boot disk, public IPv4; `broker.config.launch.instance_extras`). Nothing is built
 at import time.
 """
 
@@ -17,19 +17,19 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from broker import migrate
-from broker.agent_publish import AgentPublisher
-from broker.auth import KeyVerifier, ensure_bootstrap_key
-from broker.catalog import CatalogCache
-from broker.checkpoint_stores import CheckpointStores
-from broker.db import make_engine, utcnow
-from broker.feeds_config import build_price_feeds
-from broker.launch_settings import instance_extras
-from broker.metrics import LoopMetrics
-from broker.providers_config import build_providers
-from broker.settings import Settings
-from broker.shards import ShardScope, new_replica_id
-from broker.simstore import DbSimStore
+from broker.agent_side.publish import AgentPublisher
+from broker.api.auth import KeyVerifier, ensure_bootstrap_key
+from broker.config.checkpoint_stores import CheckpointStores
+from broker.config.feeds import build_price_feeds
+from broker.config.launch import instance_extras
+from broker.config.providers import build_providers
+from broker.config.settings import Settings
+from broker.market.catalog import CatalogCache
+from broker.observe.metrics import LoopMetrics
+from broker.store import migrate
+from broker.store.db import make_engine, utcnow
+from broker.store.shards import ShardScope, new_replica_id
+from broker.store.simstore import DbSimStore
 from federation.placement import PlacementParams
 from federation.policies import build_deadline_policy
 from federation.strategies import Strategy

@@ -50,13 +50,13 @@ import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
-from broker.db import make_engine
+from broker.config.settings import Settings
 from broker.finance.reports.runs import run_due_reports
 from broker.loop.feeds import refresh_prices
 from broker.loop.interrupts import apply_notice
 from broker.loop.tick import STEPS, tick
 from broker.runtime import Runtime, build_runtime
-from broker.settings import Settings
+from broker.store.db import make_engine
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class SecretCredentials:
         self.generation = 0
 
     def _fetch(self) -> Mapping[str, Any]:
-        from broker.secrets import fetch_secret_json
+        from broker.config.secrets import fetch_secret_json
 
         return fetch_secret_json(self.arn, endpoint_url=self._endpoint_url)
 
@@ -232,8 +232,8 @@ def _asgi(rt: Runtime) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     from mangum import Mangum
     from mangum.adapter import DEFAULT_TEXT_MIME_TYPES
 
+    from broker.api.problems import PROBLEM_MEDIA_TYPE
     from broker.app import create_app
-    from broker.problems import PROBLEM_MEDIA_TYPE
 
     # problem details are JSON text: not base64-encoded in the gateway's answer (Mangum knows only application/json)
     return Mangum(

@@ -1,1 +1,1 @@
-"""The public Python namespace of Overspill: `overspill.client` is the API client (see broker/client.py)."""
+"""The public Python namespace of Overspill: `overspill.client` is the API client (see overspill/client.py)."""

@@ -77,7 +77,7 @@ Contract (providers/base.py):
   timeouts and dropped connections: `transient`); a capacity error is raised at once (EC2 sends it as HTTP 500, and
   botocore would retry it in the same zone) so the broker blocklists the zone and fails over. Build the boto3
   clients with botocore retries off (`Config(retries={"total_max_attempts": 1})`) and connect/read timeouts set,
-  as `broker.providers_config` does. A retried RunInstances resends the same ClientToken, so a request that reached
+  as `broker.config.providers` does. A retried RunInstances resends the same ClientToken, so a request that reached
   EC2 before its response was lost does not launch twice.
 
 moto 5.2 (what the tests can and cannot show): RunInstances ignores ClientToken (a repeat makes a second instance,
@@ -618,7 +618,7 @@ class AmiResolver:
 class AwsProvider:
     """EC2 instances for the broker (see the module docstring for the contract and the state mapping)."""
 
-    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.agent_side.attempt_spec)
     notice_source: ClassVar[str] = "aws"  # the interruption notice the agent watches there
 
     def __init__(

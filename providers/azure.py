@@ -90,7 +90,7 @@ Retries: every ARM request the adapter makes (the GETs, the PUT, the DELETE, the
 (providers.retry.RetryPolicy; default 3 attempts, full-jitter backoff) and is retried only when `transient` says
 so: 429 (its `Retry-After` honoured up to the policy's cap, a longer one handed back to the broker), a 5xx that is
 not a capacity or quota answer, timeouts and dropped connections. Build the client with azure-core's own retries
-off (`retry_total=0`) and connection/read timeouts set, as `broker.providers_config` does, so the layers do not
+off (`retry_total=0`) and connection/read timeouts set, as `broker.config.providers` does, so the layers do not
 multiply. A retried PUT is safe: the VM name comes from the launch token and a PUT of an existing VM is an update
 of the same VM, never a second one. No long-running operation is polled.
 
@@ -299,7 +299,7 @@ def _event_time(text: object) -> datetime | None:
 class AzureProvider:
     """`ComputeProvider` + `InterruptionSource` for Azure VMs. See the module docstring."""
 
-    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.agent_side.attempt_spec)
     notice_source: ClassVar[str] = "azure"  # the interruption notice the agent watches there
 
     def __init__(

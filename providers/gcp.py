@@ -316,7 +316,7 @@ def _is_done(op: compute_v1.Operation) -> bool:
 class GcpProvider:
     """`ComputeProvider` + `InterruptionSource` for Compute Engine. See the module docstring."""
 
-    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.agent_side.attempt_spec)
     notice_source: ClassVar[str] = "gcp"  # the interruption notice the agent watches there
 
     def __init__(

@@ -330,7 +330,7 @@ def _utc(value: object) -> datetime | None:
 class LibcloudProvider:
     """ON-DEMAND instances on any libcloud compute driver. See the module docstring for the contract."""
 
-    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.attempt_spec)
+    boots_agent: ClassVar[bool] = True  # its instances run the instance agent (broker.agent_side.attempt_spec)
     notice_source: ClassVar[str] = "none"  # the interruption notice the agent watches there
 
     def __init__(

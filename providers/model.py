@@ -1,5 +1,5 @@
 """Domain model shared by every layer: offerings, job specs, placements, checkpoints, cost entries, and the jobs and
-nodes of an on-prem batch scheduler's queue (`BatchJob`, `BatchNode`: what `providers.slurm_json` parses Slurm's
+nodes of an on-prem batch scheduler's queue (`BatchJob`, `BatchNode`: what `providers.slurm.json_api` parses Slurm's
 JSON into and what `federation.pressure` models queue pressure from), and how a finished job ended (`Outcome`).
 
 Pure dataclasses with no I/O. Money is `Decimal` in USD (fields end in `_usd`), times are tz-aware UTC

@@ -1,7 +1,8 @@
 """The start-up script every cloud instance boots with: install and start the instance agent, the same script on
 every cloud. A thin wrapper over `agent.bootstrap.startup_script` (which documents the script itself): the broker
 gives it the agent wheel's URL and SHA-256, the attempt spec's URI and the endpoint variables the agent needs
-(`broker.attempt_spec.bootstrap_env`), and the adapters pass the text as the cloud takes it (`LaunchRequest.user_data`).
+(`broker.agent_side.attempt_spec.bootstrap_env`), and the adapters pass the text as the cloud takes it
+(`LaunchRequest.user_data`).
 What the workload runs, its image (validated when the spec is built), environment and secret references are in the
 spec, read by the agent with the instance's identity: never in the script, which any process on the instance that
 reaches the metadata service can read.

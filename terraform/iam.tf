@@ -235,7 +235,7 @@ data "aws_iam_policy_document" "broker" {
     resources = ["${aws_s3_bucket.checkpoints.arn}/*", "${aws_s3_bucket.reports.arn}/*"]
   }
 
-  # broker/serverless.py: the database credentials RDS keeps in Secrets Manager; broker/secrets.py: the callback
+  # broker/serverless.py: the database credentials RDS keeps in Secrets Manager; broker/config/secrets.py: the callback
   # secret and the metrics token this module generates (secrets.tf). Not the jobs' secrets.
   statement {
     sid     = "BrokerSecrets"

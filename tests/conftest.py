@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
-from broker.logging_setup import log_scope
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
+from broker.observe.logging_setup import log_scope
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
 
 pytest_plugins = ["tests.xdist_groups"]
 
@@ -150,7 +150,7 @@ def slurm_transport(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'broker.db'}"
+        return f"sqlite:///{tmp_path / 'broker.store.db'}"
     server = request.getfixturevalue("postgres")
     return str(server.create_database())
 

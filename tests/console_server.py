@@ -27,10 +27,10 @@ import httpx
 import uvicorn
 
 from broker.app import create_app
-from broker.logging_setup import configure_logging
+from broker.config.settings import Settings
 from broker.loop.tick import tick
+from broker.observe.logging_setup import configure_logging
 from broker.runtime import Runtime, build_runtime
-from broker.settings import Settings
 
 
 class FastClock:

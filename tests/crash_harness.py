@@ -49,12 +49,12 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from broker.api.schemas import JobCreate
+from broker.config.settings import Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import cancel_job, submit_job
-from broker.settings import Settings
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.tables import CostEntryRow, Job, Placement
 from providers.aws import ensure_interruption_queue, parse_instance_ref, tag_dict
 from providers.model import BROKER_TAG, JOB_TAG, PlacementState
 from tests.builders import job_body
@@ -221,7 +221,7 @@ def _broker_injection(env: Env, point: str, nth: int, jobs: int) -> Outcome:
 
 
 def _submit(engine: Any, jobs: int) -> list[str]:
-    from broker.catalog import CatalogCache
+    from broker.market.catalog import CatalogCache
 
     catalog = CatalogCache(engine)
     ids = []

@@ -49,14 +49,14 @@ from urllib.parse import urlsplit
 
 from sqlmodel import Session, col, select
 
-from broker.catalog import CatalogCache
+from broker.api.schemas import JobCreate
+from broker.config.settings import Settings
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
+from broker.market.catalog import CatalogCache
 from broker.runtime import build_runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import submit_job
-from broker.settings import Settings
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from providers.aws import tag_dict
 from providers.model import BROKER_TAG, JOB_TAG, LAUNCH_TOKEN_TAG, PlacementState
 from tests.azure_compute_fake import AzureComputeFake

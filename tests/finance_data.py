@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 
-from broker.tables import CostEntryRow, Job
+from broker.store.tables import CostEntryRow, Job
 
 TEAMS = ("nlp", "vision", "speech", "recsys")
 PROJECTS = ("atlas", "borealis", "cygnus")

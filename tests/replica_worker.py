@@ -5,7 +5,7 @@ Ticks on the real clock, `OVERSPILL_TICK_INTERVAL_SECONDS` apart, until DONE_FIL
 nothing (the driver creates it once every submission has been answered), then `STEADY_TICKS` more (default 0:
 ticks with every job placed and running, to time the loop at full load), then prints one JSON line: ticks run,
 placements this replica made, every step error (a deadlock or a lost update would show here), the duration of
-each tick of both phases, and the shards (`broker.shards`) its last tick held.
+each tick of both phases, and the shards (`broker.store.shards`) its last tick held.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from broker.db import utcnow
+from broker.config.settings import Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import Settings
+from broker.store.db import utcnow
 
 
 def main() -> None:

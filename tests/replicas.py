@@ -38,10 +38,10 @@ from typing import Any
 import httpx
 from sqlmodel import Session, col, func, select
 
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import CostEntryRow, Job, Placement, SimInstanceRow
+from broker.store.tables import CostEntryRow, Job, Placement, SimInstanceRow
 from tests.api_process import start_api, wait_healthy
 from tests.builders import job_body
 

@@ -14,8 +14,8 @@ from decimal import Decimal
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from providers.base import (
     Instance,
     InstanceState,

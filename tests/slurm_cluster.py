@@ -61,8 +61,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.slurm_rest import RestTransport
-from providers.slurm_transport import CliTransport, SlurmTransport
+from providers.slurm.rest import RestTransport
+from providers.slurm.transport import CliTransport, SlurmTransport
 
 NODES = ("ovs1", "ovs2")
 BROKER_USER = "ovsbroker"

@@ -409,7 +409,7 @@ def test_the_start_up_script_fetches_the_pinned_wheel_and_runs_the_agent(tmp_pat
 def test_overspill_agent_subcommand_runs_the_agent(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli.main import app
 
     result = CliRunner().invoke(app, ["agent", "build-wheel", str(tmp_path)])
     assert result.exit_code == 0, result.output

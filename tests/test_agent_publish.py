@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from broker.agent_publish import AgentPublisher, agent_wheel
-from broker.checkpoint_stores import CheckpointStores
-from broker.settings import Settings
+from broker.agent_side.publish import AgentPublisher, agent_wheel
+from broker.config.checkpoint_stores import CheckpointStores
+from broker.config.settings import Settings
 from providers.storage import StorageError
 from tests.moto_server import CREDS
 from tests.storage_emulators import AZURITE_ACCOUNT, AZURITE_KEY

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY, Settings
 from tests.builders import job_body
 from tests.conftest import MovableClock
 
@@ -121,7 +121,7 @@ def test_cached_book_answers_without_the_database_only_while_fresh(rt: Runtime) 
     import threading
     import time
 
-    from broker.catalog import CatalogCache
+    from broker.market.catalog import CatalogCache
 
     catalog = CatalogCache(rt.engine, check_seconds=0.3)
     assert catalog.cached_book() is None, "nothing loaded yet"

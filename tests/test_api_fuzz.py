@@ -29,9 +29,9 @@ from schemathesis.checks import (  # noqa: E402
 from schemathesis.config import SchemathesisConfig  # noqa: E402
 
 from broker.app import create_app  # noqa: E402
+from broker.config.settings import DEV_API_KEY  # noqa: E402
 from broker.loop.tick import tick  # noqa: E402
 from broker.runtime import Runtime  # noqa: E402
-from broker.settings import DEV_API_KEY  # noqa: E402
 from tests.builders import job_body  # noqa: E402
 
 CHECKS = [

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from broker.auth import Role
+from broker.api.auth import Role
 from broker.runtime import Runtime
-from broker.tables import Job
+from broker.store.tables import Job
 from tests.builders import job_body
 
 

@@ -27,12 +27,12 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from agent import protocol as proto
+from broker.api.auth import callback_token
 from broker.app import create_app
-from broker.auth import callback_token
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.store.tables import Placement
 from providers.model import CapacityType
 from tests.agent_fixtures import azure_container
 from tests.agent_harness import TRAIN
@@ -70,7 +70,7 @@ def _settings(tmp: Path, **overrides: Any) -> Settings:
     data = tmp / "data"
     data.mkdir(parents=True, exist_ok=True)
     return Settings(
-        database_url=f"sqlite:///{data / 'broker.db'}",
+        database_url=f"sqlite:///{data / 'broker.store.db'}",
         data_dir=data,
         simulated=False,
         wait_value_usd_per_gpu_hour=0,
@@ -197,7 +197,7 @@ def test_aws_launch_boots_the_agent_from_its_user_data_and_the_secret_never_leak
     for key in everything:
         assert MARKER.encode() not in read(key), f"the secret value is in the store object {key}"
     assert MARKER not in user_data
-    db = Path(settings.data_dir) / "broker.db"
+    db = Path(settings.data_dir) / "broker.store.db"
     with sqlite3.connect(db) as conn:
         dump = "\n".join(conn.iterdump())
     assert secret["ARN"] in dump and MARKER not in dump

@@ -17,14 +17,14 @@ import pytest
 from sqlmodel import Session, select
 
 from agent import protocol as proto
-from broker.agent_publish import agent_wheel
-from broker.attempt_spec import build_spec, registry_auth
-from broker.auth import callback_token
-from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.agent_side.attempt_spec import build_spec, registry_auth
+from broker.agent_side.publish import agent_wheel
+from broker.api.auth import callback_token
+from broker.config.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.config.settings import Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import Settings
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from providers.model import SecretReference
 from tests.builders import job_body, spec
 from tests.conftest import MovableClock

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.auth import Role
-from broker.tables import AuditEntry, AuditRefused
+from broker.api.auth import Role
+from broker.store.tables import AuditEntry, AuditRefused
 from tests.builders import job_body
 
 
@@ -79,8 +79,8 @@ def test_a_submitted_job_and_its_audit_row_commit_in_one_transaction(
 ) -> None:
     """POST /v1/jobs writes its audit row with the job (one row, one transaction): if the row cannot be written
     the job is not stored either; a replay with the same Idempotency-Key stores no job and is audited once."""
-    import broker.routes.jobs as jobs_route
-    from broker.tables import Job
+    import broker.api.routes.jobs as jobs_route
+    from broker.store.tables import Job
 
     engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
     made = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": "k1"})

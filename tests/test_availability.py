@@ -1,5 +1,5 @@
 """Spot availability history: run lengths from traces and observed changes (pricing/availability.py), the
-`availability_change` table the feeds and reclaims write (broker/availability.py), and the deadline-aware
+`availability_change` table the feeds and reclaims write (broker/market/availability.py), and the deadline-aware
 placement reading it through `PoolOutlook`."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
-from broker.availability import pool_outlooks, record_reclaim
+from broker.config.settings import DEV_API_KEY
 from broker.loop.feeds import store_offerings
 from broker.loop.tick import tick
+from broker.market.availability import pool_outlooks, record_reclaim
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import AvailabilityChange, Placement
+from broker.store.tables import AvailabilityChange, Placement
 from federation.strategies import Timeline
 from pricing.availability import Runs, load_trace_runs, runs_from_events, runs_from_trace
 from tests.builders import job_body, offering

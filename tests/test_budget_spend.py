@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from broker.finance.budgets import check_budgets, month_window, spent, spent_many, statuses
 from broker.runtime import Runtime
-from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow
+from broker.store.tables import BudgetAlertRow, BudgetRow, CostEntryRow
 from tests.finance_data import PROJECTS, TEAMS, seed_ledger
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

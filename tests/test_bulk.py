@@ -1,4 +1,4 @@
-"""`broker.bulk`: many rows in one statement (arrays unnested on PostgreSQL, executemany on SQLite) read back
+"""`broker.store.bulk`: many rows in one statement (arrays unnested on PostgreSQL, executemany on SQLite) read back
 exactly as written: Decimal to the ledger's precision, tz-aware timestamps, JSON, NULLs (a column all NULL too)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from decimal import Decimal
 
 from sqlmodel import Session, col, select
 
-from broker.bulk import bulk_insert, bulk_update
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent
+from broker.store.bulk import bulk_insert, bulk_update
+from broker.store.tables import CostEntryRow, Job, JobEvent
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import admin_api

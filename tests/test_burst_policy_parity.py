@@ -23,7 +23,7 @@ from sqlmodel import Session, col, select
 
 from broker.loop.onprem_burst import _params
 from broker.loop.tick import tick
-from broker.tables import Job
+from broker.store.tables import Job
 from federation.burst import BurstParams
 from federation.simulate.cluster import BurstPolicy, ClusterSim
 from federation.simulate.traces import TraceJob

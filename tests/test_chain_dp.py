@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from broker.config.settings import Settings
 from broker.runtime import Runtime
-from broker.settings import Settings
 from federation.chain_dp import ChainDP
 from federation.joint_chain import EDGES, fit_timelines, grid_up, masks_of, states_of_masks
 from federation.model_dp import ModelDP

@@ -23,13 +23,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.copystate import DbCopyStateStore, claim_lease, release_lease
 from broker.loop.accrue import LEDGER_QUANTUM
 from broker.loop.place import _place_one, launch_placement
 from broker.loop.stage import Staging, stage_checkpoint
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.copystate import DbCopyStateStore, claim_lease, release_lease
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.storage import LocalStore, copy_checkpoint
 from providers.storage.copy import BYTES_PER_GB
 from tests.builders import job_body
@@ -253,9 +253,9 @@ def test_a_store_outage_is_retried_then_the_job_resumes_from_the_remote_checkpoi
 
 
 def test_copy_state_in_the_database_carries_a_copy_across_a_crash(db_url: str, tmp_path: Path) -> None:
-    from broker import migrate
-    from broker.db import make_engine
-    from broker.settings import Settings
+    from broker.config.settings import Settings
+    from broker.store import migrate
+    from broker.store.db import make_engine
 
     engine = make_engine(Settings(database_url=db_url))
     migrate.upgrade(engine)
@@ -272,15 +272,15 @@ def test_copy_state_in_the_database_carries_a_copy_across_a_crash(db_url: str, t
     assert result.resumed_from_bytes >= 16 * MiB
     assert (tmp_path / "dst" / "ckpt.bin").read_bytes() == data
     with Session(engine) as s:  # a finished copy leaves no state behind
-        from broker.tables import CheckpointCopyRow
+        from broker.store.tables import CheckpointCopyRow
 
         assert s.exec(select(CheckpointCopyRow)).all() == []
 
 
 def test_the_staging_lease_admits_one_replica_at_a_time(db_url: str, clock: MovableClock) -> None:
-    from broker import migrate
-    from broker.db import make_engine
-    from broker.settings import Settings
+    from broker.config.settings import Settings
+    from broker.store import migrate
+    from broker.store.db import make_engine
 
     engine = make_engine(Settings(database_url=db_url))
     migrate.upgrade(engine)
@@ -334,7 +334,7 @@ def test_a_job_without_a_checkpoint_uri_gets_its_prefix_in_the_store_where_it_la
 def test_a_staging_attempt_stops_at_its_deadline_and_the_next_resumes_without_copying_again(
     db_url: str, make_runtime: Callable[..., Runtime], clock: MovableClock, stores_dir: Path
 ) -> None:
-    from broker.tables import CheckpointCopyRow
+    from broker.store.tables import CheckpointCopyRow
 
     aws, gcp = _clouds(clock)
     gcp.prices = {"us-central1-a": Decimal("1")}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import checkpoint_layout as layout
-from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.agent_side import checkpoint_layout as layout
+from broker.config.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.config.settings import Settings
 from broker.runtime import Runtime
-from broker.settings import Settings
 from providers.storage import LocalStore, UnsafeKey
 from providers.storage.s3 import S3Store
 from tests.builders import job_body

@@ -15,9 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from broker.app import create_app
-from broker.cli import app
+from broker.cli.main import app
+from broker.config.settings import DEV_API_KEY
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from tests.builders import job_body
 
 runner = CliRunner()
@@ -118,7 +118,7 @@ def test_demo_keeps_its_history_in_the_configured_database(tmp_path: Path) -> No
 
     from sqlmodel import Session, create_engine, select
 
-    from broker.tables import Job
+    from broker.store.tables import Job
 
     env = {"OVERSPILL_DATA_DIR": str(tmp_path / "data")}
     out = runner.invoke(app, ["demo", "--jobs", "3", "--hours", "24"], env=env)
@@ -219,7 +219,7 @@ def test_tables_keep_ids_and_money_whole_and_drop_optional_columns_when_narrow()
 
     from rich.console import Console
 
-    from broker.cli_output import Column, print_table
+    from broker.cli.output import Column, print_table
 
     columns = [Column("id", "id"), Column("note", "text", drop=2), Column("spent", "money"), Column("x", drop=1)]
     row = ["job_18e3f0c2a4b64e4f9a1d2c3b4a5f6e7d", "waiting for spot capacity in us-east-1", "$12345.67", "extra"]

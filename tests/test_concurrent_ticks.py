@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
+from broker.api.schemas import JobCreate
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import submit_job
-from broker.tables import Job, Placement, SimInstanceRow
+from broker.store.tables import Job, Placement, SimInstanceRow
 from tests.builders import job_body
 from tests.conftest import MovableClock
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from broker.auth import Role, create_key
-from broker.db import make_engine, utcnow
+from broker.api.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.finance.money import cents
-from broker.settings import DEV_API_KEY, Settings
+from broker.store.db import make_engine, utcnow
 from tests.console_server import running
 from tests.finance_data import seed_ledger
 from tests.test_console_e2e import Broker, Page, artifacts_dir, expect
@@ -39,7 +39,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """A broker process on the real clock with no control loop (`tests.console_server --no-loop`): the ledger is
     what the test writes, and "this month" stays this month while the tests run."""
     tmp = tmp_path_factory.mktemp("console-costs")
-    url = f"sqlite:///{tmp / 'broker.db'}"
+    url = f"sqlite:///{tmp / 'broker.store.db'}"
     env = {"OVERSPILL_DATABASE_URL": url, "OVERSPILL_BOOTSTRAP_API_KEY": DEV_API_KEY, "OVERSPILL_LOG_LEVEL": "warning"}
     log = tmp / "broker.log"
     with running(tmp, env, ["--no-loop"], log) as base:
@@ -56,7 +56,7 @@ def month(broker: Broker) -> str:
     """Seed this month's ledger (up to yesterday, or today on the 1st) for tenant demo; return the month."""
     now = datetime.now(UTC)
     start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    engine = make_engine(broker.settings)
+    engine = make_engine(broker.config.settings)
     seed_ledger(engine, "demo", start, days=max(1, now.day - 1), entries=1200, seed=11)
     engine.dispose()
     return f"{start:%Y-%m}"

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.auth import Role, create_key
-from broker.db import make_engine
-from broker.settings import DEV_API_KEY, Settings
+from broker.api.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY, Settings
+from broker.store.db import make_engine
 from tests.builders import job_body
 from tests.console_server import running
 
@@ -59,7 +59,7 @@ class Broker:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     tmp = tmp_path_factory.mktemp("console")
-    database = f"sqlite:///{tmp / 'broker.db'}"
+    database = f"sqlite:///{tmp / 'broker.store.db'}"
     env = {
         "OVERSPILL_DATABASE_URL": database,
         "OVERSPILL_TICK_INTERVAL_SECONDS": "300",  # simulated: 0.5 s of real time at SPEED
@@ -84,7 +84,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 
 def settings_now() -> Any:
-    from broker.db import utcnow
+    from broker.store.db import utcnow
 
     return utcnow()
 

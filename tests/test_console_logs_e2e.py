@@ -19,10 +19,10 @@ import pytest
 from sqlmodel import Session
 
 from agent.protocol import LOGS_DIR, log_chunk_name
-from broker.checkpoint_layout import attempt_prefix
-from broker.db import make_engine
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.agent_side.checkpoint_layout import attempt_prefix
+from broker.config.settings import DEV_API_KEY, Settings
+from broker.store.db import make_engine
+from broker.store.tables import Placement
 from tests.builders import job_body
 from tests.console_server import running
 from tests.test_console_e2e import SPEED, Broker, Page, browser, expect
@@ -35,7 +35,7 @@ __all__ = ["browser"]  # the Chromium fixture, shared with the other console tes
 def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Path]]:
     tmp = tmp_path_factory.mktemp("console-logs")
     stores = tmp_path_factory.mktemp("console-stores")  # apart from the data dir, as the broker requires
-    database = f"sqlite:///{tmp / 'broker.db'}"
+    database = f"sqlite:///{tmp / 'broker.store.db'}"
     env = {
         "OVERSPILL_DATABASE_URL": database,
         "OVERSPILL_TICK_INTERVAL_SECONDS": "300",
@@ -53,7 +53,7 @@ def _store_log(broker: Broker, stores: Path, job_id: str, placement_id: str, tex
     """What the instance agent does: the attempt's log as offset-named chunks under its prefix in the store, and
     the attempt's location on the placement (as the broker records it when it launches an agent instance)."""
     prefix = attempt_prefix(f"file://{stores}/", "demo", job_id, placement_id)
-    engine = make_engine(broker.settings)
+    engine = make_engine(broker.config.settings)
     try:
         with Session(engine) as session:
             p = session.get(Placement, placement_id)

@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.store.tables import Placement
 from providers.aws import ensure_interruption_queue, parse_instance_ref
 from tests.builders import job_body
 from tests.moto_server import moto_client, running_moto_server

@@ -18,13 +18,13 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from agent import protocol as proto
+from broker.api.auth import callback_token
 from broker.app import create_app
-from broker.auth import callback_token
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import BlockEntry, JobEvent, Placement
+from broker.store.tables import BlockEntry, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import Offering
 from tests.builders import agent_store, job_body

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlmodel import Session, select
 
+from broker.config.settings import Settings
 from broker.loop.tick import tick
-from broker.metrics import BurstReason
+from broker.observe.metrics import BurstReason
 from broker.runtime import Runtime, build_runtime
-from broker.settings import Settings
-from broker.tables import AuditEntry, Job, JobEvent
+from broker.store.tables import AuditEntry, Job, JobEvent
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_provider_slurm import fill_gpus, job, sbatch, wait_until

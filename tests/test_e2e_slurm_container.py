@@ -1,5 +1,5 @@
 """Jobs the broker places on Slurm run in their own image with the site's container runtime, and keep their output
-(providers/slurm_container.py): on the real cluster, rootless podman as the tenant's unprivileged identity runs a
+(providers/slurm/container.py): on the real cluster, rootless podman as the tenant's unprivileged identity runs a
 real image (a tiny rootfs of the host's dash, `podman import`ed into that user's store), with the job's environment
 passed by name, never as shell text; the output goes to the configured `--output`. The other runtimes' command
 lines are checked for quoting, since apptainer and pyxis are not installed here."""
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from federation.pressure import QueueModel
-from providers.slurm import SlurmProvider
-from providers.slurm_container import container_command
+from providers.slurm.container import container_command
+from providers.slurm.provider import SlurmProvider
 from tests.container_images import containers_conf
 from tests.provider_contract import BROKER_ID, ContractEnv
 from tests.test_provider_slurm import PARTITIONS, make_offering, wait_until

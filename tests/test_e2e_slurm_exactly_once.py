@@ -18,7 +18,7 @@ from sqlmodel import Session, select
 
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import Job
+from broker.store.tables import Job
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud, admin_api
 from tests.test_e2e_slurm_burst import _runtime

@@ -22,14 +22,14 @@ import pytest
 from sqlmodel import Session, col, select
 
 from agent.protocol import LOGS_DIR, SPEC_NAME, Outcome, Report, ReportKind, log_chunk_name, mailbox_entry_name
-from broker.attempt_spec import build_spec
-from broker.auth import callback_token
-from broker.checkpoint_layout import attempt_prefix, job_checkpoint_prefix, mailbox_prefix
+from broker.agent_side.attempt_spec import build_spec
+from broker.agent_side.checkpoint_layout import attempt_prefix, job_checkpoint_prefix, mailbox_prefix
+from broker.api.auth import callback_token
 from broker.loop.slurm_output import write_back
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.services.jobs import spec_of
-from broker.tables import AuditEntry, Job, JobEvent, Placement
+from broker.store.tables import AuditEntry, Job, JobEvent, Placement
 from providers.storage.small import put_object
 from tests.agent_harness import agent_env, start_agent
 from tests.builders import agent_store
@@ -214,7 +214,7 @@ def test_a_job_environment_not_yet_in_accounting_is_refused_when_the_site_requir
     records in a background pass), held or not: read at once, a job's environment is not in accounting yet. On a
     loaded machine the record can arrive between the two reads; then the job is read with its environment, and
     the test tries again with a new job."""
-    from providers.slurm_script import ScriptRefused, read_job
+    from providers.slurm.script import ScriptRefused, read_job
 
     work = _home(slurm, "alice-noenv")
     refused = details = None
@@ -306,7 +306,8 @@ def test_e2e_a_users_sbatch_script_bursts_runs_under_the_real_agent_and_its_outp
     slurm: Any, tmp_path: Path, agent_wheel: Path, slurm_transport: str
 ) -> None:
     """The whole way, with the real agent (process runtime) as the cloud instance's workload runner: the attempt
-    spec the broker builds for the burst job (`broker.attempt_spec.build_spec`, as the launch step does) is what the
+    spec the broker builds for the burst job (`broker.agent_side.attempt_spec.build_spec`, as the launch step does) is
+    what the
     agent runs. The cloud stand-in mounts the site's shared filesystem at the same path (an identity mapping)."""
     clock = MovableClock(datetime.now(UTC))
     cloud = ScriptedCloud("scripted", clock)

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from broker.app import create_app
-from broker.cli import app
+from broker.cli.main import app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
 from tests.azure_fake import AzureFake
 
 
@@ -97,8 +97,8 @@ def test_the_azure_feed_sizes_pools_through_the_configured_arm_client(tmp_path: 
     credential reach the vmSizes call, so a configured broker never sizes pools against another ARM."""
     from datetime import UTC, datetime
 
-    from broker.db import make_engine
-    from broker.feeds_config import build_price_feeds
+    from broker.config.feeds import build_price_feeds
+    from broker.store.db import make_engine
     from tests.azure_fake import default_vm_sizes
 
     sizes = default_vm_sizes()

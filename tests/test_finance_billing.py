@@ -16,12 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
-from broker.cli import app as cli_app
+from broker.cli.main import app as cli_app
 from broker.finance.billing import BillError, import_bill, normalise_resource_id, reconcile
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow
+from broker.store.tables import CostEntryRow
 from tests.finance_data import seed_ledger
 
 SAMPLE = Path(__file__).parent / "fixtures" / "aws_focus_1_0_sample.csv"

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.auth import Role, create_key
+from broker.api.auth import Role, create_key
 from broker.finance.budgets import forecast, month_window
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import BudgetAlertRow
+from broker.store.tables import BudgetAlertRow
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.finance_sinks import SmtpSink, WebhookSink

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from typer.testing import CliRunner
 
-from broker.cli import app
+from broker.cli.main import app
 from broker.finance.money import cents
 from broker.runtime import Runtime
 from tests.finance_data import seed_ledger

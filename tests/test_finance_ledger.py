@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.auth import Role, create_key
-from broker.db import plain
+from broker.api.auth import Role, create_key
 from broker.finance.ledger import record_entry
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.db import plain
+from broker.store.tables import CostEntryRow, Job, Placement
 from providers.model import CostKind, hours_between
 from tests.builders import job_body
 from tests.conftest import MovableClock

@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 
 from broker.finance.budgets import month_window
 from broker.loop.tick import tick
-from broker.tables import BudgetRow, Job
+from broker.store.tables import BudgetRow, Job
 from tests.conftest import MovableClock
 from tests.finance_data import seed_ledger
 from tests.scripted import ScriptedCloud

@@ -1,4 +1,4 @@
-"""The key-hash gate (broker/deps.py): unverified keys are hashed on the gate's few threads; many concurrent
+"""The key-hash gate (broker/api/deps.py): unverified keys are hashed on the gate's few threads; many concurrent
 requests with one key share a single hash and are never refused for their own parallelism, while distinct guessed
 keys beyond the gate's queue are."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from broker.auth import InvalidKey
-from broker.deps import GateFull, HashGate
+from broker.api.auth import InvalidKey
+from broker.api.deps import GateFull, HashGate
 
 
 class SlowVerify:

@@ -16,11 +16,11 @@ from sqlmodel import Session, select
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.runtime import Runtime
 from broker.services.prices import import_catalog_files
-from broker.tables import FeedStatus, OfferingRow, Placement, PressureRow
+from broker.store.tables import FeedStatus, OfferingRow, Placement, PressureRow
 from federation.pressure import QueueModel
 from pricing.advisor import Band
 from pricing.feeds import FeedError
-from providers.slurm import PartitionInfo, SlurmProvider
+from providers.slurm.provider import PartitionInfo, SlurmProvider
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import admin_api

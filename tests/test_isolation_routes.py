@@ -22,10 +22,10 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.auth import Role
+from broker.api.auth import Role
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import ApiKey, Job, Placement
+from broker.store.tables import ApiKey, Job, Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 

@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, JobEvent
+from broker.store.tables import CostEntryRow, JobEvent
 from tests.builders import job_body
 from tests.conftest import MovableClock
 

@@ -21,7 +21,7 @@ from broker.loop.interrupts import sweep_orphans
 from broker.loop.sync import _projected_spend
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.extras import InstanceExtras
 from providers.base import LaunchRequest
 from providers.model import CapacityType, Offering, Price, Tags, hours_between

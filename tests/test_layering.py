@@ -101,19 +101,19 @@ def test_the_rule_catches_what_it_forbids() -> None:
     """The checker itself: each kind of forbidden import is reported, allowed ones are not."""
     src = (
         "from federation.pressure import QueueModel\n"
-        "def f():\n    import broker.tables\n"
+        "def f():\n    import broker.store.tables\n"
         "from . import slurm_json\n"
         "from providers.model import BatchJob\n"
     )
-    assert violations("providers", src, "providers.slurm") == [
-        "providers.slurm:1 imports federation.pressure",
-        "providers.slurm:1 imports federation.pressure.QueueModel",
-        "providers.slurm:3 imports broker.tables",
+    assert violations("providers", src, "providers.slurm.provider") == [
+        "providers.slurm.provider:1 imports federation.pressure",
+        "providers.slurm.provider:1 imports federation.pressure.QueueModel",
+        "providers.slurm.provider:3 imports broker.store.tables",
     ]
-    fed = "from providers.slurm_json import SlurmJob\nfrom providers.model import BatchJob\nimport sqlalchemy.orm\n"
+    fed = "from providers.slurm.json_api import SlurmJob\nfrom providers.model import BatchJob\nimport sqlalchemy.orm\n"
     assert violations("federation", fed, "federation.pressure") == [
-        "federation.pressure:1 imports providers.slurm_json",
-        "federation.pressure:1 imports providers.slurm_json.SlurmJob",
+        "federation.pressure:1 imports providers.slurm.json_api",
+        "federation.pressure:1 imports providers.slurm.json_api.SlurmJob",
         "federation.pressure:3 imports sqlalchemy.orm",
     ]
     assert violations("federation", "from ..providers import slurm\n", "federation.simulate.x") == []

@@ -14,7 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
-from broker.logging_setup import (
+from broker.config.settings import DEV_API_KEY, Settings
+from broker.loop.tick import tick
+from broker.observe.logging_setup import (
     JsonFormatter,
     TextFormatter,
     bind,
@@ -23,9 +25,7 @@ from broker.logging_setup import (
     log_context,
     log_scope,
 )
-from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY, Settings
 from tests.builders import job_body
 from tests.conftest import MovableClock
 

@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.place import _place_one
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.tables import CostEntryRow, Job, Placement
 from providers.model import hours_between
 from tests.builders import job_body
 from tests.conftest import MovableClock
@@ -367,7 +367,7 @@ def test_an_unrecorded_launch_is_spared_by_its_token(
 def test_reported_exit_status_decides_the_verdict(
     db_url: str, make_runtime: Callable[..., Runtime], cloud: ScriptedCloud, clock: MovableClock
 ) -> None:
-    from broker.auth import callback_token
+    from broker.api.auth import callback_token
 
     rt = make_runtime(db_url, simulated=False, public_url="https://broker.example")
     attach(rt, cloud)

@@ -15,13 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from sqlmodel import Session, select
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import STEPS, tick
-from broker.metrics import MAX_TEAMS_PER_TENANT, OTHER_TEAM
+from broker.observe.metrics import MAX_TEAMS_PER_TENANT, OTHER_TEAM
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import FeedStatus, Placement
+from broker.store.tables import FeedStatus, Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.app import create_app
 from broker.loop.tick import tick
-from broker.metrics import BurstReason
+from broker.observe.metrics import BurstReason
 from broker.runtime import Runtime
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud

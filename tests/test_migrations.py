@@ -8,10 +8,10 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlmodel import SQLModel
 
-import broker.tables  # noqa: F401  (registers every table on SQLModel.metadata)
-from broker import migrate
-from broker.db import make_engine
-from broker.settings import Settings
+import broker.store.tables  # noqa: F401  (registers every table on SQLModel.metadata)
+from broker.config.settings import Settings
+from broker.store import migrate
+from broker.store.db import make_engine
 
 
 def test_one_linear_history() -> None:
@@ -28,4 +28,4 @@ def test_migrated_schema_matches_the_tables(db_url: str) -> None:
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     # type comparison is left to Alembic's defaults; any table, column, index or nullability drift shows here
-    assert diff == [], f"migrations and broker/tables.py disagree: {diff}"
+    assert diff == [], f"migrations and broker/store/tables.py disagree: {diff}"

@@ -22,7 +22,7 @@ from broker.loop import move as move_step
 from broker.loop.move import move_deadline_jobs
 from broker.loop.tick import STEPS, tick
 from broker.runtime import Runtime
-from broker.tables import JobEvent, Placement
+from broker.store.tables import JobEvent, Placement
 from federation.simulate.deadline import DeadlineJob
 from federation.simulate.market import TraceMarket
 from federation.strategies import Plan, RunState, current_alive, keep, launch, wait

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from tests.builders import job_body
 from tests.served_api import served as serve
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from broker.api.docs import DECIMAL_PATTERN, USD_INPUT_PATTERN
 from broker.app import create_app
-from broker.docs import DECIMAL_PATTERN, USD_INPUT_PATTERN
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
-from broker.settings import DEV_API_KEY
 from tests.builders import job_body
 
 AUTH = {"Authorization": f"Bearer {DEV_API_KEY}"}

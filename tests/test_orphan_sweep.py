@@ -16,7 +16,7 @@ from sqlmodel import Session, select
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import Job
+from broker.store.tables import Job
 from providers.base import LaunchRequest
 from providers.model import CapacityType, Tags
 from tests.builders import job_body, spec

@@ -13,7 +13,7 @@ from sqlmodel import Session
 
 from broker.loop.feeds import EXPERIENCE_WINDOW, pool_experience
 from broker.runtime import Runtime
-from broker.tables import Placement
+from broker.store.tables import Placement
 from pricing.risk import experience_from_runs
 from tests.builders import job_body
 from tests.conftest import MovableClock

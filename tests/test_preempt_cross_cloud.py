@@ -41,7 +41,7 @@ from agent.checkpoints import parse_manifest
 from broker.finance.ledger import LEDGER_QUANTUM
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.base import NotFound
 from providers.model import Offering, hours_between
 from tests.gcp_compute_fake import GcpComputeFake

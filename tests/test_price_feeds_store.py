@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from providers.model import Offering
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud
@@ -90,7 +90,7 @@ def test_failing_feed_keeps_last_good_prices_marked_stale(frt: Runtime, feed: Fl
 
 
 def test_observed_reclaims_raise_a_pools_interruption_rate(frt: Runtime, feed: FlakyFeed, clock: MovableClock) -> None:
-    from broker.schemas import JobCreate
+    from broker.api.schemas import JobCreate
     from broker.services.jobs import submit_job
     from tests.builders import job_body
 

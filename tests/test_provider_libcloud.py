@@ -447,7 +447,7 @@ def test_moto_nodes_beyond_the_first_describe_page_are_not_taken_for_gone(moto_p
 
 
 def _ec2_settings(port: int, **overrides: Any) -> Any:
-    from broker.settings import Settings
+    from broker.config.settings import Settings
 
     values: dict[str, Any] = {
         "simulated": False,
@@ -471,7 +471,7 @@ def _ec2_settings(port: int, **overrides: Any) -> Any:
 def test_settings_build_a_libcloud_cloud_that_offers_its_priced_sizes_and_launches_in_the_zone(
     moto_port: int, moto_namespace: None
 ) -> None:
-    from broker.providers_config import build_providers
+    from broker.config.providers import build_providers
 
     (provider,) = build_providers(_ec2_settings(moto_port, cloud_retry_attempts=4, broker_id="from-settings"))
     assert isinstance(provider, LibcloudProvider) and provider.name == "ec2" and provider.retry.attempts == 4
@@ -491,14 +491,14 @@ def test_settings_build_a_libcloud_cloud_that_offers_its_priced_sizes_and_launch
 
 
 def test_libcloud_settings_refuse_a_malformed_gpu_spec_naming_the_variable() -> None:
-    from broker.providers_config import build_providers
+    from broker.config.providers import build_providers
 
     with pytest.raises(ValueError, match=r"OVERSPILL_LIBCLOUD_GPUS\['g5.xlarge'\].*accelerator\[:count\]"):
         build_providers(_ec2_settings(1, libcloud_gpus={"g5.xlarge": "A10G:many"}))
 
 
 def test_libcloud_calls_time_out_and_are_retried_a_bounded_number_of_times(silent_endpoint: str) -> None:
-    from broker.providers_config import build_providers
+    from broker.config.providers import build_providers
 
     port = int(silent_endpoint.rsplit(":", 1)[1])
     (hung,) = build_providers(_ec2_settings(port, cloud_retry_attempts=2, cloud_timeout_seconds=0.3))

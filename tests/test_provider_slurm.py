@@ -22,7 +22,8 @@ import pytest
 from federation.pressure import QueueModel
 from providers.base import InstanceState, InvalidRequest, NotFound, QuotaExceeded
 from providers.model import CapacityType, Offering, Price
-from providers.slurm import (
+from providers.slurm.json_api import SlurmJob
+from providers.slurm.provider import (
     CommandBuilder,
     PartitionInfo,
     SlurmProvider,
@@ -30,7 +31,6 @@ from providers.slurm import (
     default_command,
     hold_note,
 )
-from providers.slurm_json import SlurmJob
 from tests.provider_contract import BROKER_ID, ContractEnv, ProviderContract
 from tests.slurm_cluster import SlurmCluster
 

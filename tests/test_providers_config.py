@@ -1,9 +1,9 @@
-"""`broker.providers_config.build_providers` for AWS, GCP and Azure: the settings that enable launching there build
+"""`broker.config.providers.build_providers` for AWS, GCP and Azure: the settings that enable launching there build
 the real SDK clients (boto3, google-cloud-compute over REST with Application Default Credentials,
 azure-mgmt-compute), each adapter with the broker's retry policy and timeout and each SDK's own retries off, and
 with the launch settings (identity, security groups, IMDSv2, images per region, extra tags and labels, disks); a
 setting left out or malformed is a `ValueError` naming its `OVERSPILL_` variable; the test-only credentials stay
-test-only; what each launching cloud's instances bill beside compute (`broker.launch_settings.instance_extras`).
+test-only; what each launching cloud's instances bill beside compute (`broker.config.launch.instance_extras`).
 
 The built providers are driven against moto and the local Compute Engine and ARM stand-ins
 (tests/gcp_compute_fake.py, tests/azure_compute_fake.py) through their endpoint overrides.
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from broker.launch_settings import instance_extras
-from broker.providers_config import build_providers
-from broker.settings import Settings
+from broker.config.launch import instance_extras
+from broker.config.providers import build_providers
+from broker.config.settings import Settings
 from providers.aws import AwsProvider, parse_instance_ref
 from providers.azure import AzureProvider
 from providers.base import InstanceState, Throttled

@@ -21,14 +21,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from broker import migrate
+from broker.api.auth import Role, create_key
+from broker.api.ratelimit import RateLimit, SharedBuckets, TokenBuckets
 from broker.app import create_app, rate_limit_store
-from broker.auth import Role, create_key
-from broker.db import make_engine
+from broker.config.settings import Settings
 from broker.loop.tick import tick
-from broker.ratelimit import RateLimit, SharedBuckets, TokenBuckets
 from broker.runtime import Runtime
-from broker.settings import Settings
+from broker.store import migrate
+from broker.store.db import make_engine
 from tests.conftest import MovableClock
 from tests.moto_server import free_port
 
@@ -322,7 +322,7 @@ class Ticks:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "broker.ratelimit" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "broker.api.ratelimit" and r.levelno >= logging.WARNING]
 
 
 def _rename(url: str, old: str, new: str) -> None:
@@ -347,7 +347,7 @@ def test_a_failing_database_falls_back_to_local_buckets_logs_once_and_comes_back
     assert take(b"kshared") == (0.0, "")
     assert b"kshared" in _rows(migrated)
     _rename(migrated, "rate_limit_bucket", "rate_limit_bucket_gone")  # every statement on it now fails
-    caplog.set_level(logging.INFO, logger="broker.ratelimit")
+    caplog.set_level(logging.INFO, logger="broker.api.ratelimit")
     # judged by this process's buckets (full: burst 2), not an exception and so never a 5xx
     assert [take(b"kshared")[0] for _ in range(3)] == [0.0, 0.0, pytest.approx(2.0)]
     assert limiter.falling_back
@@ -361,7 +361,7 @@ def test_a_failing_database_falls_back_to_local_buckets_logs_once_and_comes_back
     assert take(b"kback") == (0.0, "")
     assert b"kback" in _rows(migrated), "back on the shared buckets"
     assert not limiter.falling_back
-    assert any("back" in r.getMessage() for r in caplog.records if r.name == "broker.ratelimit")
+    assert any("back" in r.getMessage() for r in caplog.records if r.name == "broker.api.ratelimit")
     assert len(_warnings(caplog)) == 1
 
 
@@ -397,7 +397,7 @@ def test_dropped_connections_are_replaced_and_an_unreachable_server_falls_back(
     buckets = SharedBuckets.open(url, 0.05, 2)
     limiter = RateLimit(_no_app, rate=0.05, burst=2, shared=buckets)
     key = [(b"k1", "this API key")]
-    caplog.set_level(logging.INFO, logger="broker.ratelimit")
+    caplog.set_level(logging.INFO, logger="broker.api.ratelimit")
     try:
         started = time.monotonic()
         assert run(limiter.take(key)) == (0.0, "")  # a pooled connection now exists
@@ -430,7 +430,7 @@ def test_the_api_answers_and_limits_when_the_shared_table_fails(
     rt = make_runtime(url, rate_limit_per_second=0.05, rate_limit_burst=3, rate_limit_store="shared")
     key = create_key(rt.engine, tenant="acme", role=Role.ADMIN, name="a", now=clock())
     _rename(url, "rate_limit_bucket", "rate_limit_bucket_gone")
-    caplog.set_level(logging.INFO, logger="broker.ratelimit")
+    caplog.set_level(logging.INFO, logger="broker.api.ratelimit")
     with TestClient(create_app(runtime=rt)) as api:
         started = time.monotonic()
         answers = [api.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}) for _ in range(5)]

@@ -9,12 +9,12 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session, select
 
+from broker.api.schemas import JobCreate
 from broker.loop.place import place_pending
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import submit_job
-from broker.tables import Job, Placement
+from broker.store.tables import Job, Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.replicas import run_replicas

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY
 from broker.finance.costs import Entry, entries, on_demand_of
 from broker.finance.money import cents
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from tests import focus_check
 from tests.conftest import MovableClock
 from tests.finance_data import seed_ledger
@@ -328,7 +328,7 @@ def report_artifacts() -> Path:
 
 
 def test_report_runs_are_tenant_scoped_and_validated(api: TestClient, seeded: tuple[Runtime, Decimal]) -> None:
-    from broker.auth import Role, create_key
+    from broker.api.auth import Role, create_key
 
     rt = seeded[0]
     body, _ = _report(api, "csv")

@@ -19,13 +19,13 @@ import uvicorn
 from sqlmodel import Session
 from typer.testing import CliRunner
 
+from broker.api.auth import Role, create_key
+from broker.api.routes import logs as logs_route
 from broker.app import create_app
-from broker.auth import Role, create_key
-from broker.cli import app as cli
+from broker.cli.main import app as cli
 from broker.loop.tick import tick
-from broker.routes import logs as logs_route
 from broker.runtime import Runtime
-from broker.tables import Placement
+from broker.store.tables import Placement
 from tests.instance_boot import aws_user_data, boot
 from tests.metadata_server import MetadataServer
 from tests.moto_server import moto_client

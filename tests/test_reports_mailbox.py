@@ -21,13 +21,13 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from agent import protocol as proto
-from broker.auth import Role, callback_token, create_key
+from broker.api.auth import Role, callback_token, create_key
 from broker.loop import sync as sync_module
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.mailbox import read_mailboxes
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.tables import Job, JobEvent, Placement, PlacementReport
+from broker.store.tables import Job, JobEvent, Placement, PlacementReport
 from providers.base import NotFound
 from tests.agent_harness import TRAIN
 from tests.builders import job_body

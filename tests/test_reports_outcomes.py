@@ -32,7 +32,7 @@ from agent import protocol as proto
 from agent.checkpoints import parse_manifest
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from providers.base import NotFound
 from tests.agent_fixtures import azure_container
 from tests.azure_compute_fake import AzureComputeFake

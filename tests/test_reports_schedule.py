@@ -16,9 +16,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
-from broker.cli import app as cli_app
+from broker.cli.main import app as cli_app
+from broker.config.settings import DEV_API_KEY
 from broker.finance.reports.runs import (
     MAX_DELIVERY_ATTEMPTS,
     STALE_AFTER,
@@ -27,8 +28,7 @@ from broker.finance.reports.runs import (
     run_due_reports,
 )
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import ReportRunRow, ReportScheduleRow
+from broker.store.tables import ReportRunRow, ReportScheduleRow
 from tests.conftest import MovableClock
 from tests.finance_data import seed_ledger
 from tests.finance_sinks import SmtpSink, WebhookSink

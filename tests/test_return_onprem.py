@@ -23,7 +23,7 @@ from broker.loop import return_onprem as return_onprem_step
 from broker.loop.feeds import refresh_prices
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from federation.strategies import Plan, RunState
 from pricing.book import PriceBook
 from providers.base import Instance

@@ -1,4 +1,4 @@
-"""`overspill.client.Client`, the public Python client (broker/client.py): a notebook submits, watches and cancels a
+"""`overspill.client.Client`, the public Python client (overspill/client.py): a notebook submits, watches and cancels a
 job in three lines against the broker served over HTTP, and every error is an `ApiError` carrying the problem
 details (status, detail, each field at fault with its location)."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from overspill.client import ApiError, Client
 from tests.builders import job_body
 from tests.served_api import served

@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlmodel import Session, select
 
-from broker import auth
+from broker.api import auth
+from broker.api.auth import KeyVerifier, Role, create_key
 from broker.app import create_app
-from broker.auth import KeyVerifier, Role, create_key
+from broker.config.secrets import SecretError, fetch_secret, fetch_secret_json
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.runtime import Runtime
-from broker.secrets import SecretError, fetch_secret, fetch_secret_json
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import ApiKey, AuditEntry
+from broker.store.tables import ApiKey, AuditEntry
 from tests.builders import job_body
 from tests.moto_server import CREDS, moto_client, running_moto_server
 

@@ -20,10 +20,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from broker import secrets as serverless_secrets
 from broker import serverless
-from broker.migrate import alembic_config
-from broker.settings import DEV_API_KEY
+from broker.config import secrets as serverless_secrets
+from broker.config.settings import DEV_API_KEY
+from broker.store.migrate import alembic_config
 from tests.builders import job_body
 from tests.moto_server import moto_client, running_moto_server
 from tests.serverless_events import http_event, schedule_event, spot_warning, sqs_event, sqs_record

@@ -1,4 +1,4 @@
-"""Shard leases (broker.shards): tick replicas split the shards disjointly and cover all of them, a replica that
+"""Shard leases (broker.store.shards): tick replicas split the shards disjointly and cover all of them, a replica that
 stops has its shards taken over once its leases run out, the SQL shard filter agrees with `shard_of`, and with two
 replicas ticking each placement is synced and accrued by the replica holding its shard, never twice."""
 
@@ -16,14 +16,14 @@ from sqlalchemy import column, table, text
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
+from broker.api.schemas import JobCreate
 from broker.finance.ledger import LEDGER_QUANTUM
 from broker.loop.interrupts import sweep_orphans
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import new_id, submit_job
-from broker.shards import SHARDS, ShardScope, claim_shards, release_shards, shard_of
-from broker.tables import CostEntryRow, Job, Placement, TickShard
+from broker.store.shards import SHARDS, ShardScope, claim_shards, release_shards, shard_of
+from broker.store.tables import CostEntryRow, Job, Placement, TickShard
 from providers.model import hours_between
 from tests.builders import job_body
 from tests.conftest import MovableClock

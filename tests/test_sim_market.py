@@ -11,7 +11,7 @@ from itertools import pairwise
 import pytest
 
 from broker.runtime import Runtime
-from broker.simstore import DbSimStore
+from broker.store.simstore import DbSimStore
 from providers.accelerators import ACCELERATORS
 from providers.base import (
     ComputeProvider,

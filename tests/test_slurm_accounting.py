@@ -1,4 +1,4 @@
-"""Finished Slurm jobs from accounting (`providers.slurm_accounting`) and the provider's use of it.
+"""Finished Slurm jobs from accounting (`providers.slurm.accounting`) and the provider's use of it.
 
 The 22.05 capture (tests/fixtures/slurm/sacct_22.05_v0.0.38.json) is `sacct --json -a -j 1,..,6` from the test
 cluster (tests/slurm_cluster.py) after jobs that exited 0, exited 3, killed themselves with SIGKILL, were
@@ -21,15 +21,15 @@ import pytest
 from federation.pressure import QueueModel
 from providers.base import InstanceState, NotFound
 from providers.model import Outcome
-from providers.slurm import PartitionInfo, SlurmProvider
-from providers.slurm_accounting import (
+from providers.slurm.accounting import (
     PARSABLE_FIELDS,
     classify,
     describe_ending,
     parse_sacct,
     parse_sacct_parsable,
 )
-from providers.slurm_json import SlurmParseError
+from providers.slurm.json_api import SlurmParseError
+from providers.slurm.provider import PartitionInfo, SlurmProvider
 from tests.provider_contract import ContractEnv
 
 CAPTURE = Path(__file__).parent / "fixtures" / "slurm" / "sacct_22.05_v0.0.38.json"
@@ -322,7 +322,7 @@ def test_one_squeue_and_one_sinfo_per_tick_for_every_step() -> None:
 
 
 def test_accounting_asks_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("providers.slurm.SACCT_BATCH", 2)
+    monkeypatch.setattr("providers.slurm.provider.SACCT_BATCH", 2)
     mine = f"{PREFIX}tok job=j placement=p"
     run = runner([], [v40(i, "COMPLETED", comment={"job": mine}) for i in range(50, 55)])
     got = provider(run).get_many([str(i) for i in range(50, 55)])

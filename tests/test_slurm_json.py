@@ -12,7 +12,7 @@ import pytest
 
 from federation import pressure
 from federation.pressure import QueueModel
-from providers.slurm_json import (
+from providers.slurm.json_api import (
     SlurmJob,
     SlurmNode,
     SlurmParseError,
@@ -24,7 +24,7 @@ from providers.slurm_json import (
     parse_squeue,
     parse_tres_gpus,
 )
-from providers.slurm_text import parse_sinfo_lines, parse_squeue_lines
+from providers.slurm.text import parse_sinfo_lines, parse_squeue_lines
 from tests.data import shared_file
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)

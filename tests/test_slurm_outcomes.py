@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import Placement
+from broker.store.tables import Placement
 from providers.base import Instance, InstanceState
 from providers.model import Outcome
 from tests.builders import job_body

@@ -1,4 +1,4 @@
-"""Slurm burst governance (`broker.slurm_policy`), dependency rewriting (`providers.slurm_dependency`) and the
+"""Slurm burst governance (`broker.slurm.policy`), dependency rewriting (`providers.slurm.dependency`) and the
 provider's release priority semantics, without a cluster (pure functions and a recording runner)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from broker.settings import Settings
-from broker.slurm_accounts import SlurmAccountPolicy, image_allowed
-from broker.slurm_policy import BurstRequest, Refusal, SlurmRequest, burst_request
+from broker.config.settings import Settings
+from broker.slurm.accounts import SlurmAccountPolicy, image_allowed
+from broker.slurm.policy import BurstRequest, Refusal, SlurmRequest, burst_request
 from federation.pressure import QueueModel
-from providers.slurm import PartitionInfo, SlurmProvider
-from providers.slurm_dependency import rewrite_as_succeeded
+from providers.slurm.dependency import rewrite_as_succeeded
+from providers.slurm.provider import PartitionInfo, SlurmProvider
 
 ACCOUNTS = {
     "acme": SlurmAccountPolicy(

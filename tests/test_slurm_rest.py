@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.providers_config import build_providers
-from broker.settings import Settings
+from broker.config.providers import build_providers
+from broker.config.settings import Settings
 from federation.pressure import QueueModel
 from providers.base import AuthError, NotFound
 from providers.model import BatchJob
-from providers.slurm import SlurmProvider, SlurmUnavailable
-from providers.slurm_rest import RestTransport
-from providers.slurm_transport import CliTransport, SlurmCommandError
+from providers.slurm.provider import SlurmProvider, SlurmUnavailable
+from providers.slurm.rest import RestTransport
+from providers.slurm.transport import CliTransport, SlurmCommandError
 from tests.slurm_cluster import BROKER_USER, SlurmCluster, _free_port, _port_open, _spawn, find_daemon
 from tests.test_provider_slurm import BROKER_ID, PARTITIONS, fill_gpus, sbatch, wait_until
 
@@ -57,7 +57,7 @@ def _rest(cluster: SlurmCluster, token_file: Path) -> tuple[RestTransport, Recor
 def test_the_contract_goes_over_http_and_only_what_v0038_lacks_runs_a_tool(
     slurm: SlurmCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="providers.slurm_rest")
+    caplog.set_level(logging.INFO, logger="providers.slurm.rest")
     rest, tools = _rest(slurm, slurm.jwt_file())
     provider = SlurmProvider(
         broker_id=BROKER_ID, partitions=PARTITIONS, queue_model=QueueModel, transport=rest, hold_key=b"k"

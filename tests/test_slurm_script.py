@@ -1,4 +1,4 @@
-"""Carrying a user's Slurm batch script to the cloud (providers/slurm_script.py, broker/slurm_job.py): hostile script
+"""Carrying a user's Slurm batch script to the cloud (providers/slurm/script.py, broker/slurm/job.py): hostile script
 text arrives byte for byte and runs through the real launcher under bash; NULs, non-UTF-8 and oversized scripts are
 refused with the reason; unmapped or crooked working directories are refused, never run elsewhere; the
 environment loses only what describes the submit host; `#SBATCH` and pyxis container names become pullable images."""
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from broker.schemas import JobCreate
-from broker.settings import Settings
-from broker.slurm_job import CHUNK, LAUNCHER, SCRIPT_ENV, cloud_job, map_path, with_script
-from broker.slurm_policy import BurstRequest, Refusal
-from providers.slurm_script import (
+from broker.api.schemas import JobCreate
+from broker.config.settings import Settings
+from broker.slurm.job import CHUNK, LAUNCHER, SCRIPT_ENV, cloud_job, map_path, with_script
+from broker.slurm.policy import BurstRequest, Refusal
+from providers.slurm.script import (
     MAX_SCRIPT_BYTES,
     ScriptRefused,
     SlurmJobDetails,

@@ -1,4 +1,4 @@
-"""`POST /v1/jobs`'s PostgreSQL write (broker/services/jobs_pg.py on broker/db_async.py), on a real server:
+"""`POST /v1/jobs`'s PostgreSQL write (broker/services/jobs_pg.py on broker/store/db_async.py), on a real server:
 
 - the job, its event and its audit row go in together or not at all: a revoked or unknown key, or a repeated
   Idempotency-Key, leaves no row of the submission behind;
@@ -18,13 +18,13 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import Session, select
 
-from broker.audit import entry_row
-from broker.auth import InvalidKey, Role, create_key, revoke_key
-from broker.db_async import AsyncPgPool
+from broker.api.audit import entry_row
+from broker.api.auth import InvalidKey, Role, create_key, revoke_key
+from broker.api.schemas import JobCreate
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import submit_job, submit_job_async
-from broker.tables import AuditEntry, Job, JobEvent
+from broker.store.db_async import AsyncPgPool
+from broker.store.tables import AuditEntry, Job, JobEvent
 from tests.builders import job_body
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def pg_rt(postgres: Any, make_runtime: Callable[..., Runtime]) -> Runtime:
 
 
 def _audit(rt: Runtime, key_id: str, tenant: str) -> dict[str, Any]:
-    from broker.auth import Principal
+    from broker.api.auth import Principal
 
     scope = {
         "method": "POST",

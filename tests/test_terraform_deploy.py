@@ -108,7 +108,7 @@ def test_package_builder_makes_a_reproducible_zip_with_the_handler(tmp_path: Pat
     with zipfile.ZipFile(first) as archive:
         names = set(archive.namelist())
     assert "broker/serverless.py" in names and "providers/aws.py" in names
-    assert any(n.startswith("broker/migrations/versions/") and n.endswith(".py") for n in names)
+    assert any(n.startswith("broker/store/migrations/versions/") and n.endswith(".py") for n in names)
     assert not any("__pycache__" in n for n in names)
 
 
@@ -294,7 +294,7 @@ def test_the_example_passes_the_production_start_up_checks(
     assert settings.public_url == deployment.outputs["api_url"]
     assert settings.checkpoint_stores == {f"aws/{REGION}": f"s3://{deployment.outputs['checkpoint_bucket']}/overspill/"}
     assert settings.database_url.startswith("postgresql+psycopg://")  # from the RDS-managed secret
-    local = settings.model_copy(update={"database_url": f"sqlite:///{tmp_path / 'broker.db'}"})
+    local = settings.model_copy(update={"database_url": f"sqlite:///{tmp_path / 'broker.store.db'}"})
     rt = build_runtime(local)  # the rest of start-up: migrations, bootstrap key, feeds and providers from settings
     rt.engine.dispose()
 

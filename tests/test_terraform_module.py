@@ -35,7 +35,7 @@ import pytest
 hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is in the dev extra: pip install -e '.[dev]'")
 
 from broker import serverless  # noqa: E402
-from broker.settings import Settings  # noqa: E402
+from broker.config.settings import Settings  # noqa: E402
 from providers.aws import INTERRUPTION_EVENT_PATTERN, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -430,7 +430,7 @@ def test_metrics_token_and_callback_secret_are_generated_write_only_and_passed_a
     assert "aws_secretsmanager_secret.generated" in str(reads["resources"])
     function = named("resource", "aws_lambda_function", "broker")
     assert "${aws_secretsmanager_secret_version.generated}" in function["depends_on"]
-    from broker.secrets import SECRET_FIELDS
+    from broker.config.secrets import SECRET_FIELDS
 
     assert {"callback_secret", "metrics_token"} <= set(SECRET_FIELDS)  # both can come from an ARN
 

@@ -23,7 +23,7 @@ from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import guard_horizon_seconds, sync_instances
 from broker.loop.tick import STEPS, tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from providers.base import Instance, ProviderError
 from providers.model import CapacityType, hours_between
 from tests.builders import job_body

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from tempfile import mkdtemp
 
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import build_runtime
-from broker.settings import DEV_API_KEY, Settings
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from sqlmodel import Session, select
 
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.tables import CostEntryRow, Job, Placement
 from federation.simulate.deadline import DeadlineJob, run_deadline
 from federation.simulate.market import TraceMarket
 from federation.simulate.traces import SpotTrace, ZoneSeries

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from broker.settings import Settings
+from broker.config.settings import Settings
 
 REQUIRED = ("ResourceId", "BilledCost", "ChargePeriodStart")
 OPTIONAL = ("EffectiveCost", "ListCost", "ProviderName", "BillingPeriodStart", "BillingPeriodEnd")

@@ -30,7 +30,7 @@ from broker.finance.bill_files import BillError, BillLimits, read_rows
 from broker.finance.costs import money
 from broker.runtime import Runtime
 from broker.services.jobs import new_id
-from broker.tables import BillImportRow, BillLineRow, CostEntryRow
+from broker.store.tables import BillImportRow, BillLineRow, CostEntryRow
 
 TOLERANCE_USD = Decimal("0.01")
 MAX_AMOUNT_USD = Decimal(10) ** 9  # one line of a bill; the ledger's NUMERIC(24, 10) holds 10^14

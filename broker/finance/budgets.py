@@ -40,7 +40,7 @@ from broker.finance.notify import NotifyError, post_webhook, send_email
 from broker.finance.outbound import UnsafeTarget
 from broker.finance.unaccrued import unaccrued_by
 from broker.runtime import Runtime
-from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
+from broker.store.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job
 from pricing.book import PriceBook
 from pricing.extras import InstanceExtras
 from providers.model import CapacityType

@@ -28,8 +28,8 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
-    from broker.cli_db import open_settings, require_tenant
-    from broker.cli_output import usage_error
+    from broker.cli.db import open_settings, require_tenant
+    from broker.cli.output import usage_error
     from broker.finance.manage import run_public
     from broker.finance.reports.period import PeriodError, parse_period
     from broker.finance.reports.render import FORMATS
@@ -87,8 +87,8 @@ def costs_summary(
     admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
-    from broker.cli_output import print_unbroken
-    from broker.client import ApiError, BrokerClient
+    from broker.cli.output import print_unbroken
+    from overspill.client import ApiError, BrokerClient
 
     params = {"group_by": group_by, "from": from_, "to": to}
     try:
@@ -152,7 +152,7 @@ def import_bill_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Import a provider billing export and show the ledger vs bill difference per resource."""
-    from broker.cli_db import open_settings, require_tenant
+    from broker.cli.db import open_settings, require_tenant
     from broker.finance.billing import BillError, import_bill, reconcile
     from broker.finance.money import plain, usd
     from broker.runtime import build_runtime

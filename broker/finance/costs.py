@@ -29,7 +29,7 @@ from sqlalchemy import String, select, type_coerce
 from sqlalchemy.engine import Engine
 
 from broker.finance.money import allocate, plain
-from broker.tables import CostEntryRow
+from broker.store.tables import CostEntryRow
 
 GROUP_KEYS = ("team", "project", "job", "provider", "region", "capacity_type", "kind", "day", "month")
 ZERO = Decimal("0")

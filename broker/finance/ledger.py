@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from broker.tables import CostEntryRow, Job, Placement
+from broker.store.tables import CostEntryRow, Job, Placement
 from providers.model import CostKind, hours_between
 
 LEDGER_QUANTUM = Decimal("0.0000000001")

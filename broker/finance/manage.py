@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from broker.errors import NotFoundError, Unprocessable
 from broker.finance import budgets as bud
 from broker.finance.costs import as_of, entries, group, money, shown
 from broker.finance.ledger import LedgerError, record_correction
@@ -29,8 +28,9 @@ from broker.finance.schemas import (
     check_period,
 )
 from broker.runtime import Runtime
+from broker.services.errors import NotFoundError, Unprocessable
 from broker.services.jobs import new_id
-from broker.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job, ReportRunRow, ReportScheduleRow
+from broker.store.tables import BudgetAlertRow, BudgetRow, CostEntryRow, Job, ReportRunRow, ReportScheduleRow
 
 
 def cost_summary(rt: Runtime, tenant: str, group_by: list[str], start: datetime, end: datetime) -> dict[str, Any]:

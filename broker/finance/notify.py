@@ -18,8 +18,8 @@ from email.headerregistry import Address
 from email.message import EmailMessage
 from typing import Any
 
+from broker.config.settings import Settings
 from broker.finance.outbound import NotifyError, post
-from broker.settings import Settings
 
 __all__ = ["NotifyError", "check_emails", "email_problem", "post_file", "post_webhook", "send_email"]
 

@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from broker.api.schemas import Label, Page, aware_utc
 from broker.finance.notify import check_emails
 from broker.finance.outbound import check_url_shape
 from broker.finance.reports.deliver import validate_destination
-from broker.schemas import Label, Page, aware_utc
 
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 

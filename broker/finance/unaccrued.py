@@ -28,8 +28,8 @@ from typing import Any
 from sqlalchemy import Float, cast, func, literal, or_, select
 from sqlalchemy.engine import Connection
 
-from broker.db import UTCDateTime
-from broker.tables import Job, Placement
+from broker.store.db import UTCDateTime
+from broker.store.tables import Job, Placement
 from pricing.extras import InstanceExtras
 from providers.model import PlacementState
 

@@ -40,7 +40,7 @@ transaction under row locks, so a crash or a second replica can neither skip nor
 Placements are accrued `loop_batch_size` (a setting) to a transaction, set-based: the batch's rows are locked and
 read in two Core statements (plain rows: no ORM object per placement or job; of a job only the columns an entry
 needs), every entry, event and new mark is computed in memory, and each kind of write is one statement for the
-whole batch (`broker.bulk`: on PostgreSQL one statement per table for the whole batch, the rows sent as one
+whole batch (`broker.store.bulk`: on PostgreSQL one statement per table for the whole batch, the rows sent as one
 JSON parameter read by the server, for the ledger entries, the events, the placements' marks and the jobs'
 totals). Only a preempted placement's final accrual goes on through the ORM and `record_wasted` (rare: once per
 preemption).
@@ -59,12 +59,12 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 from sqlmodel import Session, or_
 
-from broker.bulk import bulk_insert, bulk_update
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
 from broker.loop.common import in_scope
 from broker.runtime import Runtime
-from broker.tables import CostEntryRow, Job, JobEvent, Placement
+from broker.store.bulk import bulk_insert, bulk_update
+from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook
 from pricing.extras import ExtraCharge
 from providers.model import CostKind, PlacementState, hours_between

@@ -1,15 +1,15 @@
 """Launch step, agent part: write an attempt's spec to the job's checkpoint store and render its start-up script.
 
 Called by `launch_placement` after the checkpoint is staged and before the cloud launch, for placements on providers
-whose instances run the agent (`broker.attempt_spec.boots_agent`); the simulated clouds and Slurm skip it.
+whose instances run the agent (`broker.agent_side.attempt_spec.boots_agent`); the simulated clouds and Slurm skip it.
 
 1. The store: the one the instance's job uses, `CheckpointStores.for_launch(provider, region)` (the store at the
    target, else the nearest of that provider). Placement never chooses a pool of an agent provider without one
    (`no_checkpoint_store`); should the configuration change under a recorded placement, its launch fails over.
-2. The spec (`broker.attempt_spec.build_spec`) goes to `<attempt prefix>spec.json`, the attempt prefix being
+2. The spec (`broker.agent_side.attempt_spec.build_spec`) goes to `<attempt prefix>spec.json`, the attempt prefix being
    `P tenants/T/jobs/<job>/attempts/<placement>/` (`checkpoint_layout.attempt_prefix`), through the store confined
    beneath that prefix. The agent deletes it once read.
-3. The agent's wheel is published to the store (`broker.agent_publish`) and the start-up script rendered
+3. The agent's wheel is published to the store (`broker.agent_side.publish`) and the start-up script rendered
    (`providers.startup`) with a URL to it, the spec's URI and the endpoint variables.
 4. The attempt prefix (`placement.attempt_uri`) and the script (`placement.user_data`) are recorded on the
    placement, under its row lock, in one commit. A placement that has them is launched with that same script on
@@ -31,12 +31,12 @@ from enum import StrEnum
 from sqlmodel import Session, select
 
 from agent import protocol
-from broker import checkpoint_layout as layout
-from broker.attempt_spec import boots_agent, bootstrap_env, build_spec
+from broker.agent_side import checkpoint_layout as layout
+from broker.agent_side.attempt_spec import boots_agent, bootstrap_env, build_spec
 from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from providers.base import ProviderError, Scope
 from providers.model import PlacementState
 from providers.startup import startup_script

@@ -13,9 +13,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
-from broker.logging_setup import bind
+from broker.observe.logging_setup import bind
 from broker.services.jobs import add_event
-from broker.tables import BlockEntry, Job, JobEvent, Placement
+from broker.store.tables import BlockEntry, Job, JobEvent, Placement
 from providers.model import JobState, PlacementState
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def locked(query: SelectOfScalar[T]) -> SelectOfScalar[T]:
 
 def in_scope(rt: Runtime, placement_id: Any) -> ColumnElement[bool]:
     """SQL condition: the placement id (`placement_id`, a column) is in a shard this replica's tick holds
-    (`broker.shards`); true when no tick scope is set (a step run on its own) or it holds every shard."""
+    (`broker.store.shards`); true when no tick scope is set (a step run on its own) or it holds every shard."""
     scope = rt.shards
     return true() if scope is None else scope.clause(placement_id)
 

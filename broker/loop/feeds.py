@@ -15,12 +15,12 @@ from typing import Any
 from sqlalchemy import Float, case, cast, func, insert, literal
 from sqlmodel import Session, col, delete, select
 
-from broker.availability import record_availability
-from broker.catalog import offering_values
-from broker.db import UTCDateTime
 from broker.loop.common import upsert
+from broker.market.availability import record_availability
+from broker.market.catalog import offering_values
 from broker.runtime import Runtime
-from broker.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
+from broker.store.db import UTCDateTime
+from broker.store.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
 from pricing.risk import PoolExperience, apply_experience, apply_trace_priors, experience_from_runs
 from providers.model import CapacityType, Offering, PlacementState
 

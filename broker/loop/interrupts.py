@@ -27,14 +27,14 @@ from decimal import Decimal
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
-from broker.availability import record_reclaim
-from broker.copystate import claim_lease
 from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
+from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
 from broker.services.agent_reports import NOTICE_GRACE
 from broker.services.jobs import add_event
-from broker.tables import Job, Placement
+from broker.store.copystate import claim_lease
+from broker.store.tables import Job, Placement
 from providers.base import InterruptionNotice, InterruptionSource, NotFound, ProviderError
 from providers.model import JobState, PlacementState
 
@@ -181,7 +181,7 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
 
     Runs at most every `orphan_sweep_seconds` per process (listing every provider's instances costs API calls),
     and among long-running replicas (`rt.shares_work`) only in the one that takes the sweep's lease for that
-    interval (`broker.copystate.claim_lease`): N replicas do not list every cloud N times.
+    interval (`broker.store.copystate.claim_lease`): N replicas do not list every cloud N times.
     """
     last = rt.marks.get("sweep_orphans")
     if last is not None and (now - last).total_seconds() < rt.settings.orphan_sweep_seconds:

@@ -11,7 +11,7 @@ The agent writes every signed report to `<store>tenants/<tenant>/mailbox/<placem
 3. refuses what does not follow the contract (a name it never makes, an unreadable or oversized body, an unknown
    placement, another tenant's placement, a bad signature): logged, never applied, and deleted so it cannot pile
    up. An entry whose placement another replica holds locked is left for the next tick.
-With several tick replicas, each reads the mailboxes of its shards' live placements (`broker.shards`) and takes
+With several tick replicas, each reads the mailboxes of its shards' live placements (`broker.store.shards`) and takes
 only the entries of placements in its shards; the others are left to the replica holding theirs (a straggler of
 a placement that ended waits until that replica next lists the mailbox).
 A store that cannot be listed is logged and tried again next tick: the reports wait there. The verdicts the final
@@ -26,12 +26,12 @@ from datetime import datetime
 from sqlmodel import Session, col, select
 
 from agent import protocol as proto
-from broker import checkpoint_layout as layout
-from broker.checkpoint_stores import CheckpointRefused
+from broker.agent_side import checkpoint_layout as layout
+from broker.config.checkpoint_stores import CheckpointRefused
 from broker.loop.common import bind_job, in_scope, locked
 from broker.runtime import Runtime
 from broker.services.agent_reports import LIVE, ReportRefused, check_report, parse_report, take_report
-from broker.tables import Job, Placement
+from broker.store.tables import Job, Placement
 from providers.storage import StorageError
 from providers.storage.base import ObjectStore
 

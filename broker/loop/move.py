@@ -62,7 +62,7 @@ from broker.loop.place import (
 from broker.loop.sync import observe_instances, saved_work, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, Placement
+from broker.store.tables import Job, Placement
 from federation.placement import Candidate, evaluate
 from federation.strategies import Move, Plan, Preemption
 from pricing.book import PriceBook
@@ -148,7 +148,7 @@ class Reads:
 
 def move_deadline_jobs(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements stopped to move their jobs. Works on the running cloud placements of jobs
-    with a deadline in this replica's shards (`broker.shards`; all of them outside a tick), at most
+    with a deadline in this replica's shards (`broker.store.shards`; all of them outside a tick), at most
     `move_checks_per_tick` of them per tick, those asked about longest ago (or never) first."""
     if not rt.settings.move_running_jobs:
         return 0

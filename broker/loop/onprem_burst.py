@@ -1,7 +1,7 @@
 """Tick step: burst opted-in jobs waiting in the on-prem Slurm queue to the cloud, holding them there meanwhile.
 
 A Slurm user opts a job in with its comment: `overspill-burst` followed by an optional JSON object of a few job
-fields, judged against the job's account policy (`broker.slurm_policy`: the account decides tenant, team,
+fields, judged against the job's account policy (`broker.slurm.policy`: the account decides tenant, team,
 project, the largest ceiling, the images and the monthly budget; the comment may only narrow them):
 
     sbatch -A acme --gres=gpu:a100:2 --comment='overspill-burst {"max_total_usd": "40", "work_gpu_hours": "16"}' x.sh
@@ -14,7 +14,7 @@ one's expected on-prem wait (the provider's queue model) at `burst_value_usd_per
 premium over the partition's internal rate, and its deadline; under "wait_threshold" (the fallback) a wait of
 `burst_after_wait_hours` and any cloud pool within its ceiling suffice. A job chosen then bursts unless a hard
 budget of its team or project or its account's monthly budget is spent (checked one by one, after the bursts
-before it). What the burst runs is the job itself (`broker.slurm_job.script_job`: its batch script, submission
+before it). What the burst runs is the job itself (`broker.slurm.job.script_job`: its batch script, submission
 environment, working directory mapped by `slurm_cloud_paths`, its own container), read just before the hold; a job
 that cannot run in the cloud as it would on-prem is refused (`job_not_runnable_in_cloud`, the reason in the audit
 entry). An array task's own job id and output path are read again after the hold, which splits it out of its
@@ -55,23 +55,23 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from broker.audit import record_system
+from broker.api.audit import record_system
 from broker.finance.budgets import budget_block_reason, month_window
 from broker.loop.common import bind_job
 from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
 from broker.loop.slurm_output import write_back
-from broker.metrics import BurstReason
+from broker.observe.metrics import BurstReason
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.slurm_job import script_job, task_paths
-from broker.slurm_policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
-from broker.tables import CostEntryRow, Job
+from broker.slurm.job import script_job, task_paths
+from broker.slurm.policy import OPT_IN, BurstRequest, Refusal, SlurmRequest, burst_request, policy_for
+from broker.store.tables import CostEntryRow, Job
 from federation.burst import BurstParams, CloudOption, Verdict, WaitingJob, plan_bursts, quote_cloud
 from federation.placement import PlacementContext, place
 from providers.base import ProviderError
 from providers.model import JobSpec, JobState
-from providers.slurm import hold_note
-from providers.slurm_accounting import classify, describe_ending
+from providers.slurm.accounting import classify, describe_ending
+from providers.slurm.provider import hold_note
 
 log = logging.getLogger(__name__)
 

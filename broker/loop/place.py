@@ -35,8 +35,7 @@ from typing import Any
 
 from sqlmodel import Session, col, func, or_, select
 
-from broker.attempt_spec import boots_agent
-from broker.availability import pool_outlooks
+from broker.agent_side.attempt_spec import boots_agent
 from broker.crashpoints import crashpoint
 from broker.finance.budgets import HardBudgetGate, onprem_only
 from broker.finance.unaccrued import unaccrued_usd
@@ -58,10 +57,11 @@ from broker.loop.common import (
     locked,
 )
 from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, transfer_rate
+from broker.market.availability import pool_outlooks
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED
 from broker.services.jobs import add_event, new_id, spec_of
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
 from federation.strategies import NOTICE_SECONDS, Move, Plan, PoolOutlook, Preemption, RunState, decide
 from pricing.book import PriceBook

@@ -27,7 +27,6 @@ from typing import Any
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from broker.bulk import select_among
 from broker.finance.budgets import HardBudgetGate
 from broker.loop.common import LIVE_STATES, active_blocklist, event_once, in_scope, lock_running
 from broker.loop.place import (
@@ -41,7 +40,8 @@ from broker.loop.place import (
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, Placement
+from broker.store.bulk import select_among
+from broker.store.tables import Job, Placement
 from federation.burst import BurstParams, CloudJob, CloudOption, Verdict, decide_return
 from federation.strategies import Preemption
 from pricing.book import PriceBook
@@ -236,7 +236,7 @@ def _with_specs(
     rt: Runtime, rows: list[tuple[Any, Any, Instance, Offering]]
 ) -> list[tuple[Any, Any, Instance, Offering]]:
     """`rows` with each placement and job as its whole row (the job's spec included): sync's snapshot carries only
-    the columns every screen reads. One read of each table (`broker.bulk.select_among`)."""
+    the columns every screen reads. One read of each table (`broker.store.bulk.select_among`)."""
     if not rows:
         return []
     placements = Placement.__table__  # type: ignore[attr-defined]

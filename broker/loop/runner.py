@@ -7,7 +7,7 @@ import threading
 
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.shards import release_shards
+from broker.store.shards import release_shards
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 def run_forever(rt: Runtime, stop: threading.Event) -> None:
     """Tick every `tick_interval_seconds` until `stop` is set. A failing tick is logged, never fatal. The process is
     a long-running replica: its ticks share the per-placement work with the other replicas by shard leases
-    (`broker.shards`). On a clean stop its leases are given back, so the other replicas take its placements at
+    (`broker.store.shards`). On a clean stop its leases are given back, so the other replicas take its placements at
     their next tick (not only once the leases run out)."""
     interval = rt.settings.tick_interval_seconds
     rt.shares_work = True

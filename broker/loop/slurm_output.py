@@ -33,8 +33,8 @@ from agent.protocol import LOGS_DIR
 from broker.runtime import Runtime
 from broker.services.job_logs import read_log
 from broker.services.jobs import add_event
-from broker.slurm_job import is_clean_path
-from broker.tables import Job, Placement
+from broker.slurm.job import is_clean_path
+from broker.store.tables import Job, Placement
 from providers.storage.base import StorageError
 
 log = logging.getLogger(__name__)

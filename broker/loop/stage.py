@@ -4,7 +4,7 @@ Called by `launch_placement` before the cloud launch. The store next to the laun
 `(provider, region)`, else the nearest of that provider (`CheckpointStores.for_launch`). When the job's checkpoint
 lives at another location than that store, the checkpoint (one object, or every object under a URI ending in `/`)
 is copied into the tenant's job checkpoint prefix in that
-store, `<store>tenants/<tenant>/jobs/<job id>/checkpoint/` (`broker.checkpoint_layout`), with
+store, `<store>tenants/<tenant>/jobs/<job id>/checkpoint/` (`broker.agent_side.checkpoint_layout`), with
 `providers.storage.copy_checkpoint`: streamed, verified, and resumable across crashes and replicas through the
 database-backed copy state, in key order with the agent's `MANIFEST.json` (a checkpoint's commit mark) last.
 The job then resumes from the local copy, which becomes its checkpoint URI. A job with no checkpoint URI is
@@ -52,14 +52,14 @@ from enum import StrEnum
 from sqlmodel import Session, select
 
 from agent.protocol import MANIFEST_NAME
-from broker import checkpoint_layout as layout
-from broker.checkpoint_stores import CheckpointRefused, CheckpointStores, Location
-from broker.copystate import DbCopyStateStore, claim_lease, release_lease
+from broker.agent_side import checkpoint_layout as layout
+from broker.config.checkpoint_stores import CheckpointRefused, CheckpointStores, Location
 from broker.finance.ledger import record_entry
 from broker.loop.accrue import LEDGER_QUANTUM
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, Placement
+from broker.store.copystate import DbCopyStateStore, claim_lease, release_lease
+from broker.store.tables import Job, Placement
 from pricing.transfer import transfer_usd_per_gb
 from providers.model import CostKind, PlacementState
 from providers.storage import ObjectStore, StorageError, UnsafeKey, copy_checkpoint, parse_uri, safe_key

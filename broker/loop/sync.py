@@ -3,7 +3,8 @@
 Scaling: the step first reads every live placement with its job (no locks, one read of only the columns the screens
 read, as named tuples: `_snapshot`) and asks each provider about all of its instances at once
 (`providers.base.describe`: one DescribeInstances per 200 ids on AWS, one query for the simulated clouds, whose
-store re-reads only what can change: `broker.simstore`). A placement that is settled (its instance runs as recorded,
+store re-reads only what can change: `broker.store.simstore`). A placement that is settled (its instance runs as
+recorded,
 or still starts as recorded, the job is not cancelled and the ceiling guard passes) needs nothing and takes no lock
 and no transaction: with thousands of running jobs almost every placement is settled on almost every tick. The
 ceiling guard is computed by the database in the same read, for every placement at once (`_near_ceiling`: a bound of
@@ -45,16 +46,16 @@ from sqlalchemy import Float, Numeric, cast, literal
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from broker.availability import record_reclaim
-from broker.bulk import select_among
 from broker.crashpoints import crashpoint
 from broker.finance.unaccrued import hours_and_rate
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
+from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
 from broker.services.jobs import add_event, spec_of
-from broker.tables import Job, Placement, PlacementReport
+from broker.store.bulk import select_among
+from broker.store.tables import Job, Placement, PlacementReport
 from providers.base import ComputeProvider, Instance, InstanceState, NotFound, ProviderError, describe
 from providers.model import JobState, Outcome, PlacementState, hours_between
 
@@ -67,7 +68,7 @@ _J = Job.__table__  # type: ignore[attr-defined]
 
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
-    shards (`broker.shards`; all of them outside a tick)."""
+    shards (`broker.store.shards`; all of them outside a tick)."""
     rows, risen = _snapshot(rt, now)
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
@@ -116,7 +117,7 @@ SnapJob = namedtuple("SnapJob", [c.name for c in _SNAP_J])  # type: ignore[misc]
 def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
     """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
     rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole
-    (`broker.bulk.select_among`)."""
+    (`broker.store.bulk.select_among`)."""
     over = []
     with rt.engine.connect() as conn:
         query = core_select(_P, _J.c.spent_usd, _J.c.max_total_usd).select_from(_P.join(_J, _J.c.id == _P.c.job_id))

@@ -13,7 +13,7 @@ from `overspill serve`'s interval loop. One step failing is logged and reported;
 
 Long-running replicas share the work (`rt.shares_work`, set by `broker.loop.runner.run_forever`: `overspill
 serve` and `overspill tick --loop`): before its steps such a tick claims this replica's shard leases
-(`broker.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, move_deadline_jobs,
+(`broker.store.shards`), and the per-placement steps (read_mailboxes, sync_instances, return_onprem, move_deadline_jobs,
 accrue_costs) read only the placements of those shards. The global steps (prices, pressure, bursting,
 interruption notices, placing pending jobs, budgets, reports) keep running in every replica, safe as before
 through row locks; the orphan sweep runs in one replica per interval (a lease). A one-shot tick (`overspill tick`
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from broker.api.request_id import new_request_id
 from broker.finance.budgets import check_budgets
 from broker.finance.reports.runs import deliver_pending_reports, run_due_reports
-from broker.logging_setup import log_context, log_scope
 from broker.loop.accrue import accrue_costs
 from broker.loop.feeds import refresh_prices, sample_pressure
 from broker.loop.interrupts import handle_interruptions, sweep_orphans
@@ -51,9 +51,9 @@ from broker.loop.onprem_burst import burst_onprem_queue
 from broker.loop.place import place_pending
 from broker.loop.return_onprem import return_onprem
 from broker.loop.sync import sync_instances
-from broker.request_id import new_request_id
+from broker.observe.logging_setup import log_context, log_scope
 from broker.runtime import Runtime, TickCache
-from broker.shards import EVERYTHING, SHARDS, ShardScope, claim_shards
+from broker.store.shards import EVERYTHING, SHARDS, ShardScope, claim_shards
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class TickReport:
     at: datetime
     tick_id: str = ""
     steps: list[StepResult] = field(default_factory=list)
-    shards: int = 0  # how many shards (of broker.shards.SHARDS) this replica's per-placement steps covered
+    shards: int = 0  # how many shards (of broker.store.shards.SHARDS) this replica's per-placement steps covered
 
     @property
     def ok(self) -> bool:

@@ -1,14 +1,14 @@
 """Take the instance agent's reports (`agent.protocol.Report`): check them, then record each once.
 
 Two paths bring a report: the tenant's mailbox in the job's checkpoint store, read by the tick step
-`broker.loop.mailbox`, and the callback `POST /v1/placements/{id}/reports` (broker/routes/placements.py). Both call
+`broker.loop.mailbox`, and the callback `POST /v1/placements/{id}/reports` (broker/api/routes/placements.py). Both call
 `check_report` and then, with the placement and its job row-locked, `take_report`; whichever comes first records
 it, the other finds its `placement_report` row and changes nothing.
 
 `check_report` refuses (`ReportRefused`, with why and an HTTP status) a report:
 - whose placement is unknown (404), or names another placement than the one it was delivered for (403);
 - found in another tenant's mailbox than its placement's (403): a report is only taken from its own tenant's box;
-- not signed with the placement's key, `broker.auth.callback_token(settings, placement id)` (403);
+- not signed with the placement's key, `broker.api.auth.callback_token(settings, placement id)` (403);
 - a `final` report without an outcome (422).
 
 `take_report` records the report (once by placement and seq: reports may arrive twice, or out of order) and:
@@ -37,10 +37,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session
 
 from agent import protocol as proto
-from broker.auth import callback_token
+from broker.api.auth import callback_token
+from broker.config.settings import Settings
 from broker.services.jobs import add_event
-from broker.settings import Settings
-from broker.tables import Job, Placement, PlacementReport
+from broker.store.tables import Job, Placement, PlacementReport
 from providers.model import JobState, PlacementState
 
 LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)

@@ -7,11 +7,7 @@ from decimal import Decimal
 
 from sqlmodel import Session, select
 
-from broker.db import plain
-from broker.loop.common import active_blocklist
-from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
-from broker.runtime import Runtime
-from broker.schemas import (
+from broker.api.schemas import (
     JobCreate,
     OfferingPublic,
     PressurePublic,
@@ -20,8 +16,12 @@ from broker.schemas import (
     QuoteRejection,
     QuoteResponse,
 )
+from broker.loop.common import active_blocklist
+from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
+from broker.runtime import Runtime
 from broker.services.jobs import check_checkpoint_uri, check_secret_refs, new_id, spec_of
-from broker.tables import FeedStatus, Job, PressureRow, PriceChange
+from broker.store.db import plain
+from broker.store.tables import FeedStatus, Job, PressureRow, PriceChange
 from federation.placement import PlacementContext, quote
 from providers.model import Offering
 

@@ -24,9 +24,9 @@ from sqlalchemy import and_, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from broker.errors import Unprocessable
-from broker.schemas import EventPage, EventPublic
-from broker.tables import JobEvent
+from broker.api.schemas import EventPage, EventPublic
+from broker.services.errors import Unprocessable
+from broker.store.tables import JobEvent
 
 ACCRUAL = "cost_accrued"
 SUMMED = ("usd", "compute_usd", "extras_usd")

@@ -21,10 +21,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from agent import protocol as proto
-from broker.checkpoint_stores import CheckpointStores
-from broker.errors import NotFoundError
+from broker.config.checkpoint_stores import CheckpointStores
 from broker.services.agent_reports import LIVE
-from broker.tables import Job, Placement
+from broker.services.errors import NotFoundError
+from broker.store.tables import Job, Placement
 
 READ_LIMIT = 1024 * 1024  # bytes per answer (or per streamed piece)
 

@@ -1,5 +1,5 @@
 """Job service: submit (idempotent), read, list, cancel and the event timeline. Routes call these; they hold
-no HTTP knowledge and raise `broker.errors` exceptions that the app maps to status codes."""
+no HTTP knowledge and raise `broker.services.errors` exceptions that the app maps to status codes."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from broker.attempt_spec import secret_ref_refusal
-from broker.auth import InvalidKey
-from broker.catalog import CatalogCache
-from broker.checkpoint_stores import CheckpointRefused, CheckpointStores
-from broker.db_async import AsyncPgPool
-from broker.errors import Conflict, NotFoundError, Unprocessable
+from broker.agent_side.attempt_spec import secret_ref_refusal
+from broker.api.auth import InvalidKey
+from broker.api.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
+from broker.config.checkpoint_stores import CheckpointRefused, CheckpointStores
+from broker.config.settings import Settings
 from broker.finance.unaccrued import unaccrued_usd
-from broker.schemas import JobCreate, JobPage, JobPublic, JobUpdate, PlacementPublic
+from broker.market.catalog import CatalogCache
 from broker.services import jobs_pg
-from broker.settings import Settings
-from broker.tables import AuditEntry, Job, JobEvent, Placement
+from broker.services.errors import Conflict, NotFoundError, Unprocessable
+from broker.store.db_async import AsyncPgPool
+from broker.store.tables import AuditEntry, Job, JobEvent, Placement
 from federation.placement import ever_feasible
 from pricing.book import PriceBook
 from providers.model import JobSpec, JobState, SecretReference, hours_between

@@ -1,5 +1,5 @@
 """The PostgreSQL write of `POST /v1/jobs`: the job, its `submitted` event, its audit row and the API key's
-revocation check in one statement, one round trip, awaited on the event loop (broker/db_async.py).
+revocation check in one statement, one round trip, awaited on the event loop (broker/store/db_async.py).
 
 Contract of `insert_submission(pool, job, event, audit, key_id)`:
 - One statement (data-modifying CTEs, so it is atomic on its own): when `key_id` is given and that key is missing
@@ -25,8 +25,8 @@ import psycopg
 from sqlalchemy import JSON, Column, String, Table, TypeDecorator
 from sqlalchemy.dialects import postgresql
 
-from broker.db_async import AsyncPgPool
-from broker.tables import AuditEntry, Job, JobEvent
+from broker.store.db_async import AsyncPgPool
+from broker.store.tables import AuditEntry, Job, JobEvent
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 _JOB: Table = Job.__table__  # type: ignore[attr-defined]

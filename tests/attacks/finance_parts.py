@@ -13,8 +13,8 @@ from typing import Any, Self
 
 from fastapi.testclient import TestClient
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
 from broker.runtime import Runtime
 
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from broker.auth import Role
+from broker.api.auth import Role
 from broker.runtime import Runtime
-from broker.tables import AuditEntry
+from broker.store.tables import AuditEntry
 from tests.builders import job_body
 
 HOSTILE_IDS = ["x" * 400, "id with spaces", "<script>alert(1)</script>", "é-unicode", "a\tb", "ok-id\u2028"]
@@ -32,7 +32,7 @@ def test_flood_naming_a_real_key_id_does_not_write_to_its_tenants_log(
         assert client.delete("/v1/keys/abc", headers={"Authorization": ""}).status_code == 401
     items = client.get("/v1/audit", headers=admin).json()["items"]
     assert items == [], "nothing was written to acme's log"
-    from broker.tables import AuditRefused
+    from broker.store.tables import AuditRefused
 
     with Session(rt.engine) as s:
         assert s.exec(select(AuditEntry)).all() == []

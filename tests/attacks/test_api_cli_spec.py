@@ -29,7 +29,7 @@ _CLI = (
     "import atexit, sys\n"
     "atexit.register(lambda: print('VMHWM', open('/proc/self/status').read().split('VmHWM:')[1].split()[0],"
     " file=sys.stderr))\n"
-    "from broker.cli import main\n"
+    "from broker.cli.main import main\n"
     "main()\n"
 )
 
@@ -64,7 +64,7 @@ def test_oversized_spec_file_is_refused_unread(tmp_path: Path) -> None:
 
 
 def test_spec_without_aliases_still_loads(tmp_path: Path) -> None:
-    from broker.cli import _load_spec
+    from broker.cli.main import _load_spec
 
     spec = tmp_path / "job.yaml"
     spec.write_text('name: ok\nimage: "ghcr.io/acme/train:1.0"\ncommand: [python, train.py]\nanchored: &a 1\n')

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
 from tests.conftest import MovableClock
 
 
@@ -103,7 +103,7 @@ def test_unknown_wrong_revoked_and_malformed_keys_get_one_answer(
 def test_refused_credentials_are_counted_not_attributed(api: TestClient, limited: Runtime) -> None:
     from sqlmodel import Session, select
 
-    from broker.tables import AuditRefused
+    from broker.store.tables import AuditRefused
 
     api.post("/v1/jobs", json={}, headers={"Authorization": "Bearer ovs_devadmin_" + "w" * 30})
     with Session(limited.engine) as s:

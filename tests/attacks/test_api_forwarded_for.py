@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.db import make_engine
-from broker.settings import Settings
+from broker.config.settings import Settings
+from broker.store.db import make_engine
 from tests.api_process import wait_healthy
 from tests.moto_server import free_port
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def serve(workers: int, **settings: str) -> Iterator[tuple[str, str]]:
     """`overspill serve --no-loop` on a fresh SQLite file: (base URL, database URL)."""
     work = Path(tempfile.mkdtemp(prefix="serve-xff-"))
-    database_url = f"sqlite:///{work / 'broker.db'}"
+    database_url = f"sqlite:///{work / 'broker.store.db'}"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSPILL_")}
     env.update(
@@ -45,7 +45,7 @@ def serve(workers: int, **settings: str) -> Iterator[tuple[str, str]]:
         OVERSPILL_RATE_LIMIT_UNVERIFIED_BURST="2",
         **{f"OVERSPILL_{k.upper()}": v for k, v in settings.items()},
     )
-    cmd = [sys.executable, "-c", "from broker.cli import main; main()", "serve", "--no-loop"]
+    cmd = [sys.executable, "-c", "from broker.cli.main import main; main()", "serve", "--no-loop"]
     cmd += ["--port", str(port), "--workers", str(workers)]
     with open(work / "serve.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -74,7 +74,7 @@ def _guesses(base: str, n: int) -> list[httpx.Response]:
 def _refused_clients(database_url: str) -> set[str]:
     from sqlmodel import Session, select
 
-    from broker.tables import AuditRefused
+    from broker.store.tables import AuditRefused
 
     engine = make_engine(Settings(database_url=database_url))
     with Session(engine) as s:

@@ -8,12 +8,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from broker.api.auth import callback_token
 from broker.app import create_app
-from broker.auth import callback_token
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import Placement
+from broker.store.tables import Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 

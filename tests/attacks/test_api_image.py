@@ -47,8 +47,8 @@ def test_valid_references_are_accepted(client: TestClient) -> None:
 
 
 def _build(image: str) -> object:
-    from broker.attempt_spec import build_spec
-    from broker.settings import Settings
+    from broker.agent_side.attempt_spec import build_spec
+    from broker.config.settings import Settings
 
     return build_spec(
         Settings(),

@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.auth import Role, create_key
-from broker.db import utcnow
+from broker.api.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
+from broker.store.db import utcnow
 from tests.api_process import running_apis
 
 pytestmark = pytest.mark.integration

@@ -24,20 +24,20 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, update
 from sqlmodel import Session, select
 
-from broker.auth import Role, create_key
-from broker.db import utcnow
+from broker.api.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import ApiKey, AuditEntry, AuditRefused, Job
+from broker.store.db import utcnow
+from broker.store.tables import ApiKey, AuditEntry, AuditRefused, Job
 from tests.api_process import running_apis
 from tests.builders import job_body
 
 ROOT = Path(__file__).resolve().parents[2]
-RECHECK_SECONDS = 1.0  # broker.auth.RECHECK_SECONDS (checked below)
+RECHECK_SECONDS = 1.0  # broker.api.auth.RECHECK_SECONDS (checked below)
 
 
 def test_recheck_interval_is_the_one_documented() -> None:
-    from broker.auth import RECHECK_SECONDS as configured
+    from broker.api.auth import RECHECK_SECONDS as configured
 
     assert configured == RECHECK_SECONDS
 

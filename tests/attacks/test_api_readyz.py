@@ -9,12 +9,12 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
+from broker.api.auth import Role, create_key
 from broker.app import create_app
-from broker.auth import Role, create_key
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import FeedStatus
+from broker.store.tables import FeedStatus
 from tests.conftest import MovableClock
 
 SECRET_ERROR = "connect to pricing-db.internal.corp:5432 as svc_pricing failed"

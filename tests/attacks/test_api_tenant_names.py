@@ -1,6 +1,6 @@
 """Attack: tenant names were never checked, and they reach report file names and store prefixes: a tenant named
 `../../etc` could be created through the bootstrap setting or `overspill keys create --tenant`. One rule
-(`broker.tenants.validate_tenant`) now holds wherever a tenant enters; the names in use stay valid."""
+(`broker.config.tenants.validate_tenant`) now holds wherever a tenant enters; the names in use stay valid."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from broker.auth import Role, create_key
-from broker.cli import app
-from broker.db import make_engine, utcnow
-from broker.migrate import upgrade
-from broker.settings import Settings
+from broker.api.auth import Role, create_key
+from broker.cli.main import app
+from broker.config.settings import Settings
+from broker.store.db import make_engine, utcnow
+from broker.store.migrate import upgrade
 
 HOSTILE = [
     "../../etc",
@@ -38,7 +38,7 @@ IN_USE = ["demo", "acme", "other", "globex", "t", "tenant-a", "team_1", "a" * 63
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_tenant_name_is_refused_by_the_one_rule(name: str) -> None:
-    from broker.tenants import InvalidTenant, validate_tenant
+    from broker.config.tenants import InvalidTenant, validate_tenant
 
     with pytest.raises(InvalidTenant):
         validate_tenant(name)
@@ -46,7 +46,7 @@ def test_hostile_tenant_name_is_refused_by_the_one_rule(name: str) -> None:
 
 @pytest.mark.parametrize("name", IN_USE)
 def test_tenant_names_in_use_stay_valid(name: str) -> None:
-    from broker.tenants import validate_tenant
+    from broker.config.tenants import validate_tenant
 
     assert validate_tenant(name) == name
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.runtime import Runtime
-from broker.tables import BillImportRow
+from broker.store.tables import BillImportRow
 from tests.attacks.finance_parts import finance_client
 from tests.bill_bombs import HEADER, ROW, gzip_bomb, parquet_bomb
 from tests.conftest import MovableClock

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 from broker.loop.tick import tick
 from broker.runtime import Runtime
 from broker.services.jobs import new_id
-from broker.tables import BudgetAlertRow, BudgetRow
+from broker.store.tables import BudgetAlertRow, BudgetRow
 from tests.attacks.finance_parts import finance_client
 from tests.conftest import MovableClock
 from tests.finance_data import seed_ledger

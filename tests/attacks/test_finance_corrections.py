@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY
 from broker.finance.ledger import record_entry
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import CostEntryRow, Job
+from broker.store.tables import CostEntryRow, Job
 from providers.model import CostKind
 from tests.attacks.finance_parts import finance_client
 from tests.builders import job_body

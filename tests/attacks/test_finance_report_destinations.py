@@ -16,10 +16,10 @@ import pytest
 from sqlmodel import Session, select
 
 from broker import serverless
+from broker.config.settings import DEV_API_KEY
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import DEV_API_KEY
-from broker.tables import ReportRunRow, ReportScheduleRow
+from broker.store.tables import ReportRunRow, ReportScheduleRow
 from tests.attacks.finance_parts import finance_client
 from tests.conftest import MovableClock
 from tests.moto_server import moto_client, running_moto_server

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import BudgetAlertRow, ReportRunRow
+from broker.store.tables import BudgetAlertRow, ReportRunRow
 from tests.api_process import ROOT, start_api, wait_healthy
 from tests.attacks.finance_parts import finance_client
 from tests.conftest import MovableClock
@@ -44,7 +44,7 @@ def pit() -> Iterator[Tarpit]:
 @pytest.fixture
 def api_processes(tmp_path: Path) -> Iterator[tuple[str, Runtime]]:
     """`uvicorn --workers 2` on a SQLite file, and an in-process runtime (the control loop) on the same file."""
-    db = f"sqlite:///{tmp_path / 'broker.db'}"
+    db = f"sqlite:///{tmp_path / 'broker.store.db'}"
     settings = Settings(
         database_url=db,
         data_dir=tmp_path,

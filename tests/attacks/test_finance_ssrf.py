@@ -19,7 +19,7 @@ from sqlmodel import Session, select
 from broker.finance.budgets import check_budgets
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.tables import BudgetAlertRow
+from broker.store.tables import BudgetAlertRow
 from tests.attacks.finance_parts import InternalService, finance_client
 from tests.conftest import MovableClock
 from tests.finance_data import seed_ledger

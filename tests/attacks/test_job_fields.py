@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from broker.attempt_spec import build_spec
+from broker.agent_side.attempt_spec import build_spec
+from broker.api.schemas import JobCreate
+from broker.config.settings import Settings
 from broker.runtime import Runtime
-from broker.schemas import JobCreate
 from broker.services.jobs import new_id, spec_of
-from broker.settings import Settings
-from broker.tables import Job
+from broker.store.tables import Job
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import admin_api

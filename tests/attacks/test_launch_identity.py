@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from broker.providers_config import build_providers
-from broker.settings import Settings
+from broker.config.providers import build_providers
+from broker.config.settings import Settings
 from providers.aws import parse_instance_ref
 from tests.moto_server import moto_client, running_moto_server
 from tests.provider_contract import ContractEnv

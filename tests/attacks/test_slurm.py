@@ -22,10 +22,10 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
 from broker.app import create_app
+from broker.config.settings import DEV_API_KEY, Settings
 from broker.loop.tick import tick
 from broker.runtime import Runtime, build_runtime
-from broker.settings import DEV_API_KEY, Settings
-from broker.tables import AuditEntry, Job
+from broker.store.tables import AuditEntry, Job
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.scripted import ScriptedCloud

@@ -30,13 +30,13 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 import broker
-from broker.checkpoint_stores import CheckpointStores
+from broker.config.checkpoint_stores import CheckpointStores
+from broker.config.settings import Settings
 from broker.loop.place import _place_one, launch_placement
 from broker.loop.stage import Staging, stage_checkpoint
 from broker.loop.tick import tick
 from broker.runtime import Runtime
-from broker.settings import Settings
-from broker.tables import Job, JobEvent, Placement
+from broker.store.tables import Job, JobEvent, Placement
 from tests.builders import job_body
 from tests.conftest import MovableClock
 from tests.moto_server import CREDS
@@ -319,12 +319,12 @@ def test_symlinks_planted_in_a_source_checkpoint_are_not_followed_on_read(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     secrets = tmp_path_factory.mktemp("secrets")
-    (secrets / "broker.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
+    (secrets / "broker.store.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
     aws, gcp = _clouds(clock)
     gcp.prices = {"us-central1-a": Decimal("1")}
     rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_pair(stores_dir))
     source = _local_source(stores_dir)
-    (source / "stolen.db").symlink_to(secrets / "broker.db")
+    (source / "stolen.db").symlink_to(secrets / "broker.store.db")
     (source / "stolen-dir").symlink_to(secrets, target_is_directory=True)
     job_id, placement_id = _placed(rt, clock, f"file://{source}/", "gcp")
 
@@ -344,12 +344,12 @@ def test_a_checkpoint_that_is_itself_a_symlink_is_not_read(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     secrets = tmp_path_factory.mktemp("secrets")
-    (secrets / "broker.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
+    (secrets / "broker.store.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
     aws, gcp = _clouds(clock)
     gcp.prices = {"us-central1-a": Decimal("1")}
     rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_pair(stores_dir))
     link = _local_source(stores_dir) / "latest.pt"
-    link.symlink_to(secrets / "broker.db")
+    link.symlink_to(secrets / "broker.store.db")
     job_id, placement_id = _placed(rt, clock, f"file://{link}", "gcp")
 
     assert stage_checkpoint(rt, placement_id, clock()) is Staging.FAILED
@@ -375,7 +375,7 @@ def confined(
         checkpoint_stores={"aws/us-east-1": f"file://{stores_dir}/use1/", "gcp/us-central1": "s3://ckpt-usc1/"},
         tenant_checkpoint_prefixes={TENANT: {"s3://demo-ml/ckpt/": "aws/us-east-1"}},
     )
-    return admin_api(rt), stores_dir / "use1", str(tmp_path / "broker.db")
+    return admin_api(rt), stores_dir / "use1", str(tmp_path / "broker.store.db")
 
 
 def _escaping_uris(root: Path, db_path: str) -> list[str]:
@@ -610,14 +610,14 @@ def test_a_file_store_over_the_brokers_own_files_stops_the_broker(tmp_path: Path
     path = root(tmp_path)
     settings = Settings(
         data_dir=tmp_path,
-        database_url=f"sqlite:///{tmp_path / 'broker.db'}",
+        database_url=f"sqlite:///{tmp_path / 'broker.store.db'}",
         checkpoint_stores={"onprem/dc1": _file_uri(path)},
     )
     with pytest.raises(ValueError, match=r"OVERSPILL_CHECKPOINT_STORES\['onprem/dc1'\]"):
         CheckpointStores.from_settings(settings)
     extra = Settings(
         data_dir=tmp_path,
-        database_url=f"sqlite:///{tmp_path / 'broker.db'}",
+        database_url=f"sqlite:///{tmp_path / 'broker.store.db'}",
         tenant_checkpoint_prefixes={"acme": {_file_uri(path): "onprem/dc1"}},
     )
     with pytest.raises(ValueError, match=r"OVERSPILL_TENANT_CHECKPOINT_PREFIXES\['acme'\]"):

@@ -36,7 +36,7 @@ def test_scraping_metrics_of_the_terraform_deployment_without_the_token_is_refus
         "OVERSPILL_SECRETS_ENDPOINT_URL": deployment.moto_url,
         "OVERSPILL_AWS_ENDPOINT_URL": deployment.moto_url,
     }
-    database = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'broker.db'}"}
+    database = {"OVERSPILL_DATABASE_URL": f"sqlite:///{tmp_path / 'broker.store.db'}"}
     for key, value in (env | endpoints | database | aws).items():
         monkeypatch.setenv(key, value)
 

@@ -20,7 +20,7 @@ from sqlmodel import col, select
 
 from broker.finance.costs import WASTED, Entry, Grouped, Sums, as_of, entries, iter_days, on_demand_of
 from broker.finance.reports.period import title
-from broker.tables import Job
+from broker.store.tables import Job
 
 ZERO = Decimal("0")
 TOP_JOBS = 20

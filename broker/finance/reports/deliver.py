@@ -24,9 +24,9 @@ import logging
 import re
 from typing import Any
 
+from broker.config.settings import Settings
 from broker.finance.notify import NotifyError, check_emails, post_file, send_email
 from broker.finance.outbound import UnsafeTarget, check_url, check_url_shape, redact_url
-from broker.settings import Settings
 
 log = logging.getLogger(__name__)
 

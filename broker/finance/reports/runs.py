@@ -38,7 +38,7 @@ from broker.finance.reports.period import label, relative_period
 from broker.finance.reports.render import render
 from broker.runtime import Runtime
 from broker.services.jobs import new_id
-from broker.tables import ReportRunRow, ReportScheduleRow
+from broker.store.tables import ReportRunRow, ReportScheduleRow
 
 log = logging.getLogger(__name__)
 
