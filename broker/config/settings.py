@@ -520,7 +520,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _finance_targets(self) -> Settings:
         from broker.finance.outbound import parse_networks
-        from broker.finance.reports.deliver import parse_s3_prefix
+        from broker.finance.reports.paths import parse_s3_prefix
 
         parse_networks(self.webhook_allowed_networks)  # ValueError naming the bad CIDR
         for tenant, prefixes in self.report_destinations.items():

@@ -20,23 +20,20 @@ folds the rest into `team="_other"`. Money is summed as Decimal and converted to
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, func
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from broker.store.tables import CostEntryRow, FeedStatus, Job, Placement, PressureRow
 from providers.model import JobState, PlacementState
-
-if TYPE_CHECKING:
-    from broker.runtime import Runtime
 
 MAX_TEAMS_PER_TENANT = 50
 OTHER_TEAM = "_other"
@@ -117,10 +114,10 @@ class LoopMetrics:
     def burst_decision(self, decision: str, reason: str) -> None:
         self.burst_decisions.labels(decision, reason).inc()
 
-    def attach_state(self, rt: Runtime) -> None:
-        """Add the database-backed collector for `rt` (once; later calls do nothing)."""
+    def attach_state(self, engine: Engine, clock: Callable[[], datetime]) -> None:
+        """Add the database-backed collector reading `engine` at `clock()` (once; later calls do nothing)."""
         if self._state is None:
-            self._state = StateCollector(rt)
+            self._state = StateCollector(engine, clock)
             self.registry.register(self._state)
 
     def exposition(self) -> bytes:
@@ -153,8 +150,9 @@ def fold_teams(values: dict[tuple[str, str], Decimal]) -> dict[tuple[str, str], 
 class StateCollector(Collector):
     """Reads the broker's durable state on every scrape (see the module docstring for the metrics)."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, engine: Engine, clock: Callable[[], datetime]) -> None:
+        self.engine = engine
+        self.clock = clock
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []  # nothing to declare up front; do not touch the database at registration
@@ -162,7 +160,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         up = GaugeMetricFamily("overspill_state_scrape_ok", "1 when the database answered this scrape.")
         try:
-            families = list(self._collect(self.rt.clock()))
+            families = list(self._collect(self.clock()))
         except SQLAlchemyError:
             up.add_metric([], 0.0)
             yield up
@@ -172,7 +170,7 @@ class StateCollector(Collector):
         yield from families
 
     def _collect(self, now: datetime) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        with Session(self.rt.engine) as session:
+        with Session(self.engine) as session:
             yield from self._jobs(session)
             yield from self._placements(session)
             yield from self._pressure(session)
@@ -259,7 +257,7 @@ class StateCollector(Collector):
                 "overspill_onprem_pressure_age_seconds", "Age of the last pressure sample.", labels=labels
             ),
         }
-        now = self.rt.clock()
+        now = self.clock()
         for r in session.exec(select(PressureRow)).all():
             values = [r.source, r.accelerator]
             families["pending_gpus"].add_metric(values, float(r.pending_gpus))

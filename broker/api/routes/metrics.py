@@ -36,5 +36,5 @@ def metrics(rt: RuntimeDep, request: Request) -> Response:
                 "authorization: /metrics needs 'Authorization: Bearer <OVERSPILL_METRICS_TOKEN>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-    rt.metrics.attach_state(rt)
+    rt.metrics.attach_state(rt.engine, rt.clock)
     return Response(rt.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -27,12 +27,12 @@ from typing import Any
 from broker.config.settings import Settings
 from broker.finance.notify import NotifyError, check_emails, post_file, send_email
 from broker.finance.outbound import UnsafeTarget, check_url, check_url_shape, redact_url
+from broker.finance.reports.paths import BUCKET as _BUCKET
+from broker.finance.reports.paths import key_path, parse_s3_prefix
 
 log = logging.getLogger(__name__)
 
 TYPES = ("directory", "s3", "email", "webhook")
-MAX_PATH = 256
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
 S3_FAILED = "delivery to the configured destination failed"
 
@@ -43,37 +43,6 @@ class DeliveryError(Exception):
 
 class DestinationRefused(DeliveryError):
     """The destination is not one the settings allow (retrying cannot help)."""
-
-
-def key_path(value: object, field: str) -> str:
-    """A relative, normalised key path (`a/b`, or "" for none); ValueError naming `field` otherwise."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{field} must be a string")
-    if len(value) > MAX_PATH:
-        raise ValueError(f"{field} is longer than {MAX_PATH} characters")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise ValueError(f"{field} must not contain NUL or other control characters")
-    if "\\" in value:
-        raise ValueError(f"{field} must use '/' separators, not backslashes")
-    if value.startswith("/"):
-        raise ValueError(f"{field} must be relative (no leading '/')")
-    parts = [p for p in value.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ValueError(f"{field} must not contain '..'")
-    return "/".join(parts)
-
-
-def parse_s3_prefix(value: str, field: str) -> tuple[str, str]:
-    """`s3://bucket/prefix/` as (bucket, "prefix/") ("" for a whole bucket); ValueError naming `field`."""
-    if not isinstance(value, str) or not value.startswith("s3://"):
-        raise ValueError(f"{field}: {value!r} is not an s3://bucket/prefix/ URI")
-    bucket, _, prefix = value.removeprefix("s3://").partition("/")
-    if not _BUCKET.fullmatch(bucket):
-        raise ValueError(f"{field}: {bucket!r} is not an S3 bucket name")
-    path = key_path(prefix, field)
-    return bucket, (path + "/" if path else "")
 
 
 def validate_destination(dest: dict[str, Any] | None) -> dict[str, Any]:
