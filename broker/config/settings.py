@@ -24,20 +24,30 @@ DEV_API_KEY = "ovs_devadmin_local-development-only"
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
 
-    env: Literal["development", "production"] = "development"
-    data_dir: Path = Path(".overspill")
+    env: Literal["development", "production"] = Field(
+        default="development",
+        description="production refuses to start with the development key, or an empty, short or well-known default "
+        "secret (broker/config/secrets.py)",
+    )
+    data_dir: Path = Field(
+        default=Path(".overspill"), description="where the default SQLite database (and reports, logs of the demo) live"
+    )
     database_url: str = Field(default="", repr=False, description="SQLAlchemy URL; default: SQLite file in data_dir")
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field(default="127.0.0.1", description="address `overspill serve` listens on")
+    port: int = Field(default=8000, description="port `overspill serve` listens on")
 
-    broker_id: str = "overspill-local"
+    broker_id: str = Field(
+        default="overspill-local",
+        description="this deployment's name in the `overspill:broker` tag of every instance it launches; the orphan "
+        "sweep only ever touches instances carrying it",
+    )
     bootstrap_tenant: str = Field(
         default="demo", description="tenant of the bootstrap key (broker/config/tenants.py rule)"
     )
     bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
     simulated: bool = Field(default=True, description="run the built-in simulated cloud market and on-prem")
-    seed: int = 7
+    seed: int = Field(default=7, description="seed of the simulated market (same seed, same market)")
     onprem_gpus: dict[str, int] = Field(
         default_factory=lambda: {"A100": 32, "V100": 16}, description='simulated on-prem fleet, JSON {"A100": 32}'
     )
@@ -45,8 +55,12 @@ class Settings(BaseSettings):
         default_factory=lambda: {"A100": Decimal("1.10"), "V100": Decimal("0.45")},
         description="internal (amortised) $/GPU-hour per GPU type",
     )
-    onprem_background_jobs_per_hour: float = Field(default=6.0, ge=0)
-    tick_interval_seconds: float = 10.0
+    onprem_background_jobs_per_hour: float = Field(
+        default=6.0, ge=0, description="other users' jobs arriving per hour on the simulated on-prem cluster"
+    )
+    tick_interval_seconds: float = Field(
+        default=10.0, description="control loop period of `overspill serve` and `tick --loop`"
+    )
     shard_lease_seconds: float = Field(
         default=30.0,
         gt=0,
@@ -65,7 +79,9 @@ class Settings(BaseSettings):
         "long (at once when it ends, its price changes or a UTC day ends); 0 accrues every placement every tick. "
         "Ceilings and budgets add the unaccrued stretch, so a longer cadence never lets them be overspent",
     )
-    price_stale_after_seconds: float = 3 * 3600
+    price_stale_after_seconds: float = Field(
+        default=3 * 3600, description="price data older than this is marked stale and makes `/readyz` fail"
+    )
 
     interruption_traces: dict[str, Path] = Field(
         default_factory=dict,
@@ -80,10 +96,15 @@ class Settings(BaseSettings):
     aws_endpoint_url: str | None = Field(default=None, description="EC2 endpoint override (e.g. a moto server)")
     aws_spot_advisor_file: Path | None = Field(default=None, description="Spot Instance Advisor JSON (.gz ok)")
     gcp_project: str = Field(default="", description="enables the GCP price feed (Cloud Billing Catalog)")
-    gcp_regions: list[str] = Field(default_factory=list)
+    gcp_regions: list[str] = Field(
+        default_factory=list, description="with gcp_project: the GCP price feed (Cloud Billing Catalog + Compute) here"
+    )
     gcp_endpoint: str | None = Field(default=None, description="API endpoint override for tests")
     azure_regions: list[str] = Field(default_factory=list, description="enables the Azure Retail Prices feed")
-    azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
+    azure_prices_url: str = Field(
+        default="https://prices.azure.com/api/retail/prices",
+        description="Azure Retail Prices API base URL (a local stand-in in tests)",
+    )
     azure_subscription_id: str = Field(default="", description="with azure_regions: VM sizes from azure-mgmt-compute")
 
     aws_launch: bool = Field(default=False, description="launch jobs on AWS in aws_regions (needs an image per region)")
@@ -280,9 +301,9 @@ class Settings(BaseSettings):
         description="what runs sbatch as that user (a sudoers rule limited to sbatch)",
     )
     libcloud_provider: str = Field(default="", description="e.g. openstack: add a private cloud through libcloud")
-    libcloud_key: str = ""
-    libcloud_secret: str = Field(default="", repr=False)
-    libcloud_image_id: str = ""
+    libcloud_key: str = Field(default="", description="libcloud driver's key (user name, access key id...)")
+    libcloud_secret: str = Field(default="", repr=False, description="libcloud driver's secret (password, API secret)")
+    libcloud_image_id: str = Field(default="", description="image (id) the libcloud nodes boot")
     libcloud_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description='driver keyword arguments, JSON-typed, e.g. {"ex_force_auth_url": "https://keystone:5000", '
@@ -316,7 +337,9 @@ class Settings(BaseSettings):
     cloud_retry_attempts: int = Field(default=3, ge=1, le=10, description="calls per cloud API request (transient)")
     cloud_timeout_seconds: float = Field(default=20.0, gt=0, description="connect and read timeout of cloud calls")
 
-    checkpoint_interval_hours: float = 0.5
+    checkpoint_interval_hours: float = Field(
+        default=0.5, description="assumed checkpoint cadence of workloads in the preemption cost model"
+    )
     checkpoint_stores: dict[str, str] = Field(
         default_factory=dict,
         description="the checkpoint store prefix per location, e.g. "
@@ -344,22 +367,24 @@ class Settings(BaseSettings):
     checkpoint_stage_lease_seconds: float = Field(
         default=1800.0, gt=0, description="how long one replica may hold a checkpoint copy before another takes over"
     )
-    restart_hours: float = 0.1
+    restart_hours: float = Field(default=0.1, description="restart time after a preemption (cost model)")
     deadline_policy: str = Field(
         default="overspill",
         description="the policy that places jobs with a deadline: overspill (the default), or an experimental one "
         "(uniform_progress, greedy_safety_net, model_dp, chain_dp, forecast; benchmarks/README.md compares them)",
     )
-    wait_value_usd_per_gpu_hour: float = 0.5
-    max_placements_per_tick: int = 500
+    wait_value_usd_per_gpu_hour: float = Field(
+        default=0.5, description="what an hour of queueing costs you per GPU (ranking only, never charged)"
+    )
+    max_placements_per_tick: int = Field(default=500, description="pending jobs the placement step takes per tick")
     orphan_grace_seconds: float = Field(default=600.0, description="an untracked instance younger than this is spared")
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
     smtp_host: str = Field(default="", description="SMTP server for budget alerts and emailed reports")
-    smtp_port: int = 25
-    smtp_username: str = ""
-    smtp_password: str = ""
-    smtp_from: str = "overspill@localhost"
+    smtp_port: int = Field(default=25, description="SMTP port for report and budget emails")
+    smtp_username: str = Field(default="", description="SMTP login user (empty: no login)")
+    smtp_password: str = Field(default="", description="SMTP login password")
+    smtp_from: str = Field(default="overspill@localhost", description="sender address of report and budget emails")
     smtp_starttls: bool = Field(default=False, description="upgrade the SMTP connection with STARTTLS")
     reports_dir: Path | None = Field(
         default=None, description="root of 'directory' report deliveries (data_dir/reports)"
@@ -399,11 +424,13 @@ class Settings(BaseSettings):
     )
     finance_invoice_issuer: str = Field(default="", description="FOCUS InvoiceIssuerName of on-prem rows (tenant)")
 
-    max_request_bytes: int = 1_000_000
+    max_request_bytes: int = Field(default=1_000_000, description="request bodies larger than this get 413")
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto", description="json lines, text, or auto: text when stderr is a terminal, else json"
     )
-    log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = "info"
+    log_level: Literal["debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="info", description="lowest level of log records written to stderr"
+    )
     tick_metrics_port: int = Field(
         default=0, description="`overspill tick --loop` serves its loop metrics on this port (0: off)"
     )
@@ -477,11 +504,11 @@ class Settings(BaseSettings):
         default="", repr=False, description="signs per-placement callback tokens (default: derived)"
     )
     # any secret above may instead come from AWS Secrets Manager: OVERSPILL_<NAME>_ARN (see broker/config/secrets.py)
-    bootstrap_api_key_arn: str = ""
-    callback_secret_arn: str = ""
-    database_url_arn: str = ""
-    libcloud_secret_arn: str = ""
-    metrics_token_arn: str = ""
+    bootstrap_api_key_arn: str = Field(default="", description="read bootstrap_api_key from this secret (ARN#field)")
+    callback_secret_arn: str = Field(default="", description="read callback_secret from this secret (ARN#field)")
+    database_url_arn: str = Field(default="", description="read database_url from this secret (ARN#field)")
+    libcloud_secret_arn: str = Field(default="", description="read libcloud_secret from this secret (ARN#field)")
+    metrics_token_arn: str = Field(default="", description="read metrics_token from this secret (ARN#field)")
     secrets_endpoint_url: str | None = Field(default=None, description="Secrets Manager endpoint override (tests)")
 
     @field_validator("bootstrap_tenant")
