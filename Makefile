@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # tests that share something machine-wide stay in one worker (tests/xdist_groups.py). PYTEST_WORKERS=0: no workers
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)' 2>/dev/null || echo 2)
 
-.PHONY: run test lint bench demo clean
+.PHONY: run test lint docs bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+# the documentation site into site/ (mkdocs.yml); strict: a broken link, a missing page or a bad anchor fails.
+# The reference and benchmark pages are generated from the code by docsgen/hooks.py during the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 demo: $(STAMP)
 	$(BIN)/overspill demo
 
@@ -42,4 +47,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/console_bench.py
 
 clean:
-	rm -rf $(VENV) .overspill .pytest_cache
+	rm -rf $(VENV) .overspill .pytest_cache site
