@@ -371,7 +371,8 @@ class Settings(BaseSettings):
     deadline_policy: str = Field(
         default="overspill",
         description="the policy that places jobs with a deadline: overspill (the default), or an experimental one "
-        "(uniform_progress, greedy_safety_net, model_dp, chain_dp, forecast; benchmarks/README.md compares them)",
+        "(uniform_progress, greedy_safety_net, model_dp, chain_dp, forecast; the simulate_bench "
+        "benchmark page compares them)",
     )
     wait_value_usd_per_gpu_hour: float = Field(
         default=0.5, description="what an hour of queueing costs you per GPU (ranking only, never charged)"
