@@ -133,10 +133,45 @@ def _plot_launch(data: Any, ax: Any) -> bool:
             ys = [t["steps"].get(step, {}).get("seconds", 0) for t in ticks]
             ax.plot(range(len(ys)), ys, marker="o", label=f"{run.get('cloud')}: {step}")
     ax.set_xlabel("tick")
+    ax.set_xticks(range(max(len(run.get("ticks") or []) for run in data)))
     ax.set_ylabel("seconds")
     ax.legend(fontsize=8)
     ax.set_title(
         f"{data[0].get('jobs', '?')} launches in flight, {data[0].get('op_seconds', '?')} s operations", fontsize=9
+    )
+    return True
+
+
+def _plot_report(data: dict[str, Any], ax: Any) -> bool:
+    formats = data.get("formats") or {}
+    if not formats:
+        return False
+    names = list(formats)
+    x = range(len(names))
+    for offset, key in ((-0.2, "cold_seconds"), (0.2, "warm_seconds")):
+        ax.bar([i + offset for i in x], [formats[n].get(key, 0) for n in names], width=0.4, label=key.split("_")[0])
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("seconds per report")
+    ax.legend()
+    ax.set_title(f"{data.get('entries', '?')} ledger entries on {data.get('database', '?')}", fontsize=9)
+    return True
+
+
+def _plot_tick(data: dict[str, Any], ax: Any) -> bool:
+    rounds = data.get("rounds") or []
+    if not rounds:
+        return False
+    ax.plot([r["round"] for r in rounds], [r["wall"] for r in rounds], marker="o", label="wall (slowest replica)")
+    ax.plot(
+        [r["round"] for r in rounds], [sum(r["cpu"]) for r in rounds], marker="s", label="broker CPU (all replicas)"
+    )
+    ax.set_xlabel("round (the first ones settle the shard shares)")
+    ax.set_ylabel("seconds per tick")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title(
+        f"{data.get('jobs', '?')} running jobs, {data.get('replicas', '?')} replica(s), {data.get('backend')}",
+        fontsize=9,
     )
     return True
 
@@ -146,6 +181,8 @@ PLOTS: dict[str, Callable[[dict[str, Any], Any], bool]] = {
     "slurm_tick_bench": _plot_slurm_tick,
     "decision_bench": _plot_decision,
     "launch_bench": _plot_launch,
+    "report_bench": _plot_report,
+    "tick_bench": _plot_tick,
 }
 
 
