@@ -21,7 +21,7 @@ def code(text: object) -> str:
     s = " ".join(str(text).split())
     fence = "``" if "`" in s else "`"
     pad = " " if s.startswith("`") or s.endswith("`") else ""
-    return f"{fence}{pad}{s}{pad}{fence}".replace("|", "\\|")
+    return f"{fence}{pad}{s}{pad}{fence}"  # Python-Markdown's tables do not split on a pipe inside a code span
 
 
 def prose(text: str) -> str:

@@ -42,7 +42,9 @@ class Settings(BaseSettings):
         "sweep only ever touches instances carrying it",
     )
     bootstrap_tenant: str = Field(
-        default="demo", description="tenant of the bootstrap key (broker/config/tenants.py rule)"
+        default="demo",
+        description="tenant of the bootstrap key; tenant names everywhere are 1-63 characters of a-z0-9_-, starting "
+        "with a letter or digit (broker/config/tenants.py)",
     )
     bootstrap_api_key: str = Field(default=DEV_API_KEY, repr=False, description="admin key created at first start")
 
@@ -143,7 +145,9 @@ class Settings(BaseSettings):
     gcp_service_account: str = Field(
         default="", description="service account email the VMs run as (scope cloud-platform; its roles decide)"
     )
-    gcp_extra_labels: dict[str, str] = Field(default_factory=dict, description="labels added to every VM")
+    gcp_extra_labels: dict[str, str] = Field(
+        default_factory=dict, description="labels added to every VM (GCP label syntax: [a-z][a-z0-9_-])"
+    )
     gcp_disk_gb: int = Field(default=200, description="boot disk size of the VMs")
     gcp_disk_type: str = Field(default="pd-balanced", description="boot disk type (pd-balanced, pd-ssd, pd-standard)")
     gcp_network: str = Field(default="global/networks/default", description="VPC network of the VMs")
@@ -170,7 +174,9 @@ class Settings(BaseSettings):
     azure_managed_identity_id: str = Field(
         default="", description="resource id of the user-assigned managed identity the VMs run as"
     )
-    azure_extra_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every VM")
+    azure_extra_tags: dict[str, str] = Field(
+        default_factory=dict, description="tags added to every VM (the broker's overspill:* tags win)"
+    )
     azure_os_disk_gb: int = Field(default=200, description="OS disk size of the VMs")
     azure_os_disk_type: str = Field(
         default="StandardSSD_LRS", description="OS managed disk type (StandardSSD_LRS, Premium_LRS, Standard_LRS)"
@@ -213,7 +219,8 @@ class Settings(BaseSettings):
         default=2000,
         ge=1,
         description="cloud jobs the return check puts to the placement policy per tick, longest unasked first (the "
-        "rest wait for the next tick)",
+        "rest wait for the next tick): a fresh process with tens of thousands of running jobs spreads its first "
+        "look over several ticks instead of one long tick",
     )
     move_running_jobs: bool = Field(
         default=True,
@@ -344,7 +351,9 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="the checkpoint store prefix per location, e.g. "
         '{"aws/us-east-1": "s3://ckpt-use1/overspill/", "gcp/us-central1": "gs://ckpt-usc1/overspill/"}; '
-        "tenant T owns <prefix>tenants/T/ in each (broker/agent_side/checkpoint_layout.py)",
+        "tenant T owns <prefix>tenants/T/ in each (broker/agent_side/checkpoint_layout.py). Stores may not nest; "
+        "a file:// store may not be / nor be, contain or lie inside the data dir, the database's or reports' "
+        "directory, the Python installation or the project (the broker stops at start, naming the entry)",
     )
     tenant_checkpoint_prefixes: dict[str, dict[str, str]] = Field(
         default_factory=dict,
@@ -413,7 +422,10 @@ class Settings(BaseSettings):
         description="set by broker.serverless on AWS Lambda (no durable local disk: no directory reports)",
     )
     bill_max_decompressed_bytes: int = Field(
-        default=256 * 1024 * 1024, ge=1024, description="a bill's size once decompressed (CSV bytes, Parquet values)"
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="an uploaded or imported bill larger than this once decompressed (CSV bytes, decoded "
+        "Parquet values) gets 413 naming the limit",
     )
     bill_max_rows: int = Field(default=2_000_000, ge=1, description="rows a bill may have")
     bill_max_columns: int = Field(default=400, ge=3, description="columns a bill may have")
@@ -500,7 +512,12 @@ class Settings(BaseSettings):
         '{"acme": ["arn:aws:secretsmanager:us-east-1:123456789012:secret:overspill/jobs/acme/", '
         '"projects/p/secrets/acme-", "https://acme-kv.vault.azure.net/secrets/"]}; none: no secrets',
     )
-    public_url: str = Field(default="", description="where cloud instances reach the broker to report exit status")
+    public_url: str = Field(
+        default="",
+        description="where instances reach the broker: each attempt's spec names <url>/v1/placements/<id>/reports "
+        "for the agent's signed reports (an accelerator: the mailbox in the store is the source of truth), and Azure "
+        "evictions",
+    )
     callback_secret: str = Field(
         default="", repr=False, description="signs per-placement callback tokens (default: derived)"
     )
