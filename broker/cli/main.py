@@ -103,7 +103,8 @@ def _client(url: str | None, api_key: str | None) -> BrokerClient:
     try:
         return BrokerClient(url, api_key)
     except ValueError as exc:
-        usage_error(str(exc).replace("url: ", "--url: ", 1) if url else str(exc))
+        given = "--url" if any(a == "--url" or a.startswith("--url=") for a in sys.argv) else "OVERSPILL_URL"
+        usage_error(str(exc).replace("url: ", f"{given}: ", 1) if url else str(exc))
 
 
 def _nullcontext() -> Any:
