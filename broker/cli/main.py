@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -45,21 +44,27 @@ KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_K
 MAX_SPEC_BYTES = 1_000_000  # the API's default body limit: a bigger spec could not be sent anyway
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+def _no_alias_loader() -> type:
     """YAML's safe loader without aliases: a job spec never needs one, and a few hundred bytes of nested aliases
-    expand to gigabytes (the "billion laughs")."""
+    expand to gigabytes (the "billion laughs"). Built on first use: only the commands that read a spec load YAML."""
+    import yaml
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
-            )
-        return super().compose_node(parent, index)
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error as one line: `line L, column C: problem`."""
+def _yaml_problem(exc: Any) -> str:
+    """A YAML error (`yaml.YAMLError`) as one line: `line L, column C: problem`."""
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context or 'invalid YAML'}"
@@ -86,8 +91,10 @@ def _load_spec(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             usage_error(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
     else:
+        import yaml
+
         try:
-            data = yaml.load(text, Loader=_NoAliasLoader)
+            data = yaml.load(text, Loader=_no_alias_loader())
         except yaml.YAMLError as exc:
             usage_error(f"{path}: invalid YAML at {_yaml_problem(exc)}")
     if not isinstance(data, dict):

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 report_app = typer.Typer(help="Cost reports (CSV, FOCUS 1.2, HTML, PDF).")
@@ -28,6 +27,8 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from broker.cli.db import open_settings, require_tenant
     from broker.cli.output import usage_error
     from broker.finance.manage import run_public
