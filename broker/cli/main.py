@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from broker.cli.output import Column, money, plural, print_table, usage_error
+from broker.cli.output import Column, fail, money, plural, print_table, usage_error
 from broker.finance.cli import costs_app, report_app
 from overspill.errors import ApiError
 
@@ -124,8 +124,7 @@ def _fail(exc: ApiError) -> None:
     """An API error as one line: exit 2 when the request was the caller's to fix (4xx), else 1."""
     if 400 <= exc.status < 500:
         usage_error(str(exc))
-    err.print(f"[red]error:[/red] {' '.join(str(exc).split())}", soft_wrap=True, highlight=False)
-    raise typer.Exit(1)
+    fail(exc)
 
 
 @app.command()
@@ -505,9 +504,10 @@ def quote(
         print(json.dumps(q))
         return
     # the ranking is by expected cost and finish: the wait (an on-prem queue) and the expected cost explain why a
-    # cheap pool ranks below a dearer one, so they stay at any width; the finish time goes first, then $/h
+    # cheap pool ranks below a dearer one, so they stay at any width; the rank number (the rows are in rank
+    # order) goes first, then the finish time, then $/h
     columns = [
-        Column("#", "number"),
+        Column("#", "number", drop=3),
         Column("pool", "id"),
         Column("$/h", "money", drop=1),
         Column("expected $", "money"),
@@ -646,8 +646,7 @@ def prices_import_catalog(
         with console.status("importing...", spinner="dots") if not as_json else _nullcontext():
             import_catalog_files(rt, files, rt.clock(), provider=provider, on_file=report)
     except (FeedError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        fail(exc)
     if as_json:
         print(json.dumps([{**s.__dict__, "path": str(s.path)} for s in done]))
 

@@ -12,6 +12,8 @@ Contract:
   half-even to cents by `broker.finance.money.usd`, the one display rule; `--json` keeps the API's exact strings.
   Anything that is not a number is shown as given.
 - `plural(n, noun)`: "1 job", "2 jobs".
+- `fail(message, code=1)`: the same one line for an error that is not the caller's (the broker unreachable, a
+  feed down), exit code 1.
 - `usage_error(message)` prints `error: <message>` as one line on stderr and exits with code 2: how every error
   that is the caller's to fix ends (a bad file, an unknown tenant, a missing database).
 """
@@ -65,8 +67,14 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
 
 def usage_error(message: str) -> NoReturn:
     """One line on stderr (`error: ...`), exit code 2."""
-    err.print(Text("error: ", style="red") + Text(" ".join(message.split())), soft_wrap=True)
-    raise typer.Exit(2)
+    fail(message, 2)
+
+
+def fail(message: object, code: int = 1) -> NoReturn:
+    """`error: <message>` as one unwrapped line on stderr (markup in the message is printed as is), then exit with
+    `code` (1: the broker or the world failed; 2: the caller's to fix, see `usage_error`)."""
+    err.print(Text("error: ", style="red") + Text(" ".join(str(message).split())), soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _natural(header: str, cells: Sequence[str]) -> int:
