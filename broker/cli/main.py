@@ -180,7 +180,11 @@ def serve(
         server = uvicorn.Server(uvicorn.Config(create_app(settings, loop=loop), **options))
         banner()
         server.run(sockets=[sock])
+        if not server.started:  # the app's startup failed (uvicorn logged why): a failure, as uvicorn.run says it
+            raise typer.Exit(3)
         return
+    import inspect
+
     from uvicorn.supervisors import Multiprocess
 
     from broker.runtime import build_runtime
@@ -190,7 +194,10 @@ def serve(
     ticker = subprocess.Popen([sys.argv[0], "tick", "--loop"]) if loop else None
     banner()
     try:
-        Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+        supervisor_options: dict[str, Any] = {"sockets": [sock]}
+        if "target" in inspect.signature(Multiprocess).parameters:  # older uvicorn took the server's run
+            supervisor_options["target"] = uvicorn.Server(config).run
+        Multiprocess(config, **supervisor_options).run()
     finally:
         sock.close()
         if ticker is not None:
