@@ -220,7 +220,7 @@ def create_app(
         refused = await authentication_first(request)  # no or a bad credential: 401/403, whatever the body
         if refused is not None:
             return refused
-        errors = [field_error(e) for e in exc.errors()]
+        errors = [field_error(e, exc.body) for e in exc.errors()]
         detail = "; ".join(f"{e.field}: {e.message}" for e in errors) or "invalid request"
         return problem_response(problem(422, detail, errors))
 

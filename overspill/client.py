@@ -26,27 +26,22 @@ from typing import Any
 
 import httpx
 
-from broker.config.settings import DEV_API_KEY
+from overspill.defaults import DEFAULT_URL, DEV_API_KEY, check_url
+from overspill.errors import ApiError
+
+__all__ = ["TERMINAL_STATES", "ApiError", "BrokerClient", "Client"]
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
-class ApiError(Exception):
-    """An error answer: `status` (0 when the broker cannot be reached), `detail` and the problem's `errors`."""
-
-    def __init__(self, status: int, message: str, errors: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.detail = message
-        self.errors = errors or []
-
-
 class BrokerClient:
     """Talks to a running broker at `url` (env OVERSPILL_URL, default http://127.0.0.1:8000) with `api_key`
-    (env OVERSPILL_API_KEY, default the development key). Usable as a context manager (closes its connections)."""
+    (env OVERSPILL_API_KEY, default the development key). Usable as a context manager (closes its connections).
+    A URL that is not `http(s)://HOST[:PORT]` raises `ValueError` naming where it came from and the expected form."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> None:
-        self.url = (url or os.environ.get("OVERSPILL_URL") or "http://127.0.0.1:8000").rstrip("/")
+        source = "url" if url else "OVERSPILL_URL"
+        self.url = check_url(url or os.environ.get("OVERSPILL_URL") or DEFAULT_URL, source)
         key = api_key or os.environ.get("OVERSPILL_API_KEY") or DEV_API_KEY
         self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
 

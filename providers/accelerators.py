@@ -3,6 +3,9 @@
 Every layer speaks canonical names (`A100-80GB`, `H100`, ...). `canonical()` maps a provider's spelling onto
 them; an unknown name is returned upper-cased so new hardware still flows through, unranked by memory.
 
+`is_known(name)` says whether a canonical name is in either table; `nearest(name, among)` orders names by how
+close their spelling is to `name` (for "unknown accelerator A10O; known: A100, A10, ...").
+
 `ACCELERATORS` holds the GPUs the broker simulates and benchmarks; `OTHER_ACCELERATORS` older or niche hardware
 seen in real catalogs (SkyPilot-format vms.csv of AWS, GCP, Azure, Lambda...), recognised and sized but not
 simulated. Memory is per GPU, in the vendor's GB figure (H200 141, B200 180), as the catalogs' GpuInfo gives it.
@@ -10,7 +13,9 @@ simulated. Memory is per GPU, in the vendor's GB figure (H200 141, B200 180), as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +117,30 @@ def memory_gib(name: str) -> int:
     """Per-GPU memory of a canonical accelerator, 0 when unknown."""
     acc = _KNOWN.get(name)
     return acc.memory_gib if acc else 0
+
+
+def is_known(name: str) -> bool:
+    """Whether a canonical accelerator name is one of the tables' (an alias counts once made canonical)."""
+    return name in _KNOWN
+
+
+def known_names() -> list[str]:
+    """Every canonical name of the tables."""
+    return list(_KNOWN)
+
+
+def _folded(name: str) -> str:
+    return name.upper().replace("O", "0").replace("I", "1")
+
+
+def nearest(name: str, among: Iterable[str], n: int = 5) -> list[str]:
+    """At most `n` names of `among`, the closest in spelling to `name` first (case-insensitive similarity, with the
+    letters typed for look-alike digits, O for 0 and I for 1, counted as those digits; ties by length, then name).
+    Deterministic; never empty when `among` is not."""
+    target = _folded(name)
+
+    def closeness(candidate: str) -> tuple[float, int, str]:
+        ratio = SequenceMatcher(None, target, _folded(candidate)).ratio()
+        return (-ratio, abs(len(candidate) - len(target)), candidate)
+
+    return sorted(set(among), key=closeness)[:n]

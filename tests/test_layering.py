@@ -9,7 +9,7 @@ top level or inside a function, is seen).
 - `agent/` imports nothing of the broker's packages (it ships alone, as a wheel).
 - Inside `broker/`, the lower rooms never reach up: `broker.store` and `broker.config` know no route, loop step,
   service or CLI; `broker.market` and `broker.observe` no route, loop step or CLI; `overspill` (the public client)
-  nothing of the broker but its settings' constants.
+  nothing of the broker (the constants both share live in `overspill.defaults`).
 - No import circle anywhere in the product code, counting imports inside functions and under `TYPE_CHECKING`
   (a circle is a design knot, whether or not Python happens to resolve it).
 - At most 8 modules stay loose at `broker/`'s top: everything else lives in a room.
@@ -69,7 +69,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("broker.api", "broker.loop", "broker.services", "broker.cli", "broker.app", "broker.runtime"),
         (),
     ),
-    "overspill": (("broker", "federation", "providers", "pricing", "agent"), ("broker.config.settings",)),
+    "overspill": (("broker", "federation", "providers", "pricing", "agent"), ()),
 }
 PRODUCT = ("agent", "providers", "pricing", "federation", "broker", "overspill")
 MAX_BROKER_TOP_MODULES = 8

@@ -8,12 +8,14 @@
 - money fields (`*_usd*`, `usd`) are decimal strings with a pattern (a positive amount sent to the broker: at most 12
   digits before the point and 6 after).
 
-`/docs` is Swagger UI served from the `swagger-ui-bundle` package (no CDN: it works offline), with the Authorize
-button for the two key schemes.
+`/docs` is Swagger UI 5 (which renders OpenAPI 3.1, the version FastAPI writes) served from the assets the
+`fastapi-offline` package ships (no CDN: it works offline), with the Authorize button for the two key schemes.
+tests/test_docs_browser.py loads it in headless Chromium and finds the operations listed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,11 @@ from broker.api.problems import PROBLEM_MEDIA_TYPE
 DECIMAL_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
 # a positive amount the broker takes (`broker.api.schemas.Usd`: 18 digits, 6 of them decimals)
 USD_INPUT_PATTERN = r"^\d{1,12}(\.\d{1,6})?$"
+# served name -> (file in the package's static folder, media type)
 DOCS_ASSETS = {
-    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
-    "swagger-ui.css": "text/css; charset=utf-8",
-    "favicon-32x32.png": "image/png",
+    "swagger-ui-bundle.js": ("swagger-ui-bundle.js", "text/javascript; charset=utf-8"),
+    "swagger-ui.css": ("swagger-ui.css", "text/css; charset=utf-8"),
+    "favicon-32x32.png": ("favicon.png", "image/png"),
 }
 METRICS_SCHEME = {
     "type": "http",
@@ -39,9 +42,11 @@ METRICS_SCHEME = {
 
 
 def swagger_ui_dir() -> Path:
-    import swagger_ui_bundle
-
-    return Path(swagger_ui_bundle.swagger_ui_path)
+    """The folder of Swagger UI 5's assets in the installed `fastapi-offline` package (found without importing it)."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the fastapi-offline package (Swagger UI's assets for /docs) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
 
 
 def mount_docs(app: FastAPI) -> None:
@@ -65,10 +70,11 @@ def mount_docs(app: FastAPI) -> None:
 
     @app.get("/docs/static/{name}", include_in_schema=False)
     def swagger_asset(name: str) -> Response:
-        media_type = DOCS_ASSETS.get(name)
-        if media_type is None:
+        asset = DOCS_ASSETS.get(name)
+        if asset is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"name: no docs file {name!r}")
-        body = (swagger_ui_dir() / name).read_bytes()
+        file, media_type = asset
+        body = (swagger_ui_dir() / file).read_bytes()
         return Response(body, media_type=media_type, headers={"Cache-Control": "public, max-age=86400"})
 
 

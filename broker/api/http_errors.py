@@ -6,7 +6,9 @@
 - `authentication_first(request)`: answers 401 (or 403 for a malformed callback token) for a request whose route
   needs a credential and that presents none or a bad one, so a request without credentials never learns how its
   body would have been validated (FastAPI parses a JSON body before it runs any dependency).
-- `field_error(error)`: one of pydantic's validation errors as a `FieldError`, with its location.
+- `field_error(error, body)`: one of pydantic's validation errors as a `FieldError`, with its location. A body
+  that is not JSON (FastAPI reports the character offset where a field name belongs) is the field `body` with
+  "invalid JSON at line L, column C: <what the parser expected>", the line and column counted in `body`.
 """
 
 from __future__ import annotations
@@ -68,7 +70,22 @@ def http_problem(request: Request, exc: StarletteHTTPException) -> Response:
     return problem_response(problem(exc.status_code, detail, errors), headers=dict(exc.headers or {}))
 
 
-def field_error(error: Any) -> FieldError:
+def _line_column(text: str, pos: int) -> tuple[int, int]:
+    """1-based line and column of character `pos` of `text` (as `json.JSONDecodeError` counts them)."""
+    pos = max(0, min(pos, len(text)))
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def field_error(error: Any, body: Any = None) -> FieldError:
+    if error.get("type") == "json_invalid":
+        loc = list(error.get("loc", ()))
+        pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body if isinstance(body, str) else ""
+        line, column = _line_column(text, pos)
+        why = (error.get("ctx") or {}).get("error") or "not valid JSON"
+        where = f"line {line}, column {column}" if text else f"character {pos + 1}"
+        return FieldError(field="body", location="body", message=f"invalid JSON at {where}: {why}", type="json_invalid")
     loc = [str(p) for p in error["loc"]]
     location = loc[0] if loc and loc[0] in LOCATIONS else "body"
     rest = loc[1:] if loc and loc[0] in (*LOCATIONS, "cookie") else loc

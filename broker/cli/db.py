@@ -18,6 +18,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, make_url, union
 from sqlmodel import select
 
+from broker.cli.env import load_settings
 from broker.cli.output import err, usage_error
 from broker.config.settings import Settings
 from broker.config.tenants import InvalidTenant, validate_tenant
@@ -38,7 +39,7 @@ def describe(settings: Settings) -> str:
 
 def open_settings() -> Settings:
     """The settings of a command that opens the database, after checking and saying which database it is."""
-    settings = Settings()
+    settings = load_settings()
     explicit = {"data_dir", "database_url", "database_url_arn"} & settings.model_fields_set
     if not explicit and not settings.database_url:
         path = (settings.data_dir / DB_FILE).resolve()

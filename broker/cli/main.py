@@ -1,5 +1,11 @@
 """The `overspill` command line: run the broker (serve, tick, demo), use it (submit, jobs, logs, quote, pools) and
-administer it (keys create). Tables for people, `--json` for scripts."""
+administer it (keys create). Tables for people, `--json` for scripts.
+
+Fast by construction: importing this module (what `--help` and every command pay) loads Typer, Rich, YAML and
+the client's error type, nothing of the broker's database, tables, settings or web framework, nor the HTTP library.
+A command that speaks HTTP loads `overspill.client` when it runs; a command that opens the database (`keys create`,
+`prices ...`, `tick`, `report run`, `costs import-bill`) loads the store when it runs. tests/test_cli_imports.py
+holds this; benchmarks/cli_bench.py measures it."""
 
 from __future__ import annotations
 
@@ -7,18 +13,18 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from broker.cli.db import describe as describe_database
-from broker.cli.db import open_settings
-from broker.cli.output import Column, print_table, usage_error
+from broker.cli.output import Column, fail, money, plural, print_table, usage_error
 from broker.finance.cli import costs_app, report_app
-from overspill.client import ApiError, BrokerClient
+from overspill.errors import ApiError
+
+if TYPE_CHECKING:
+    from overspill.client import BrokerClient
 
 app = typer.Typer(help="Overspill: burst GPU training jobs to the cheapest suitable pool within a cost ceiling.")
 keys_app = typer.Typer(help="API keys.")
@@ -38,21 +44,27 @@ KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_K
 MAX_SPEC_BYTES = 1_000_000  # the API's default body limit: a bigger spec could not be sent anyway
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+def _no_alias_loader() -> type:
     """YAML's safe loader without aliases: a job spec never needs one, and a few hundred bytes of nested aliases
-    expand to gigabytes (the "billion laughs")."""
+    expand to gigabytes (the "billion laughs"). Built on first use: only the commands that read a spec load YAML."""
+    import yaml
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
-            )
-        return super().compose_node(parent, index)
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error as one line: `line L, column C: problem`."""
+def _yaml_problem(exc: Any) -> str:
+    """A YAML error (`yaml.YAMLError`) as one line: `line L, column C: problem`."""
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context or 'invalid YAML'}"
@@ -79,13 +91,27 @@ def _load_spec(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             usage_error(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
     else:
+        import yaml
+
         try:
-            data = yaml.load(text, Loader=_NoAliasLoader)
+            data = yaml.load(text, Loader=_no_alias_loader())
         except yaml.YAMLError as exc:
             usage_error(f"{path}: invalid YAML at {_yaml_problem(exc)}")
     if not isinstance(data, dict):
         usage_error(f"{path}: must hold one job spec (a mapping of fields), not {type(data).__name__}")
     return data
+
+
+def _client(url: str | None, api_key: str | None) -> BrokerClient:
+    """The API client of an HTTP command; a broker URL that is not `http(s)://HOST[:PORT]` is a usage error naming
+    where it came from (`--url` or OVERSPILL_URL) and the expected form."""
+    from overspill.client import BrokerClient
+
+    try:
+        return BrokerClient(url, api_key)
+    except ValueError as exc:
+        given = "--url" if any(a == "--url" or a.startswith("--url=") for a in sys.argv) else "OVERSPILL_URL"
+        usage_error(str(exc).replace("url: ", f"{given}: ", 1) if url else str(exc))
 
 
 def _nullcontext() -> Any:
@@ -98,8 +124,7 @@ def _fail(exc: ApiError) -> None:
     """An API error as one line: exit 2 when the request was the caller's to fix (4xx), else 1."""
     if 400 <= exc.status < 500:
         usage_error(str(exc))
-    err.print(f"[red]error:[/red] {' '.join(str(exc).split())}", soft_wrap=True, highlight=False)
-    raise typer.Exit(1)
+    fail(exc)
 
 
 @app.command()
@@ -114,48 +139,67 @@ def serve(
 
     import uvicorn
 
-    from broker.app import create_app
-    from broker.config.settings import DEV_API_KEY, Settings
+    from broker.cli.db import describe as describe_database
+    from broker.cli.env import load_settings
+    from broker.cli.listen import PortUnavailable, listen
     from broker.observe.logging_setup import configure_logging
-    from broker.runtime import build_runtime
+    from overspill.defaults import DEV_API_KEY
 
-    settings = Settings()
-    configure_logging(settings)
+    settings = load_settings()
     bind_host, bind_port = host or settings.host, port or settings.port
-    console.print(f"[bold]Overspill[/bold] on http://{bind_host}:{bind_port}  (OpenAPI: /docs, console: /console/)")
-    console.print(f"database: {settings.resolved_database_url}   simulated pools: {settings.simulated}")
-    if settings.bootstrap_api_key == DEV_API_KEY:
-        console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
+    try:  # bound before anything is built or printed: a port in use is one line, with no banner and no key
+        sock = listen(bind_host, bind_port)
+    except PortUnavailable as exc:
+        usage_error(f"{exc}; stop what holds it, or choose another with --port or OVERSPILL_PORT")
+    configure_logging(settings)
     # X-Forwarded-For is trusted only from the proxies configured (uvicorn by default trusts 127.0.0.1, so any
     # local process could pose as any client address to the rate limiter and the audit log)
     proxies = settings.forwarded_allow_ips.strip()
-    forwarding = {"proxy_headers": bool(proxies), "forwarded_allow_ips": proxies or None}
+    options: dict[str, Any] = {
+        "host": bind_host,
+        "port": bind_port,
+        "log_level": "warning",
+        "log_config": None,  # uvicorn's records go through the broker's (JSON) handler
+        "access_log": False,  # the broker writes its own access records, with the request id
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": proxies or None,
+    }
+
+    def banner() -> None:
+        where = f"http://{bind_host}:{bind_port}" if ":" not in bind_host else f"http://[{bind_host}]:{bind_port}"
+        console.print(f"[bold]Overspill[/bold] on {where}  (OpenAPI: /docs, console: /console/)", soft_wrap=True)
+        console.print(
+            f"database: {describe_database(settings)}   simulated pools: {settings.simulated}", soft_wrap=True
+        )
+        if settings.bootstrap_api_key == DEV_API_KEY:
+            console.print(f"development admin key for tenant {settings.bootstrap_tenant!r}: {DEV_API_KEY}")
+
     if workers == 1:
-        uvicorn.run(
-            create_app(settings, loop=loop),
-            host=bind_host,
-            port=bind_port,
-            log_level="warning",
-            log_config=None,  # uvicorn's records go through the broker's (JSON) handler
-            access_log=False,  # the broker writes its own access records, with the request id
-            **forwarding,  # type: ignore[arg-type]
-        )
+        from broker.app import create_app
+
+        server = uvicorn.Server(uvicorn.Config(create_app(settings, loop=loop), **options))
+        banner()
+        server.run(sockets=[sock])
+        if not server.started:  # the app's startup failed (uvicorn logged why): a failure, as uvicorn.run says it
+            raise typer.Exit(3)
         return
+    import inspect
+
+    from uvicorn.supervisors import Multiprocess
+
+    from broker.runtime import build_runtime
+
     build_runtime(settings)  # migrate and install the bootstrap key once, before the workers start
+    config = uvicorn.Config("broker.app:app_from_env", factory=True, workers=workers, **options)
     ticker = subprocess.Popen([sys.argv[0], "tick", "--loop"]) if loop else None
+    banner()
     try:
-        uvicorn.run(
-            "broker.app:app_from_env",
-            factory=True,
-            host=bind_host,
-            port=bind_port,
-            workers=workers,
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            **forwarding,  # type: ignore[arg-type]
-        )
+        supervisor_options: dict[str, Any] = {"sockets": [sock]}
+        if "target" in inspect.signature(Multiprocess).parameters:  # older uvicorn took the server's run
+            supervisor_options["target"] = uvicorn.Server(config).run
+        Multiprocess(config, **supervisor_options).run()
     finally:
+        sock.close()
         if ticker is not None:
             ticker.terminate()
             ticker.wait(timeout=30)
@@ -170,13 +214,14 @@ def tick(
     import logging
     import threading
 
-    from broker.config.settings import Settings
+    from broker.cli.db import open_settings
+    from broker.cli.env import load_settings
     from broker.loop.runner import run_forever
     from broker.loop.tick import tick as run_tick
     from broker.observe.logging_setup import configure_logging
     from broker.runtime import build_runtime
 
-    settings = Settings() if loop else open_settings()
+    settings = load_settings() if loop else open_settings()
     if loop:
         configure_logging(settings)
         rt = build_runtime(settings)
@@ -219,10 +264,11 @@ def demo(
 
     By default the history is kept in the configured database (OVERSPILL_DATA_DIR, ./.overspill), ending before
     now, so `overspill serve` then shows it in the console and the reports."""
-    from broker.config.settings import Settings
+    from broker.cli.db import describe as describe_database
+    from broker.cli.env import load_settings
     from broker.demo import DemoRefused, print_summary, run_demo
 
-    settings = None if throwaway else Settings()
+    settings = None if throwaway else load_settings()
     if settings is not None and not as_json:
         err.print(f"database: {describe_database(settings)}", soft_wrap=True, highlight=False)
     try:
@@ -310,9 +356,9 @@ def submit(
 ) -> None:
     """Submit a job."""
     _job_command(
-        lambda: BrokerClient(url, api_key).submit(_load_spec(file), idempotency_key),
+        lambda: _client(url, api_key).submit(_load_spec(file), idempotency_key),
         as_json,
-        lambda job: f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}",
+        lambda job: f"submitted [bold]{job['id']}[/bold] ({job['state']}), ceiling {money(job['max_total_usd'])}",
     )
 
 
@@ -350,9 +396,9 @@ def update(
     if priority is not None:
         changes["priority"] = priority
     _job_command(
-        lambda: BrokerClient(url, api_key).update(job_id, changes),
+        lambda: _client(url, api_key).update(job_id, changes),
         as_json,
-        lambda job: f"updated [bold]{job['id']}[/bold] ({job['state']}), ceiling ${job['max_total_usd']}",
+        lambda job: f"updated [bold]{job['id']}[/bold] ({job['state']}), ceiling {money(job['max_total_usd'])}",
     )
 
 
@@ -365,7 +411,7 @@ def cancel(
 ) -> None:
     """Cancel a job; the next tick stops any instance it holds."""
     _job_command(
-        lambda: BrokerClient(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
+        lambda: _client(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
     )
 
 
@@ -381,7 +427,7 @@ def logs(
     api_key: KeyOpt = None,
 ) -> None:
     """Print a job's output (stdout and stderr as its instance agent stored them), while it runs or after."""
-    client = BrokerClient(url, api_key)
+    client = _client(url, api_key)
     out = sys.stdout.buffer
     try:
         if follow:
@@ -411,7 +457,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     try:
-        page = BrokerClient(url, api_key).jobs(state=state, team=team, limit=limit)
+        page = _client(url, api_key).jobs(state=state, team=team, limit=limit)
     except ApiError as exc:
         _fail(exc)
         return
@@ -439,8 +485,8 @@ def list_jobs(
                 j["team"],
                 j["state"],
                 where,
-                f"${j['spent_usd']}",
-                f"${j['max_total_usd']}",
+                money(j["spent_usd"]),
+                money(j["max_total_usd"]),
                 j["wait_reason"][:60],
             ]
         )
@@ -457,37 +503,41 @@ def quote(
 ) -> None:
     """Rank pools for a job spec without submitting it."""
     try:
-        q = BrokerClient(url, api_key).quote(_load_spec(file), limit)
+        q = _client(url, api_key).quote(_load_spec(file), limit)
     except ApiError as exc:
         _fail(exc)
         return
     if as_json:
         print(json.dumps(q))
         return
+    # the ranking is by expected cost and finish: the wait (an on-prem queue) and the expected cost explain why a
+    # cheap pool ranks below a dearer one, so they stay at any width; the rank number (the rows are in rank
+    # order) goes first, then the finish time, then $/h
     columns = [
-        Column("#", "number"),
+        Column("#", "number", drop=3),
         Column("pool", "id"),
-        Column("$/h", "money"),
+        Column("$/h", "money", drop=1),
         Column("expected $", "money"),
-        Column("finish", "id", drop=2),
-        Column("wait h", "number", drop=1),
+        Column("wait h", "number"),
+        Column("finish (UTC)", "id", drop=2),
     ]
     rows = [
         [
             str(c["rank"]),
             c["offering"]["key"],
-            c["offering"]["hourly_usd"],
-            c["expected_cost_usd"],
-            c["expected_finish_at"][:16],
+            money(c["offering"]["hourly_usd"]),
+            money(c["expected_cost_usd"]),
             f"{c['expected_wait_hours']:.2f}",
+            c["expected_finish_at"][:16].replace("T", " "),
         ]
         for c in q["candidates"]
     ]
     print_table(console, columns, rows)
     if not q["placeable_now"]:
         console.print(f"[yellow]not placeable now:[/yellow] {q['wait_reason']}")
-    console.print(f"{q['rejections_total']} pools rejected; first reasons:")
-    for r in q["rejections"][:limit]:
+    rejected = q["rejections"][:limit]
+    console.print(f"{plural(q['rejections_total'], 'pool')} rejected{'; first reasons:' if rejected else ''}")
+    for r in rejected:
         console.print(f"  {r['offering_key']}: {r['reason']} ({r['message']})")
 
 
@@ -502,7 +552,7 @@ def pools(
 ) -> None:
     """Pools with live prices and their freshness."""
     try:
-        rows = BrokerClient(url, api_key).pools(accelerator=accelerator, provider=provider, limit=limit)
+        rows = _client(url, api_key).pools(accelerator=accelerator, provider=provider, limit=limit)
     except ApiError as exc:
         _fail(exc)
         return
@@ -526,7 +576,7 @@ def pools(
             [
                 o["key"],
                 f"{o['accelerator_count']}x{o['accelerator']}",
-                o["hourly_usd"],
+                money(o["hourly_usd"]),
                 o["price_source"],
                 f"{o['age_seconds']:.0f}",
                 f"{o['interruption_rate_per_hour']:.3f}",
@@ -543,6 +593,7 @@ def prices_refresh(as_json: JsonFlag = False) -> None:
     """Refresh every configured price feed now (whether or not it is due)."""
     from sqlmodel import Session, select
 
+    from broker.cli.db import open_settings
     from broker.loop.feeds import refresh_prices
     from broker.runtime import build_runtime
     from broker.store.tables import FeedStatus
@@ -580,6 +631,7 @@ def prices_import_catalog(
     as_json: JsonFlag = False,
 ) -> None:
     """Load catalogs you already have (SkyPilot schema v5-v8) into the broker's pools."""
+    from broker.cli.db import open_settings
     from broker.runtime import build_runtime
     from broker.services.prices import ImportSummary, import_catalog_files
     from pricing.feeds import FeedError
@@ -601,8 +653,7 @@ def prices_import_catalog(
         with console.status("importing...", spinner="dots") if not as_json else _nullcontext():
             import_catalog_files(rt, files, rt.clock(), provider=provider, on_file=report)
     except (FeedError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        fail(exc)
     if as_json:
         print(json.dumps([{**s.__dict__, "path": str(s.path)} for s in done]))
 
@@ -616,6 +667,7 @@ def keys_create(
 ) -> None:
     """Create an API key directly in the database (prints it once)."""
     from broker.api.auth import Role, create_key
+    from broker.cli.db import open_settings
     from broker.config.tenants import InvalidTenant, validate_tenant
     from broker.store.db import make_engine, utcnow
     from broker.store.migrate import upgrade

@@ -8,6 +8,12 @@ Contract:
   terminal (which wraps the lines) rather than cutting a value.
 - `print_unbroken(console, table)` prints a ready-made table whose `no_wrap` columns must not be cut, wider than
   the terminal when they need it.
+- `money(amount)`: an amount from the API (a decimal string, exact) as people read it: "$1,234.56", rounded
+  half-even to cents by `broker.finance.money.usd`, the one display rule; `--json` keeps the API's exact strings.
+  Anything that is not a number is shown as given.
+- `plural(n, noun)`: "1 job", "2 jobs".
+- `fail(message, code=1)`: the same one line for an error that is not the caller's (the broker unreachable, a
+  feed down), exit code 1.
 - `usage_error(message)` prints `error: <message>` as one line on stderr and exits with code 2: how every error
   that is the caller's to fix ends (a bad file, an unknown tenant, a missing database).
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Literal, NoReturn
 
 import typer
@@ -23,6 +30,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from broker.finance.money import usd
 
 err = Console(stderr=True)
 
@@ -40,10 +49,32 @@ class Column:
     drop: int = 0
 
 
+def money(amount: object) -> str:
+    """An exact amount from the API, in cents for people (see the module contract)."""
+    if amount is None or amount == "":
+        return ""
+    try:
+        value = Decimal(str(amount))
+    except InvalidOperation:
+        return str(amount)
+    return usd(value) if value.is_finite() else str(amount)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` and the noun, singular for exactly one: "1 job", "0 jobs", "3 pools"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def usage_error(message: str) -> NoReturn:
     """One line on stderr (`error: ...`), exit code 2."""
-    err.print(Text("error: ", style="red") + Text(" ".join(message.split())), soft_wrap=True)
-    raise typer.Exit(2)
+    fail(message, 2)
+
+
+def fail(message: object, code: int = 1) -> NoReturn:
+    """`error: <message>` as one unwrapped line on stderr (markup in the message is printed as is), then exit with
+    `code` (1: the broker or the world failed; 2: the caller's to fix, see `usage_error`)."""
+    err.print(Text("error: ", style="red") + Text(" ".join(str(message).split())), soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _natural(header: str, cells: Sequence[str]) -> int:

@@ -17,8 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.slurm.accounts import SlurmAccountPolicy
-
-DEV_API_KEY = "ovs_devadmin_local-development-only"
+from overspill.defaults import DEV_API_KEY  # the one definition, shared with the client without importing this
 
 
 class Settings(BaseSettings):

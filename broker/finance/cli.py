@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 report_app = typer.Typer(help="Cost reports (CSV, FOCUS 1.2, HTML, PDF).")
@@ -28,6 +27,8 @@ def report_run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Produce a report of a period from the broker's database, record the run, and write the file."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from broker.cli.db import open_settings, require_tenant
     from broker.cli.output import usage_error
     from broker.finance.manage import run_public
@@ -87,7 +88,7 @@ def costs_summary(
     admin key); amounts in cents (`--json`: the API's exact figures and its display strings)."""
     if ctx.invoked_subcommand is not None:
         return
-    from broker.cli.output import print_unbroken
+    from broker.cli.output import fail, print_unbroken
     from overspill.client import ApiError, BrokerClient
 
     params = {"group_by": group_by, "from": from_, "to": to}
@@ -96,12 +97,13 @@ def costs_summary(
             "GET", "/v1/costs", params={k: v for k, v in params.items() if v}
         )
     except ApiError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        fail(exc, 2 if 400 <= exc.status < 500 else 1)
     if as_json:
         print(json.dumps(data))
         return
+    console.print(summary_title(data), soft_wrap=True, highlight=False)
     print_unbroken(console, summary_table(data))
+    console.print(SUMMARY_LEGEND, soft_wrap=True, highlight=False, style="dim")
 
 
 def _when(iso: str) -> str:
@@ -109,35 +111,41 @@ def _when(iso: str) -> str:
     return iso[:16].replace("T", " ") + " UTC"
 
 
+SUMMARY_MONEY = (("cost_usd", "cost $"), ("wasted_usd", "lost $"), ("on_demand_usd", "on-demand $"))
+SUMMARY_MONEY += (("savings_usd", "saved $"),)
+SUMMARY_LEGEND = (
+    "lost: compute lost to preemptions; on-demand: the same use at on-demand prices; saved: what spot saved"
+)
+GROUP_MIN_WIDTH = 12  # a group column (team, pool, job...) wraps below its natural width, never below this
+
+
+def summary_title(data: dict[str, Any]) -> str:
+    """The window of a `/v1/costs` answer and its data's "as of" time, one line above the table."""
+    as_of = f"data as of {_when(data['as_of'])}" if data.get("as_of") else "no ledger entries"
+    return f"{_when(data['from'])} to {_when(data['to'])} ({as_of})"
+
+
 def summary_table(data: dict[str, Any]) -> Table:
     """A `/v1/costs` answer as a table of its display figures (cents, each column adding up to its total:
-    `broker.finance.money`), with the data's "as of" time."""
+    `broker.finance.money`). Short headers (`SUMMARY_LEGEND` explains them), so that at 80 columns every column
+    keeps its label, every amount stays whole and the total row says "total" (the table is printed wider than the
+    terminal, by `print_unbroken`, rather than squeezing any of them)."""
     keys = data["group_by"]
-    as_of = f"data as of {_when(data['as_of'])}" if data.get("as_of") else "no ledger entries"
-    table = Table(
-        *keys,
-        "cost $",
-        "lost to preemptions $",
-        "on-demand equivalent $",
-        "saved by spot $",
-        "entries",
-        title=f"{_when(data['from'])} to {_when(data['to'])} ({as_of})",
-    )
-    for column in table.columns[: len(keys)]:
-        column.overflow = "fold"  # a long pool or job name wraps, never ends in "…"
-    for column in table.columns[len(keys) :]:
-        column.justify = "right"
-        column.no_wrap = True  # an amount is never cut
-        column.overflow = "fold"
-    money = ("cost_usd", "wasted_usd", "on_demand_usd", "savings_usd")
+    table = Table()
+    for i, key in enumerate(keys):
+        natural = max([len(str(r[key])) for r in data["rows"]] or [0])
+        least = max(len(key), len("total") if i == 0 else 0, min(natural, GROUP_MIN_WIDTH))
+        table.add_column(key, overflow="fold", min_width=least)  # a long pool or job name wraps, never ends in "…"
+    for _, header in (*SUMMARY_MONEY, (None, "entries")):
+        table.add_column(header, justify="right", no_wrap=True, overflow="fold", min_width=len(header))
     for r in data["rows"]:
-        table.add_row(*[r[k] for k in keys], *[r["display"][m] for m in money], str(r["entries"]))
+        table.add_row(*[str(r[k]) for k in keys], *[r["display"][m] for m, _ in SUMMARY_MONEY], str(r["entries"]))
     if table.rows:
         table.rows[-1].end_section = True
     total = data["total"]
     table.add_row(
         *(["total"] + [""] * (len(keys) - 1)),
-        *[total["display"][m] for m in money],
+        *[total["display"][m] for m, _ in SUMMARY_MONEY],
         str(total.get("entries", "")),
         style="bold",
     )
@@ -153,6 +161,7 @@ def import_bill_cmd(
 ) -> None:
     """Import a provider billing export and show the ledger vs bill difference per resource."""
     from broker.cli.db import open_settings, require_tenant
+    from broker.cli.output import fail
     from broker.finance.billing import BillError, import_bill, reconcile
     from broker.finance.money import plain, usd
     from broker.runtime import build_runtime
@@ -164,8 +173,7 @@ def import_bill_cmd(
         with console.status(f"importing {file.name}..."):
             summary = import_bill(rt, who, file, rt.clock(), provider=provider)
     except (BillError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        fail(exc)
     result = reconcile(rt, who, summary.id) or {}
     if as_json:
         print(json.dumps(result))

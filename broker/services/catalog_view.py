@@ -19,6 +19,7 @@ from broker.api.schemas import (
 from broker.loop.common import active_blocklist
 from broker.loop.place import extra_hourly, launchable_providers, storeless_providers
 from broker.runtime import Runtime
+from broker.services.accelerator_names import check_accelerators
 from broker.services.jobs import check_checkpoint_uri, check_secret_refs, new_id, spec_of
 from broker.store.db import plain
 from broker.store.tables import FeedStatus, Job, PressureRow, PriceChange
@@ -120,6 +121,7 @@ def quote_job(rt: Runtime, tenant: str, create: JobCreate, limit: int) -> QuoteR
     )
     spec = spec_of(probe)
     book = rt.catalog.book(now)
+    check_accelerators(spec.accelerators, book)
     with Session(rt.engine) as session:
         blocklist = active_blocklist(session, now)
     ctx = PlacementContext(

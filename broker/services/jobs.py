@@ -28,6 +28,7 @@ from broker.config.settings import Settings
 from broker.finance.unaccrued import unaccrued_usd
 from broker.market.catalog import CatalogCache
 from broker.services import jobs_pg
+from broker.services.accelerator_names import check_accelerators
 from broker.services.errors import Conflict, NotFoundError, Unprocessable
 from broker.store.db_async import AsyncPgPool
 from broker.store.tables import AuditEntry, Job, JobEvent, Placement
@@ -358,6 +359,7 @@ def _checked_job(
     )
     spec = spec_of(_unsaved(row))
     row["work_hours"] = row["remaining_work_hours"] = spec.work_hours
+    check_accelerators(spec.accelerators, book)
     relevant = [i.offering for group in book.for_accelerators(spec.accelerators) for i in group]
     if len(book) and not ever_feasible(spec, relevant):
         field = "accelerators" if not relevant else "gpu_count"

@@ -1008,16 +1008,23 @@ function schedulesPanel(schedules, refresh) {
   );
 }
 
-function niceTop(v) {
-  if (!(v > 0)) return 1;
-  const step = 10 ** Math.floor(Math.log10(v));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= step * m + 1e-9) return step * m;
-  return v;
+function tickStepCents(maxCents) {
+  // The y axis's step, in whole cents: the smallest of 1, 2, 2.5, 3, 4, 5, 6 and 8 times a power of ten whose four
+  // steps reach the highest day. Every tick is then a whole number of cents ($0.05, $0.10, $0.15), never $0.0625
+  // shown as $0.06 beside $0.13.
+  if (!(maxCents > 0)) return 25;
+  const raw = maxCents / 4;
+  for (let p = 10 ** Math.floor(Math.log10(raw)); ; p *= 10) {
+    for (const m of [1, 2, 2.5, 3, 4, 5, 6, 8]) {
+      const step = Math.round(m * p * 1e6) / 1e6;
+      if (step >= 1 && Number.isInteger(step) && step >= raw - 1e-9) return step;
+    }
+  }
 }
 
-function axisLabel(dollars, top) {
-  const places = top < 10 ? 2 : 0;
-  return `$${dollars.toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: places })}`;
+function axisLabel(cents, stepCents) {
+  const places = stepCents % 100 === 0 ? 0 : 2;
+  return `$${(cents / 100).toLocaleString("en-US", { minimumFractionDigits: places, maximumFractionDigits: places })}`;
 }
 
 function daysBetween(from, to) {
@@ -1043,7 +1050,8 @@ function dayChart(data, by) {
   const days = [...new Set([...daysBetween(data.from, data.to), ...rows.map((r) => r.day)])].sort();
   const cell = new Map(rows.map((r) => [`${r.day}|${r[by]}`, r]));
   const dayCents = days.map((d) => names.reduce((sum, n) => sum + cents((cell.get(`${d}|${n}`) || { display: {} }).display.cost_usd), 0));
-  const top = niceTop(Math.max(0, ...dayCents) / 100);
+  const step = tickStepCents(Math.max(0, ...dayCents));
+  const top = (4 * step) / 100; // dollars at the top of the axis
   const W = 760, H = 250, L = 64, R = 12, T = 22, B = 26;
   const plotW = W - L - R, plotH = H - T - B;
   const slot = plotW / days.length, bw = Math.min(48, Math.max(2, slot * 0.8));
@@ -1059,7 +1067,7 @@ function dayChart(data, by) {
   for (let k = 0; k <= 4; k += 1) {
     const y = T + plotH - (plotH * k) / 4;
     svg.append(el("line", { x1: L, x2: W - R, y1: y, y2: y, class: k ? "grid" : "baseline" }));
-    svg.append(el("text", { x: L - 6, y: y + 4, class: "yaxis", "data-testid": "y-tick" }, axisLabel((top * k) / 4, top)));
+    svg.append(el("text", { x: L - 6, y: y + 4, class: "yaxis", "data-testid": "y-tick" }, axisLabel(step * k, step)));
   }
   const labelEvery = Math.ceil(days.length / 12);
   days.forEach((d, i) => {

@@ -10,7 +10,7 @@ from html import escape
 from broker.finance.costs import Sums
 from broker.finance.reports.data import ReportData
 from broker.finance.reports.svg import stacked_bars
-from broker.finance.reports.tables import NOTE, TableSpec, report_tables, summary
+from broker.finance.reports.tables import NOTE, TableSpec, counted, report_tables, summary
 
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}"
@@ -79,8 +79,9 @@ def render_html(data: ReportData) -> bytes:
     body = (
         f"<h1>GPU training costs: {escape(data.tenant)}, {escape(data.title)}</h1>"
         f'<p id="period">Period {data.start:%Y-%m-%d %H:%M} to {data.end:%Y-%m-%d %H:%M} UTC (end exclusive); '
-        f'<span id="as-of">{escape(data.as_of_text)}</span>. {len(data.entries)} ledger entries, '
-        f"{data.job_count} jobs.{escape(still)}</p>"
+        f'<span id="as-of">{escape(data.as_of_text)}</span>. '
+        f"{counted(len(data.entries), 'ledger entry', 'ledger entries')}, "
+        f"{counted(data.job_count, 'job')}.{escape(still)}</p>"
         f'<div class="kpi">Total cost<b id="total-cost">{k["cost"]}</b></div>'
         f'<div class="kpi">On-demand equivalent<b id="total-on-demand">{k["on_demand"]}</b></div>'
         f'<div class="kpi">Saved by spot<b id="total-savings">{k["saved"]}</b></div>'

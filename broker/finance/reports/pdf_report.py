@@ -24,7 +24,7 @@ from reportlab.platypus import PageBreak, Paragraph, SimpleDocTemplate, Spacer, 
 
 from broker.finance.reports.data import ReportData
 from broker.finance.reports.svg import PALETTE, axis_label
-from broker.finance.reports.tables import NOTE, TableSpec, report_tables, summary
+from broker.finance.reports.tables import NOTE, TableSpec, counted, report_tables, summary
 
 CHART_W, CHART_H = 170 * mm, 70 * mm
 
@@ -141,7 +141,8 @@ def render_pdf(data: ReportData) -> bytes:
         Paragraph(
             escape(
                 f"Period {data.start:%Y-%m-%d %H:%M} to {data.end:%Y-%m-%d %H:%M} UTC (end exclusive); "
-                f"{data.as_of_text}. {len(data.entries)} ledger entries, {data.job_count} jobs.{still}"
+                f"{data.as_of_text}. {counted(len(data.entries), 'ledger entry', 'ledger entries')}, "
+                f"{counted(data.job_count, 'job')}.{still}"
             ),
             styles["Normal"],
         ),

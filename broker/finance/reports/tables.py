@@ -63,6 +63,11 @@ def _grouped(title: str, grouped: Grouped) -> TableSpec:
     return _money_table(title, ", ".join(grouped.group_by), lines, grouped.total)
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` with its noun, singular for exactly one: "1 job", "6 jobs", "1 ledger entry"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def costliest_jobs(data: ReportData) -> TableSpec:
     """The top jobs with their name, team, project and where they ran, then every other job as one line."""
     lines: list[Sums] = [j.sums for j in data.top_jobs]
@@ -79,7 +84,15 @@ def costliest_jobs(data: ReportData) -> TableSpec:
         rest = data.job_count - len(data.top_jobs)
         name = f"{rest} other job{'s' if rest != 1 else ''}"
         rows.append([name, "", "", "", "", usd(r.cost_usd), usd(r.savings_usd)])
-    total = [f"Total ({data.job_count} jobs)", "", "", "", "", usd(footer.cost_usd), usd(footer.savings_usd)]
+    total = [
+        f"Total ({counted(data.job_count, 'job')})",
+        "",
+        "",
+        "",
+        "",
+        usd(footer.cost_usd),
+        usd(footer.savings_usd),
+    ]
     header = ["job", "name", "team", "project", "where it ran", "cost", "saved by spot"]
     return TableSpec("Costliest jobs", header, rows, total, 5)
 
