@@ -111,6 +111,11 @@ class BrokerClient:
         """Cancel a job; any instance it holds is stopped by the broker's next tick."""
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
+    def notice(self, job_id: str) -> dict[str, Any]:
+        """Development drill: deliver a spot interruption notice to the job's running attempt (refused in
+        production): `{job_id, placement_id, instance_id, deadline}`."""
+        return self._call("POST", f"/v1/jobs/{job_id}/notice")  # type: ignore[no-any-return]
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events, oldest first."""
         answer = self._call("GET", f"/v1/jobs/{job_id}/events")

