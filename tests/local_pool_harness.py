@@ -135,12 +135,14 @@ def kill_under(root: Path) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def example_job(tmp: Path, **env: str) -> Path:
-    """examples/train-local.yaml with the workload's variables overridden (shorter runs)."""
+def example_job(tmp: Path, image: str | None = None, **env: str) -> Path:
+    """examples/train-local.yaml with the workload's variables overridden (shorter runs), and its image."""
     import yaml
 
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["env"] = {**spec.get("env", {}), **env}
+    if image:
+        spec["image"] = image
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

@@ -390,6 +390,31 @@ def notice(
 
 
 @app.command()
+def events(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new events until the job has ended")
+    ] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """A job's timeline, oldest first: when it was placed, launched, started, noticed, checkpointed, re-placed,
+    finished, and what it cost (one line per event; --json: one JSON object per line)."""
+    client = BrokerClient(url, api_key)
+    try:
+        stream = client.follow_events(job_id) if follow else iter(client.events(job_id))
+        for event in stream:
+            if as_json:
+                print(json.dumps(event), flush=True)
+            else:
+                at = str(event["at"]).replace("T", " ")[:19]
+                print(f"{at}  {event['kind']:<24} {event['message']}", flush=True)
+    except ApiError as exc:
+        _fail(exc)
+
+
+@app.command()
 def logs(
     job_id: Annotated[str, typer.Argument(help="the job's id")],
     follow: Annotated[

@@ -140,6 +140,8 @@ def launch_script(root: str, meta: dict[str, object], user_data: str) -> str:
             "done",
             'OVERSPILL_METADATA_URL="http://127.0.0.1:$(cat "$root/imds/port")"',
             "export OVERSPILL_METADATA_URL",
+            "OVERSPILL_AGENT_PULL_POLICY=missing",  # images built on the host are used as they are
+            "export OVERSPILL_AGENT_PULL_POLICY",
             'cd "$root"',
             'if ! sh "$root/user-data.sh" >"$root/user-data.log" 2>&1; then',
             '  tail -c 2000 "$root/user-data.log" >"$root/launch-failed"',
