@@ -10,6 +10,9 @@ uninterrupted run of the same script).
 - `final_weights(store, job_id)`: `weights-final.npz` from the job's last checkpoint in a `file://` store (its
   manifest names the file's content-addressed object).
 - `kill_under(root)`: SIGKILL every process whose command line or working directory lies under `root`.
+- `run_drill(broker, tmp, job_file)`: the newcomer's walk (submit, `logs -f`, `notice`, wait for the end) with its
+  checks (a notice drill, two attempts, the second resumed, weights bit-identical to `reference_weights`); returns
+  the job id and the measured seconds (submit to finished, notice to the resumed attempt's start).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 OVERSPILL = str(Path(sys.executable).with_name("overspill"))
 EXAMPLE = REPO / "examples" / "train-local.yaml"
 KEY = "ovs_devadmin_local-development-only"
+STEPS = {"STEPS": "300", "CHECKPOINT_EVERY": "50", "STEP_SECONDS": "0.1"}  # about 30 s of training
 
 
 @dataclass
@@ -148,13 +153,23 @@ def example_job(tmp: Path, image: str | None = None, **env: str) -> Path:
     return path
 
 
-def reference_weights(tmp: Path, env: dict[str, str]) -> dict[str, np.ndarray]:
-    """The example trained straight through, without the agent (STEP_SECONDS 0: the pause changes nothing)."""
+def reference_weights(tmp: Path, env: dict[str, str], image: str | None = None) -> dict[str, np.ndarray]:
+    """The example trained straight through, without the agent (STEP_SECONDS 0: the pause changes nothing): here,
+    or in `image` with podman (its own NumPy build and BLAS give other last bits than this machine's, so a container
+    run is compared with a run in the same image)."""
     ckpt = tmp / "reference"
-    run_env = {**os.environ, **env, "STEP_SECONDS": "0", "OVERSPILL_CHECKPOINT_DIR": str(ckpt)}
-    for name in ("OVERSPILL_PROGRESS_FILE", "OVERSPILL_RESUME"):
-        run_env.pop(name, None)
-    subprocess.run([sys.executable, "-m", "examples.train_numpy"], env=run_env, cwd=REPO, check=True, timeout=300)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    if image:
+        from tests.container_images import podman
+
+        variables = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        podman("run", "--rm", "-v", f"{ckpt}:/ckpt", "-e", "OVERSPILL_CHECKPOINT_DIR=/ckpt", "-e", "STEP_SECONDS=0",
+               *variables, image, "python3", "-m", "examples.train_numpy")  # fmt: skip
+    else:
+        run_env = {**os.environ, **env, "STEP_SECONDS": "0", "OVERSPILL_CHECKPOINT_DIR": str(ckpt)}
+        for name in ("OVERSPILL_PROGRESS_FILE", "OVERSPILL_RESUME"):
+            run_env.pop(name, None)
+        subprocess.run([sys.executable, "-m", "examples.train_numpy"], env=run_env, cwd=REPO, check=True, timeout=300)
     with np.load(ckpt / "weights-final.npz") as z:
         return {k: z[k].copy() for k in z.files}
 
@@ -171,3 +186,91 @@ def final_weights(store: Path, job_id: str) -> dict[str, np.ndarray]:
         with np.load(path) as z:
             return {k: z[k].copy() for k in z.files}
     raise AssertionError(f"no checkpoint manifest of {job_id} under {store}")
+
+
+def job_id_of(submitted: str) -> str:
+    return next(word for word in submitted.split() if word.startswith("job_"))
+
+
+def _follow(broker: Broker, job_id: str, lines: list[str]) -> threading.Thread:
+    """`overspill logs JOB -f` in its own process, its lines collected as they come."""
+    env = {**os.environ, "OVERSPILL_URL": broker.url, "OVERSPILL_API_KEY": KEY}
+    proc = subprocess.Popen(
+        [OVERSPILL, "logs", job_id, "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+        proc.wait()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for(lines: list[str], needle: str, timeout: float) -> float:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(needle in line for line in lines):
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} never appeared in the streamed log:\n" + "\n".join(lines[-40:]))
+
+
+def run_drill(
+    broker: Broker, tmp: Path, job_file: Path, *, zone: str = "local", image: str | None = None
+) -> tuple[str, dict[str, float]]:
+    """Submit, stream, notice, resume, finish (both attempts on the pool's host `zone`); returns the measured times
+    (seconds)."""
+    t0 = time.monotonic()
+    job_id = job_id_of(broker.cli("submit", str(job_file)))
+    broker.wait_state(job_id, {"running"}, timeout=120)
+    lines: list[str] = []
+    # the log appears once the agent has shipped its first chunk: retry until `logs -f` has something to follow
+    end = time.monotonic() + 60
+    while not broker.cli("logs", job_id).strip() and time.monotonic() < end:
+        time.sleep(0.5)
+    follower = _follow(broker, job_id, lines)
+    _wait_for(lines, "step 100/", timeout=120)
+    noticed = time.monotonic()
+    said = broker.cli("notice", job_id)
+    assert "notice delivered" in said, said
+    follower.join(timeout=120)
+    assert any("interruption notice: checkpoint saved at step" in line for line in lines), lines[-20:]
+    job = broker.wait_state(job_id, {"succeeded", "failed", "paused", "cancelled"}, timeout=300)
+    done = time.monotonic()
+    assert job["state"] == "succeeded", job
+    assert job["placement"]["zone"] == zone and job["placement"]["instance_id"].startswith(f"{zone}/"), job  # type: ignore[index]
+    kinds = [e["kind"] for e in broker.events(job_id)]
+    assert "notice_drill" in kinds, kinds
+    attempts = [e for e in broker.events(job_id) if e["kind"] == "agent_started"]
+    assert len(attempts) == 2, kinds
+    resumed_at = _event_time(broker, job_id, "agent_started", last=True)
+    noticed_at = _event_time(broker, job_id, "notice_drill")
+    second = broker.cli("logs", job_id)
+    assert "resumed from the checkpoint at step" in second, second[-2000:]
+    want = reference_weights(tmp, STEPS, image)
+    got = final_weights(broker.store, job_id)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].tobytes() == want[name].tobytes(), name
+    return job_id, {
+        "submit_to_finished_s": round(done - t0, 1),
+        "notice_to_resumed_s": round(resumed_at - noticed_at, 1),
+        "notice_cli_to_finished_s": round(done - noticed, 1),
+    }
+
+
+def _event_time(broker: Broker, job_id: str, kind: str, *, last: bool = False) -> float:
+    from datetime import datetime
+
+    found = [e for e in broker.events(job_id) if e["kind"] == kind]
+    assert found, kind
+    event = found[-1] if last else found[0]
+    return datetime.fromisoformat(str(event["at"]).replace("Z", "+00:00")).timestamp()

@@ -9,10 +9,6 @@ The same on podman (the example in a container image) and on a host reached over
 
 from __future__ import annotations
 
-import os
-import subprocess
-import threading
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,95 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.local_pool_harness import KEY, OVERSPILL, Broker, example_job, final_weights, reference_weights
-
-STEPS = {"STEPS": "300", "CHECKPOINT_EVERY": "50", "STEP_SECONDS": "0.1"}
-
-
-def _job_id(submitted: str) -> str:
-    return next(word for word in submitted.split() if word.startswith("job_"))
-
-
-def _follow(broker: Broker, job_id: str, lines: list[str]) -> threading.Thread:
-    """`overspill logs JOB -f` in its own process, its lines collected as they come."""
-    env = {**os.environ, "OVERSPILL_URL": broker.url, "OVERSPILL_API_KEY": KEY}
-    proc = subprocess.Popen(
-        [OVERSPILL, "logs", job_id, "-f"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-        proc.wait()
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
-def _wait_for(lines: list[str], needle: str, timeout: float) -> float:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if any(needle in line for line in lines):
-            return time.monotonic()
-        time.sleep(0.1)
-    raise AssertionError(f"{needle!r} never appeared in the streamed log:\n" + "\n".join(lines[-40:]))
-
-
-def run_drill(broker: Broker, tmp: Path, job_file: Path, *, zone: str = "local") -> tuple[str, dict[str, float]]:
-    """Submit, stream, notice, resume, finish (both attempts on the pool's host `zone`); returns the measured times
-    (seconds)."""
-    t0 = time.monotonic()
-    job_id = _job_id(broker.cli("submit", str(job_file)))
-    broker.wait_state(job_id, {"running"}, timeout=120)
-    lines: list[str] = []
-    # the log appears once the agent has shipped its first chunk: retry until `logs -f` has something to follow
-    end = time.monotonic() + 60
-    while not broker.cli("logs", job_id).strip() and time.monotonic() < end:
-        time.sleep(0.5)
-    follower = _follow(broker, job_id, lines)
-    _wait_for(lines, "step 100/", timeout=120)
-    noticed = time.monotonic()
-    said = broker.cli("notice", job_id)
-    assert "notice delivered" in said, said
-    follower.join(timeout=120)
-    assert any("interruption notice: checkpoint saved at step" in line for line in lines), lines[-20:]
-    job = broker.wait_state(job_id, {"succeeded", "failed", "paused", "cancelled"}, timeout=300)
-    done = time.monotonic()
-    assert job["state"] == "succeeded", job
-    assert job["placement"]["zone"] == zone and job["placement"]["instance_id"].startswith(f"{zone}/"), job  # type: ignore[index]
-    kinds = [e["kind"] for e in broker.events(job_id)]
-    assert "notice_drill" in kinds, kinds
-    attempts = [e for e in broker.events(job_id) if e["kind"] == "agent_started"]
-    assert len(attempts) == 2, kinds
-    resumed_at = _event_time(broker, job_id, "agent_started", last=True)
-    noticed_at = _event_time(broker, job_id, "notice_drill")
-    second = broker.cli("logs", job_id)
-    assert "resumed from the checkpoint at step" in second, second[-2000:]
-    want = reference_weights(tmp, STEPS)
-    got = final_weights(broker.store, job_id)
-    assert sorted(got) == sorted(want)
-    for name in want:
-        assert got[name].dtype == want[name].dtype and got[name].tobytes() == want[name].tobytes(), name
-    return job_id, {
-        "submit_to_finished_s": round(done - t0, 1),
-        "notice_to_resumed_s": round(resumed_at - noticed_at, 1),
-        "notice_cli_to_finished_s": round(done - noticed, 1),
-    }
-
-
-def _event_time(broker: Broker, job_id: str, kind: str, *, last: bool = False) -> float:
-    from datetime import datetime
-
-    found = [e for e in broker.events(job_id) if e["kind"] == kind]
-    assert found, kind
-    event = found[-1] if last else found[0]
-    return datetime.fromisoformat(str(event["at"]).replace("Z", "+00:00")).timestamp()
+from tests.local_pool_harness import KEY, STEPS, Broker, example_job, job_id_of, reference_weights, run_drill
 
 
 @pytest.fixture
@@ -149,7 +57,7 @@ def test_example_job_survives_a_notice_with_bit_identical_weights(broker: Broker
 def test_notice_is_refused_in_production(tmp_path: Path) -> None:
     b = Broker.start(tmp_path, {"OVERSPILL_ENV": "production", "OVERSPILL_LOCAL_POOL": "true"})
     try:
-        job_id = _job_id(b.cli("submit", str(example_job(tmp_path, **STEPS))))
+        job_id = job_id_of(b.cli("submit", str(example_job(tmp_path, **STEPS))))
         said = b.cli("notice", job_id, check=False)
         assert "production" in said, said
     finally:
@@ -218,7 +126,7 @@ def test_example_job_in_a_podman_container_survives_a_notice(tmp_path: Path) -> 
         },
     )
     try:
-        _, figures = run_drill(b, tmp_path, example_job(tmp_path, image=image, **STEPS))
+        _, figures = run_drill(b, tmp_path, example_job(tmp_path, image=image, **STEPS), image=image)
         print("local pool, podman runtime:", figures)
     finally:
         b.stop()

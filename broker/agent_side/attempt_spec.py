@@ -151,10 +151,14 @@ def build_spec(
 ) -> p.AttemptSpec:
     """The attempt's spec. Raises ValueError naming the field when the job's image is no image reference or one of
     its secret references is not its tenant's to use."""
-    try:
-        validate_image(spec.image)
-    except ValueError as exc:
-        raise ValueError(f"image: {exc}") from None
+    runtime = p.Runtime(
+        settings.agent_runtime.get(provider_name, str(getattr(provider, "default_runtime", p.Runtime.DOCKER.value)))
+    )
+    if spec.image or runtime is not p.Runtime.PROCESS:  # the process runtime runs the command on the host: no image
+        try:
+            validate_image(spec.image)
+        except ValueError as exc:
+            raise ValueError(f"image: {exc} (the {runtime.value} runtime of {provider_name} needs one)") from None
     refused = secret_refusals(settings, spec.tenant, spec)
     if refused:
         raise ValueError("; ".join(f"{name}: {reason}" for name, reason in refused))
@@ -164,9 +168,7 @@ def build_spec(
         placement_id=placement_id,
         tenant=spec.tenant,
         command=tuple(spec.command),
-        runtime=p.Runtime(
-            settings.agent_runtime.get(provider_name, str(getattr(provider, "default_runtime", p.Runtime.DOCKER.value)))
-        ),
+        runtime=runtime,
         checkpoint=p.CheckpointSpec(
             uri=checkpoint_uri if checkpoint_uri.endswith("/") else checkpoint_uri + "/",
             resume=resume,
