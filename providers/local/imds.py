@@ -78,12 +78,17 @@ def _agent_alive(root: str) -> bool:
     except (OSError, ValueError):
         return True
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie (no init reaping it) has ended
+    except (OSError, IndexError):
+        pass
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not os.path.isdir("/proc/1")
 
 
 if __name__ == "__main__":

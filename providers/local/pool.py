@@ -16,8 +16,8 @@ A first-class provider (`providers.base`): `launch` / `terminate` / `get` / `get
   unreachable host raises it too (zone scope: the host is avoided a while).
 - State: PENDING until the agent's PID is recorded, RUNNING while that process lives, then SUCCEEDED with
   `ended_at` (the agent exits once its final report is in the mailbox; the verdict is that report's), FAILED with
-  `launch_error` when the start-up script failed, TERMINATED once `terminate` began. Every ended instance is
-  `lingering` until its directory is gone.
+  `launch_error` when the start-up script failed (both `lingering`: terminate is still due), TERMINATED once
+  `terminate` began (released: the host's reaper removes the rest), gone once its directory is.
 - `terminate` sends the agent SIGTERM (it saves and reports, as on a shutdown) and, detached on the host, kills
   what is left after `stop_grace_seconds` and removes the directory; it returns at once and converges.
 - `inject_notice(instance_id)`: a development drill, an AWS-format spot interruption (`instance-action`,
@@ -61,7 +61,6 @@ NAME = "local"
 CPU = "CPU"
 STATUS_TTL = 1.0
 NOTICE_LEAD = timedelta(minutes=2)  # what EC2 gives a spot instance
-_SIZE = re.compile(r"-(\d+)$")
 
 
 class LaunchFailed(ProviderError):
@@ -220,8 +219,10 @@ class LocalPool:
         for row in self._rows(host):
             if row.get("stopping") or row.get("launch_failed") or row.get("ended_at") is not None:
                 continue
-            m = _SIZE.search(str((row.get("meta") or {}).get("offering_key", "")))  # type: ignore[union-attr]
-            used += int(m.group(1)) if m else 1
+            try:
+                used += max(1, int((row.get("meta") or {}).get("slots", 1)))  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                used += 1
         return used
 
     # -- the provider contract -------------------------------------------------------------------------------------
@@ -247,6 +248,7 @@ class LocalPool:
                 "tags": request.tags.as_dict(),
                 "launch_token": request.launch_token,
                 "offering_key": offering.key,
+                "slots": offering.accelerator_count,
                 "launched_at": self.clock().isoformat(),
             }
             done = host.host.sh(scripts.launch_script(root, meta, request.user_data))
@@ -272,27 +274,33 @@ class LocalPool:
         self._forget(host)
 
     def get(self, instance_id: str) -> Instance:
-        found = self._split(instance_id)
+        found = self.get_many([instance_id]).get(instance_id)
         if found is None:
             raise NotFound(f"no instance {instance_id}", provider=self.name)
-        host, placement_id = found
-        try:
-            row = self._find(host, placement_id)
-        except HostUnreachable as exc:
-            raise InsufficientCapacity(str(exc), provider=self.name) from None
-        if row is None:
-            raise NotFound(f"no instance {instance_id}", provider=self.name)
-        return self._instance(host, row)
+        if isinstance(found, ProviderError):
+            raise found
+        return found
 
     def get_many(self, instance_ids: Sequence[str]) -> Mapping[str, Instance | ProviderError]:
+        """One status read per host for all the ids on it (fresh: never the offerings' cached view)."""
         out: dict[str, Instance | ProviderError] = {}
+        wanted: dict[str, list[tuple[str, str]]] = {}
         for iid in instance_ids:
+            found = self._split(iid)
+            if found is not None:
+                wanted.setdefault(found[0].name, []).append((iid, found[1]))
+        for name, ids in wanted.items():
+            host = self.hosts[name]
             try:
-                out[iid] = self.get(iid)
-            except NotFound:
+                rows = {str(r.get("id")): r for r in self._rows(host, fresh=True)}
+            except HostUnreachable as exc:
+                error = InsufficientCapacity(str(exc), provider=self.name)
+                out.update(dict.fromkeys((iid for iid, _ in ids), error))
                 continue
-            except ProviderError as exc:
-                out[iid] = exc
+            for iid, placement_id in ids:
+                row = rows.get(placement_id)
+                if row is not None:
+                    out[iid] = self._instance(host, row)
         return out
 
     def list_instances(self) -> list[Instance]:
@@ -381,7 +389,7 @@ class LocalPool:
             started_at=started,
             ended_at=ended if state.terminal else None,
             detail=detail,
-            lingering=state.terminal,
+            lingering=state in (InstanceState.SUCCEEDED, InstanceState.FAILED),  # terminate is still due
             launch_error=error,
         )
 

@@ -29,12 +29,17 @@ import json, os, sys, time
 base = sys.argv[1]
 def alive(pid):
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie (no init reaping it) has ended
+    except (OSError, IndexError):
+        pass
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not os.path.isdir("/proc/1")
 try:
     names = sorted(os.listdir(base))
 except OSError:
