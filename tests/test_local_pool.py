@@ -40,7 +40,7 @@ def test_example_job_survives_a_notice_with_bit_identical_weights(broker: Broker
     # the timeline, as `overspill events` prints it (and --follow on an ended job prints it all and returns)
     timeline = broker.cli("events", job_id, "--follow", timeout=60)
     kinds = [line.split()[2] for line in timeline.splitlines() if line.strip()]
-    assert kinds.count("agent_started") == 2 and "notice_drill" in kinds and kinds[-1] in ("cost_accrued", "finished")
+    assert kinds.count("agent_started") == 2 and "notice_drill" in kinds and "finished" in kinds
     assert kinds.index("notice_drill") < kinds.index("preempted") < len(kinds) - 1 - kinds[::-1].index("agent_started")
     # the ledger at the pool's rate, one line per attempt
     costs = httpx.get(
@@ -55,7 +55,8 @@ def test_example_job_survives_a_notice_with_bit_identical_weights(broker: Broker
 
 
 def test_notice_is_refused_in_production(tmp_path: Path) -> None:
-    b = Broker.start(tmp_path, {"OVERSPILL_ENV": "production", "OVERSPILL_LOCAL_POOL": "true"})
+    secrets = {"OVERSPILL_BOOTSTRAP_API_KEY": "ovs_prodadmin_" + "k" * 40, "OVERSPILL_CALLBACK_SECRET": "c" * 40}
+    b = Broker.start(tmp_path, {"OVERSPILL_ENV": "production", "OVERSPILL_LOCAL_POOL": "true", **secrets})
     try:
         job_id = job_id_of(b.cli("submit", str(example_job(tmp_path, **STEPS))))
         said = b.cli("notice", job_id, check=False)
