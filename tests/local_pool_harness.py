@@ -173,7 +173,14 @@ def reference_weights(tmp: Path, env: dict[str, str], image: str | None = None) 
         run_env = {**os.environ, **env, "STEP_SECONDS": "0", "OVERSPILL_CHECKPOINT_DIR": str(ckpt)}
         for name in ("OVERSPILL_PROGRESS_FILE", "OVERSPILL_RESUME"):
             run_env.pop(name, None)
-        subprocess.run([sys.executable, "-m", "examples.train_numpy"], env=run_env, cwd=REPO, check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "examples.train_numpy"],
+            env=run_env,
+            cwd=REPO,
+            check=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+        )
     with np.load(ckpt / "weights-final.npz") as z:
         return {k: z[k].copy() for k in z.files}
 
