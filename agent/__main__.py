@@ -8,7 +8,8 @@
 Environment: `OVERSPILL_METADATA_URL` (metadata server base, default http://169.254.169.254), endpoint overrides
 `AWS_ENDPOINT_URL[_S3|_SECRETS_MANAGER|_ECR]`, `STORAGE_EMULATOR_HOST`, `OVERSPILL_AZURE_BLOB_ENDPOINT`,
 `OVERSPILL_GCP_SECRET_MANAGER_ENDPOINT`, `OVERSPILL_AZURE_KEYVAULT_ENDPOINT`, `OVERSPILL_ACR_ENDPOINT`, and
-`OVERSPILL_REGISTRY_CERT_DIR` (a private registry's CA, podman).
+`OVERSPILL_REGISTRY_CERT_DIR` (a private registry's CA, podman), and `OVERSPILL_AGENT_PULL_POLICY=missing` (use an
+image the runtime already holds instead of pulling it: the local pool's hosts).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ It needs only `python3` (3.8+) on the machine: it fetches the agent's wheel (the
 checkpoint store and passes a URL the instance can read: a presigned HTTPS URL, or `file://` on a shared
 filesystem), checks its SHA-256, and runs `PYTHONPATH=<wheel> python3 -m agent run --spec <URI>`, as a transient
 systemd service when systemd is the init (so a shutdown sends the agent SIGTERM and waits for it: KillMode=mixed,
-`stop_timeout` seconds), else detached with nohup. The agent's own output goes to `<work root>/agent.log`.
+`stop_timeout` seconds), else detached with nohup (its PID in `<work root>/agent.pid`). The agent's own output goes to
+`<work root>/agent.log`.
 
 `startup_script()` renders it; every value is shell-quoted. Only what the agent needs goes in: the spec URI and the
 endpoint variables (`env`); never a secret or the report key (those stay in the spec, read by the agent alone).
@@ -45,8 +46,10 @@ def startup_script(
     env: dict[str, str] | None = None,
     stop_timeout: int = 60,
     agent_args: tuple[str, ...] = (),
+    systemd: bool = True,
 ) -> str:
-    """The script's text. Raises ValueError for a malformed digest or environment variable name."""
+    """The script's text. Raises ValueError for a malformed digest or environment variable name. `systemd=False`
+    never starts the agent as a systemd unit (a local pool runs several attempts on one host, as one user)."""
     if not re.fullmatch(r"[0-9a-f]{64}", wheel_sha256):
         raise ValueError("wheel_sha256 must be 64 lower-case hex digits")
     q = shlex.quote
@@ -60,6 +63,13 @@ def startup_script(
     command = " ".join(
         q(a) for a in ("python3", "-m", "agent", "run", "--spec", spec_uri, "--work-dir", f"{root}/work", *agent_args)
     )
+    service = [
+        "if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then",
+        f"  exec systemd-run --unit=overspill-agent --collect --property=KillMode=mixed "
+        f"--property=TimeoutStopSec={int(stop_timeout)} --property=StandardOutput=append:{q(root + '/agent.log')} "
+        f"--property=StandardError=append:{q(root + '/agent.log')} --setenv=PYTHONPATH {setenvs} {command}".rstrip(),
+        "fi",
+    ]
     lines = [
         "#!/bin/sh",
         "# Overspill: install and start the instance agent (generated; the same on every cloud).",
@@ -73,11 +83,8 @@ def startup_script(
         "fi",
         *exports,
         f"export PYTHONPATH={q(wheel)}",
-        "if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then",
-        f"  exec systemd-run --unit=overspill-agent --collect --property=KillMode=mixed "
-        f"--property=TimeoutStopSec={int(stop_timeout)} --property=StandardOutput=append:{q(root + '/agent.log')} "
-        f"--property=StandardError=append:{q(root + '/agent.log')} --setenv=PYTHONPATH {setenvs} {command}".rstrip(),
-        "fi",
+        *(service if systemd else []),
         f"nohup setsid {command} >>{q(root + '/agent.log')} 2>&1 </dev/null &",
+        f"echo $! >{q(root + '/agent.pid')}",
     ]
     return "\n".join(lines) + "\n"

@@ -64,6 +64,9 @@ PROGRESS_NAME = "progress.json"
 NOTICE_NAME = "notice.json"
 TAIL_BYTES = 4096
 EXIT_REPORTED, EXIT_UNREPORTED, EXIT_NO_SPEC = 0, 1, 2
+# `missing`: use an image the host's runtime already holds instead of pulling it (the local pool sets it: a user's
+# own machine runs images built there, never pushed); unset: always pull, as on a fresh cloud instance
+ENV_PULL_POLICY = "OVERSPILL_AGENT_PULL_POLICY"
 
 
 class SpecUnavailable(Exception):
@@ -376,9 +379,12 @@ class Agent:
                     self.redactor.add(login.password)
                     self.logs.note(f"logging in to {login.server} as {login.username}")
                     client.login(login)
-                self.logs.note(f"pulling {spec.image}")
                 try:
-                    client.pull(spec.image)
+                    if self.env.get(ENV_PULL_POLICY) == "missing" and client.has_image(spec.image):
+                        self.logs.note(f"using the local image {spec.image} (pull policy: missing)")
+                    else:
+                        self.logs.note(f"pulling {spec.image}")
+                        client.pull(spec.image)
                 finally:
                     if login is not None:  # the credentials are not needed any more
                         client.logout(login.server)

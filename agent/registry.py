@@ -216,6 +216,10 @@ class Client:
                 self.sleep(min(30.0, self.base_delay * 2**n) * (0.5 + 0.5 * _jitter()))
         raise RegistryError(f"registry login to {login.server} as {login.username} failed: {last}")
 
+    def has_image(self, image: str) -> bool:
+        """Whether the runtime's local store already holds `image`."""
+        return self._run(["image", "inspect", image], timeout=60).returncode == 0
+
     def pull(self, image: str) -> None:
         last = ""
         for n in range(self.attempts):

@@ -1,9 +1,10 @@
 """Wiring: one `Runtime` holds the settings, engine, providers and caches a process uses.
 
 `build_runtime(settings)` migrates the database, installs the bootstrap admin key and builds the providers the
-settings enable (the simulated market and on-prem cluster by default), with what each launching cloud's instances
-bill beside compute (`extras`: boot disk, public IPv4; `broker.config.launch.instance_extras`). Nothing is built
-at import time.
+settings enable (the simulated market and on-prem cluster by default; the local pool of real machines when
+`local_pool` is on, with its default checkpoint store: `broker.config.local_pool`), with what each launching
+cloud's instances bill beside compute (`extras`: boot disk, public IPv4; `broker.config.launch.instance_extras`).
+Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from broker.api.auth import KeyVerifier, ensure_bootstrap_key
 from broker.config.checkpoint_stores import CheckpointStores
 from broker.config.feeds import build_price_feeds
 from broker.config.launch import instance_extras
+from broker.config.local_pool import build_local_pool, local_pool_enabled, with_local_store
 from broker.config.providers import build_providers
 from broker.config.settings import Settings
 from broker.market.catalog import CatalogCache
@@ -107,6 +109,7 @@ class Runtime:
 
 def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Engine | None = None) -> Runtime:
     clock = clock or utcnow
+    settings = with_local_store(settings)
     engine = engine or make_engine(settings)
     migrate.upgrade(engine)
     if settings.bootstrap_api_key and ensure_bootstrap_key(
@@ -136,6 +139,10 @@ def build_runtime(settings: Settings, *, clock: Clock | None = None, engine: Eng
         providers[onprem.name] = onprem
         offering_sources.append(onprem)
         pressure_sources.append(onprem)
+    if local_pool_enabled(settings):
+        pool = build_local_pool(settings)
+        providers[pool.name] = pool
+        offering_sources.append(pool)
     offering_sources.extend(build_price_feeds(settings, engine))
     for provider in build_providers(settings):
         providers[provider.name] = provider

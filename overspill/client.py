@@ -106,10 +106,35 @@ class BrokerClient:
         """Cancel a job; any instance it holds is stopped by the broker's next tick."""
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
+    def notice(self, job_id: str) -> dict[str, Any]:
+        """Development drill: deliver a spot interruption notice to the job's running attempt (refused in
+        production): `{job_id, placement_id, instance_id, deadline}`."""
+        return self._call("POST", f"/v1/jobs/{job_id}/notice")  # type: ignore[no-any-return]
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events, oldest first."""
         answer = self._call("GET", f"/v1/jobs/{job_id}/events")
         return answer["items"] if isinstance(answer, dict) else answer  # type: ignore[no-any-return]
+
+    def follow_events(self, job_id: str, *, interval: float = 2.0) -> Iterator[dict[str, Any]]:
+        """Every event of the job, oldest first, then each new one as it comes, until the job has ended (succeeded,
+        failed or cancelled) and its last events are out. Pages through `after=<last id>`."""
+        after: str | None = None
+        ended = False
+        while True:
+            params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
+            page = self._call("GET", f"/v1/jobs/{job_id}/events", params=params)
+            items = page["items"] if isinstance(page, dict) else page
+            for item in items:
+                after = str(item["id"])
+                yield item
+            if len(items) == 1000:
+                continue
+            if ended:
+                return
+            ended = self.get(job_id)["state"] in TERMINAL_STATES  # one more read after the end: its last events
+            if not ended:
+                time.sleep(interval)
 
     def jobs(self, **params: Any) -> dict[str, Any]:
         """A page of jobs: `{"items": [...], "next_cursor": ...}` (filters: state, team, project, cursor, limit)."""

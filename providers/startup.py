@@ -26,10 +26,12 @@ def startup_script(
     spec_uri: str,
     env: dict[str, str] | None = None,
     root: str = DEFAULT_ROOT,
+    systemd: bool = True,
 ) -> str:
-    """The script's text; ValueError for a malformed digest or environment variable name."""
+    """The script's text; ValueError for a malformed digest or environment variable name. `systemd=False`: the
+    agent is never started as a systemd unit (the local pool: several attempts on one host)."""
     return bootstrap.startup_script(
-        wheel_url=wheel_url, wheel_sha256=wheel_sha256, spec_uri=spec_uri, env=env or {}, root=root
+        wheel_url=wheel_url, wheel_sha256=wheel_sha256, spec_uri=spec_uri, env=env or {}, root=root, systemd=systemd
     )
 
 

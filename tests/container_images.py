@@ -98,3 +98,24 @@ def train_image() -> str:
     (context / "Containerfile").write_text(f"FROM {base}\nCOPY train.py /app/train.py\n")
     podman("build", "-q", "-t", image, str(context))
     return image
+
+
+def examples_image() -> str:
+    """localhost/overspill-test/examples:<hash>: the base with the repository's examples/ at /app/examples and
+    PYTHONPATH=/app, so `python3 -m examples.train_numpy` runs the example training job in it."""
+    base = base_image()
+    source = Path(__file__).resolve().parent.parent / "examples"
+    files = sorted(p for p in source.iterdir() if p.suffix == ".py")
+    digest = hashlib.sha256(base.encode())
+    for path in files:
+        digest.update(path.name.encode() + path.read_bytes())
+    image = f"localhost/overspill-test/examples:{digest.hexdigest()[:12]}"
+    if _exists(image):
+        return image
+    context = CACHE / f"context-examples-{digest.hexdigest()[:12]}"
+    (context / "examples").mkdir(parents=True, exist_ok=True)
+    for path in files:
+        shutil.copy(path, context / "examples" / path.name)
+    (context / "Containerfile").write_text(f"FROM {base}\nCOPY examples /app/examples\nENV PYTHONPATH=/app\n")
+    podman("build", "-q", "-t", image, str(context))
+    return image

@@ -32,7 +32,7 @@ def test_submit_returns_202_and_pending_job(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ({"gpu_count": 0}, "gpu_count"),
+        ({"gpu_count": -1}, "gpu_count"),  # 0 is a CPU job (tests/test_cpu_jobs.py)
         ({"max_total_usd": "-1"}, "max_total_usd"),
         ({"max_total_usd": "abc"}, "max_total_usd"),
         ({"accelerators": []}, "accelerators"),

@@ -66,7 +66,7 @@ def test_submit_jobs_quote_pools_against_a_server(server: str, tmp_path: Path) -
     pools = json.loads(runner.invoke(app, ["pools", "--accelerator", "V100", "--json"], env=env).stdout)
     assert pools and {p["accelerator"] for p in pools} == {"V100"}
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(job_body(gpu_count=0)))
+    bad.write_text(json.dumps(job_body(gpu_count=-1)))
     failed = runner.invoke(app, ["submit", str(bad)], env=env)
     assert failed.exit_code == 2 and "gpu_count" in failed.output  # the caller's to fix
     raised = runner.invoke(

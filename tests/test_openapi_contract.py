@@ -137,7 +137,7 @@ def test_a_missing_callback_token_is_401_and_a_malformed_one_403(api: TestClient
 def test_problem_details_name_each_field_and_its_real_location(api: TestClient) -> None:
     api.headers.update(AUTH)
     cases = [
-        (api.post("/v1/jobs", json=job_body(gpu_count=0)), 422, "gpu_count", "body"),
+        (api.post("/v1/jobs", json=job_body(gpu_count=-1)), 422, "gpu_count", "body"),
         (api.get("/v1/jobs", params={"limit": 0}), 422, "limit", "query"),
         (api.get("/v1/costs", params={"from": "yesterday"}), 422, "from", "query"),
         (api.get("/v1/prices/history", params={"offering": "x", "from": "2026-01-01T00:00:00"}), 422, "from", "query"),

@@ -66,7 +66,7 @@ def test_errors_carry_the_problem_details(broker: tuple[str, Runtime]) -> None:
     url, _ = broker
     api = Client(url, api_key=DEV_API_KEY)
     with pytest.raises(ApiError) as refused:
-        api.submit(job_body(gpu_count=0))
+        api.submit(job_body(gpu_count=-1))
     assert refused.value.status == 422 and "gpu_count" in str(refused.value)
     assert refused.value.errors[0]["field"] == "gpu_count" and refused.value.errors[0]["location"] == "body"
     with pytest.raises(ApiError) as missing:

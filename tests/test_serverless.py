@@ -72,7 +72,7 @@ def test_http_api_events_reach_the_app_with_auth_and_validation(sqlite_env: Path
     assert health["statusCode"] == 200
 
     assert call(http_event("POST", "/v1/jobs", body=job_body()))["statusCode"] == 401
-    bad = call(http_event("POST", "/v1/jobs", body=job_body(gpu_count=0), headers=AUTH))
+    bad = call(http_event("POST", "/v1/jobs", body=job_body(gpu_count=-1), headers=AUTH))
     assert bad["statusCode"] == 422
     assert "gpu_count" in body_of(bad)["message"]
 

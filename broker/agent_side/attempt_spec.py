@@ -11,7 +11,8 @@ The spec (`build_spec`):
   container shares the host's IPC namespace), `env` and the `secrets` *references* from the job; the references
   are checked again against the tenant's `tenant_secret_prefixes` (`secret_ref_refusal`): a reference the operator
   no longer allows is never handed to an instance;
-- `runtime` from `agent_runtime[provider]` (default `docker`; `process` only when configured);
+- `runtime` from `agent_runtime[provider]` (default the provider's `default_runtime`, else `docker`: `process`
+  only when configured, or on the local pool, whose default it is);
 - `checkpoint`: the job's checkpoint URI after staging (a prefix ending in `/`), `resume` when there is an earlier
   checkpoint to restore, the checkpoint interval;
 - `logs_uri` = `<attempt prefix>logs/`, `mailbox_uri` = the tenant's mailbox in the same store, `report_key` =
@@ -20,7 +21,11 @@ The spec (`build_spec`):
 - `registry`: `registry_secret` when the job names one, else derived from the image's registry host
   (`*.dkr.ecr.<region>.amazonaws.com` -> ecr, `*-docker.pkg.dev` / `gcr.io` -> gcp, `*.azurecr.io` -> acr, anything
   else none: a public image);
-- `notice`: by provider; `heartbeat_seconds` from settings.
+- `notice`: by provider; `heartbeat_seconds` from settings;
+- `gpu_count`: the job's, or 0 on a provider whose pools are CPU slots (`agent_gpu_count`).
+
+`agent_root` and `agent_systemd` shape the start-up script for providers that run several attempts on one host
+(the local pool: a directory per attempt, never a systemd unit).
 
 `bootstrap_env` is what the start-up script exports for the agent: endpoint overrides the broker itself uses
 (`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL_SECRETS_MANAGER`, `AWS_ENDPOINT_URL_ECR`, `STORAGE_EMULATOR_HOST`) and,
@@ -54,6 +59,24 @@ def notice_source(provider: object) -> p.NoticeSource:
         return p.NoticeSource(str(getattr(provider, "notice_source", "none")))
     except ValueError:
         return p.NoticeSource.NONE
+
+
+def agent_root(provider: object, region: str, placement_id: str, default: str) -> str:
+    """Where the agent keeps its files on the instance: the provider's own place for the attempt when it runs
+    several on one host (the local pool: `agent_root(region, placement_id)`), else the configured `agent_root`."""
+    own = getattr(provider, "agent_root", None)
+    return str(own(region, placement_id)) if callable(own) else default
+
+
+def agent_systemd(provider: object) -> bool:
+    """Whether the start-up script may start the agent as a systemd unit (not on a shared host: the local pool)."""
+    return bool(getattr(provider, "agent_systemd", True))
+
+
+def agent_gpu_count(provider: object, gpu_count: int) -> int:
+    """The GPUs the agent gives the workload: none on a provider whose pools are CPU slots (`provides_gpus`
+    False: the local pool on a machine without GPUs), else the job's `gpu_count`."""
+    return gpu_count if getattr(provider, "provides_gpus", True) else 0
 
 
 def secret_ref_refusal(prefixes_by_tenant: Mapping[str, list[str]], tenant: str, ref: str) -> str | None:
@@ -128,10 +151,14 @@ def build_spec(
 ) -> p.AttemptSpec:
     """The attempt's spec. Raises ValueError naming the field when the job's image is no image reference or one of
     its secret references is not its tenant's to use."""
-    try:
-        validate_image(spec.image)
-    except ValueError as exc:
-        raise ValueError(f"image: {exc}") from None
+    runtime = p.Runtime(
+        settings.agent_runtime.get(provider_name, str(getattr(provider, "default_runtime", p.Runtime.DOCKER.value)))
+    )
+    if spec.image or runtime is not p.Runtime.PROCESS:  # the process runtime runs the command on the host: no image
+        try:
+            validate_image(spec.image)
+        except ValueError as exc:
+            raise ValueError(f"image: {exc} (the {runtime.value} runtime of {provider_name} needs one)") from None
     refused = secret_refusals(settings, spec.tenant, spec)
     if refused:
         raise ValueError("; ".join(f"{name}: {reason}" for name, reason in refused))
@@ -141,7 +168,7 @@ def build_spec(
         placement_id=placement_id,
         tenant=spec.tenant,
         command=tuple(spec.command),
-        runtime=p.Runtime(settings.agent_runtime.get(provider_name, p.Runtime.DOCKER.value)),
+        runtime=runtime,
         checkpoint=p.CheckpointSpec(
             uri=checkpoint_uri if checkpoint_uri.endswith("/") else checkpoint_uri + "/",
             resume=resume,
@@ -153,7 +180,7 @@ def build_spec(
         image=spec.image,
         env=dict(spec.env),
         secrets=tuple(_ref(s.env, s) for s in spec.secrets),
-        gpu_count=spec.gpu_count,
+        gpu_count=agent_gpu_count(provider, spec.gpu_count),
         shm_size_gb=str(spec.shm_size_gb) if spec.shm_size_gb is not None else None,
         registry=registry_auth(spec.image, spec.registry_secret),
         notice=p.NoticeSpec(source=notice_source(provider)),

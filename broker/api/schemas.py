@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from providers.accelerators import canonical
 from providers.images import validate_image
@@ -19,6 +19,13 @@ T = TypeVar("T")
 Usd = Annotated[Decimal, Field(gt=0, max_digits=18, decimal_places=6)]
 Hours = Annotated[Decimal, Field(gt=0, le=100_000, max_digits=14, decimal_places=6)]
 Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+CPU_SLOTS = "CPU"  # the accelerator name of CPU slots (providers.local.pool.CPU)
+
+
+def _image_or_none(ref: str) -> str:
+    return validate_image(ref) if ref else ref
 
 
 def _canonical_list(names: list[str]) -> list[str]:
@@ -139,22 +146,31 @@ class JobCreate(BaseModel):
     image: Annotated[
         str,
         Field(
-            min_length=1,
             max_length=300,
             examples=["ghcr.io/acme/train:1.4"],
-            description="OCI image reference: [registry[:port]/]path[:tag][@algorithm:hex]",
+            description="OCI image reference: [registry[:port]/]path[:tag][@algorithm:hex]; may be left out for a "
+            "job that runs only where the agent runs commands on the host itself (the `process` runtime, the local "
+            "pool's default): a container runtime refuses to launch it",
         ),
-        AfterValidator(validate_image),
-    ]
+        AfterValidator(_image_or_none),
+    ] = ""
     command: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=64)
+    gpu_count: int = Field(
+        ge=0, le=64, description="GPUs the job needs; 0 for a CPU job, which then gives `cpus` and `runtime_hours`"
+    )
     accelerators: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=32)]],
-        Field(min_length=1, max_length=16),
+        Field(max_length=16),
         AfterValidator(_canonical_list),
-    ] = Field(examples=[["A100", "A100-80GB"]])
-    gpu_count: int = Field(ge=1, le=64)
+    ] = Field(
+        default_factory=list,
+        validate_default=True,
+        examples=[["A100", "A100-80GB"]],
+        description="the GPU types the job can run on (at least one); a CPU job (gpu_count 0) runs on CPU slots "
+        'and may leave it out (it is then ["CPU"])',
+    )
     min_gpu_memory_gib: int = Field(default=0, ge=0, le=1024)
-    cpus: int = Field(default=0, ge=0, le=1024)
+    cpus: int = Field(default=0, ge=0, le=1024, validate_default=True)
     memory_gib: Decimal = Field(default=Decimal("0"), ge=0, le=65536, max_digits=10, decimal_places=3)
     work_gpu_hours: Hours | None = None
     runtime_hours: Hours | None = None
@@ -218,6 +234,29 @@ class JobCreate(BaseModel):
         if (self.work_gpu_hours is None) == (self.runtime_hours is None):
             raise ValueError("give exactly one of work_gpu_hours or runtime_hours")
         return self
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerators_of_gpu_jobs(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value:
+            return value
+        if info.data.get("gpu_count") == 0:
+            return [CPU_SLOTS]
+        raise ValueError('name at least one GPU type (e.g. ["A100"]); a CPU job gives gpu_count 0 instead')
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_of_cpu_jobs(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("gpu_count") == 0 and value < 1:
+            raise ValueError("a CPU job (gpu_count 0) gives the CPUs it needs: cpus >= 1")
+        return value
+
+    @field_validator("work_gpu_hours")
+    @classmethod
+    def _no_gpu_hours_without_gpus(cls, value: Decimal | None, info: ValidationInfo) -> Decimal | None:
+        if value is not None and info.data.get("gpu_count") == 0:
+            raise ValueError("a CPU job (gpu_count 0) gives its wall time as runtime_hours")
+        return value
 
 
 class JobUpdate(BaseModel):

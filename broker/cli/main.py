@@ -10,6 +10,7 @@ holds this; benchmarks/cli_bench.py measures it."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -145,6 +146,7 @@ def serve(
     from broker.observe.logging_setup import configure_logging
     from overspill.defaults import DEV_API_KEY
 
+    os.environ.setdefault("OVERSPILL_LOCAL_POOL", "true")  # `make run`: this machine runs real jobs (providers/local)
     settings = load_settings()
     bind_host, bind_port = host or settings.host, port or settings.port
     try:  # bound before anything is built or printed: a port in use is one line, with no banner and no key
@@ -413,6 +415,49 @@ def cancel(
     _job_command(
         lambda: _client(url, api_key).cancel(job_id), as_json, lambda job: f"cancelled [bold]{job['id']}[/bold]"
     )
+
+
+@app.command()
+def notice(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Development drill: deliver a spot interruption notice to the job's running attempt, as its cloud would;
+    the agent checkpoints, the job is re-placed and resumes (the local pool; refused in production)."""
+    _job_command(
+        lambda: BrokerClient(url, api_key).notice(job_id),
+        as_json,
+        lambda got: (
+            f"notice delivered to {got['instance_id']} (attempt {got['placement_id']}), deadline {got['deadline']}"
+        ),
+    )
+
+
+@app.command()
+def events(
+    job_id: Annotated[str, typer.Argument(help="the job's id")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new events until the job has ended")
+    ] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """A job's timeline, oldest first: when it was placed, launched, started, noticed, checkpointed, re-placed,
+    finished, and what it cost (one line per event; --json: one JSON object per line)."""
+    client = BrokerClient(url, api_key)
+    try:
+        stream = client.follow_events(job_id) if follow else iter(client.events(job_id))
+        for event in stream:
+            if as_json:
+                print(json.dumps(event), flush=True)
+            else:
+                at = str(event["at"]).replace("T", " ")[:19]
+                print(f"{at}  {event['kind']:<24} {event['message']}", flush=True)
+    except ApiError as exc:
+        _fail(exc)
 
 
 @app.command()

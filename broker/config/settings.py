@@ -62,6 +62,30 @@ class Settings(BaseSettings):
     tick_interval_seconds: float = Field(
         default=10.0, description="control loop period of `overspill serve` and `tick --loop`"
     )
+    # -- the local pool (providers/local): this machine and SSH hosts, jobs run under the real agent --------------
+    local_pool: bool | None = Field(
+        default=None,
+        description="offer this machine (and local_pool_hosts) as an on-prem pool whose jobs run under the real "
+        "instance agent; default: on under `overspill serve`, off when the broker is embedded",
+    )
+    local_pool_this_machine: bool = Field(default=True, description="offer this machine itself in the local pool")
+    local_pool_slots: int | None = Field(
+        default=None, ge=1, description="slots of this machine: its GPUs (nvidia-smi), else CPU slots; default all"
+    )
+    local_pool_accelerator: str | None = Field(
+        default=None, description="the name of this machine's GPUs (default from nvidia-smi); CPU: offer CPU slots"
+    )
+    local_pool_rate_usd_per_hour: Decimal = Field(
+        default=Decimal("0"), ge=0, description="what one slot-hour of the local pool costs (the ledger's rate)"
+    )
+    local_pool_root: Path | None = Field(
+        default=None, description="where the local pool's attempts live on this machine (default data_dir/pool)"
+    )
+    local_pool_hosts: dict[str, dict[str, str | int]] = Field(
+        default_factory=dict,
+        description='SSH hosts of the local pool, e.g. {"gpu1": {"ssh": "me@gpu1", "port": 22, "identity_file": '
+        '"~/.ssh/id_ed25519", "slots": 4, "accelerator": "A100", "root": "/var/tmp/overspill-pool"}}',
+    )
     shard_lease_seconds: float = Field(
         default=30.0,
         gt=0,

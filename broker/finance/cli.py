@@ -77,7 +77,7 @@ def report_run(
 @costs_app.callback()
 def costs_summary(
     ctx: typer.Context,
-    group_by: Annotated[str, typer.Option(help="comma list: team, project, job, provider, region, ...")] = "team",
+    group_by: Annotated[str, typer.Option(help="comma list: team, project, job, placement, provider, ...")] = "team",
     from_: Annotated[str | None, typer.Option("--from", help="ISO 8601 (default: start of this month)")] = None,
     to: Annotated[str | None, typer.Option(help="ISO 8601 (default: now)")] = None,
     url: Annotated[str | None, typer.Option("--url", envvar="OVERSPILL_URL", help="broker URL")] = None,

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 from broker.finance.money import allocate, plain
 from broker.store.tables import CostEntryRow
 
-GROUP_KEYS = ("team", "project", "job", "provider", "region", "capacity_type", "kind", "day", "month")
+GROUP_KEYS = ("team", "project", "job", "placement", "provider", "region", "capacity_type", "kind", "day", "month")
 ZERO = Decimal("0")
 
 
@@ -137,6 +137,7 @@ _KEYS: dict[str, Callable[[Entry], str]] = {
     "team": attrgetter("team"),
     "project": attrgetter("project"),
     "job": attrgetter("job_id"),
+    "placement": lambda e: e.placement_id or "",  # one attempt of a job; "" for an entry of no placement
     "provider": attrgetter("provider"),
     "region": attrgetter("region"),
     "capacity_type": attrgetter("capacity_type"),

@@ -224,6 +224,7 @@ class CostLine(MoneyColumns):
     team: str | None = None
     project: str | None = None
     job: str | None = None
+    placement: str | None = Field(default=None, description="a placement id: one attempt of a job")
     provider: str | None = None
     region: str | None = None
     capacity_type: str | None = None

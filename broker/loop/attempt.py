@@ -32,7 +32,7 @@ from sqlmodel import Session, select
 
 from agent import protocol
 from broker.agent_side import checkpoint_layout as layout
-from broker.agent_side.attempt_spec import boots_agent, bootstrap_env, build_spec
+from broker.agent_side.attempt_spec import agent_root, agent_systemd, boots_agent, bootstrap_env, build_spec
 from broker.loop.common import locked
 from broker.runtime import Runtime
 from broker.services.jobs import add_event, spec_of
@@ -113,7 +113,8 @@ def prepare_attempt(rt: Runtime, placement_id: str, now: datetime) -> tuple[Prep
             wheel_sha256=wheel.sha256,
             spec_uri=attempt + protocol.SPEC_NAME,
             env=bootstrap_env(rt.settings, rt.checkpoint_stores),
-            root=rt.settings.agent_root,
+            root=agent_root(provider, p.region, p.id, rt.settings.agent_root),
+            systemd=agent_systemd(provider),
         )
     except (StorageError, ValueError) as exc:
         log.warning("writing the attempt spec of %s failed: %s", p.id, exc)

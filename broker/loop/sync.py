@@ -313,10 +313,11 @@ def _sync_one(
         stop_placement(session, provider, p, job, now, "job cancelled")
         return
     if isinstance(view, NotFound):
+        blocks = bool(getattr(provider, "preemption_blocks_zone", True))
         if p.attempt_uri is not None and p.outcome is not None:  # the agent's verdict stands, the VM gone or not
-            _reported_outcome(rt, session, p, job, None, now)
+            _reported_outcome(rt, session, p, job, None, now, blocks=blocks)
         elif p.attempt_uri is not None and p.notice_deadline_at is not None:
-            _preempted(session, p, job, now, None, "reclaimed after an interruption notice")
+            _preempted(session, p, job, now, None, "reclaimed after an interruption notice", blocks=blocks)
         else:
             _ended(session, p, job, now, PlacementState.FAILED, None, "instance disappeared at the provider")
         return
@@ -394,16 +395,17 @@ def _agent_verdict(
       `REPORT_GRACE` has passed for a late report, an infrastructure failure (the agent never said the workload
       succeeded, so it is never counted as a success; a lost callback cannot turn a failure into one).
     """
+    blocks = bool(getattr(provider, "preemption_blocks_zone", True))
     if p.outcome is not None:
-        _reported_outcome(rt, session, p, job, inst, now)
+        _reported_outcome(rt, session, p, job, inst, now, blocks=blocks)
     elif p.notice_deadline_at is not None:
         if now < p.notice_deadline_at + NOTICE_GRACE and inst.state in (InstanceState.RUNNING, InstanceState.PREEMPTED):
             return True  # its final checkpoint is on the way: leave it alone
-        _preempted(session, p, job, now, inst, "reclaimed after an interruption notice")
+        _preempted(session, p, job, now, inst, "reclaimed after an interruption notice", blocks=blocks)
     elif inst.state is InstanceState.RUNNING:
         return False
     elif inst.state is InstanceState.PREEMPTED:
-        _preempted(session, p, job, now, inst, "preempted by the provider")
+        _preempted(session, p, job, now, inst, "preempted by the provider", blocks=blocks)
     else:
         since = inst.ended_at or p.last_report_at
         if since is not None and now < since + REPORT_GRACE:
@@ -420,7 +422,7 @@ REPORT_GRACE = timedelta(minutes=2)
 
 
 def _reported_outcome(
-    rt: Runtime, session: Session, p: Placement, job: Job, inst: Instance | None, now: datetime
+    rt: Runtime, session: Session, p: Placement, job: Job, inst: Instance | None, now: datetime, *, blocks: bool = True
 ) -> None:
     outcome, detail = p.outcome, p.detail
     if outcome == "succeeded":
@@ -430,7 +432,7 @@ def _reported_outcome(
         message = f"the job failed (exit code {p.exit_code}){': ' + detail if detail else ''}"
         _ended(session, p, job, now, PlacementState.FAILED, inst, message, job_failed=True, log_tail=tail)
     elif outcome == "preempted":
-        _preempted(session, p, job, now, inst, "preempted (the agent saved its final checkpoint)")
+        _preempted(session, p, job, now, inst, "preempted (the agent saved its final checkpoint)", blocks=blocks)
     else:
         _infra_failed(rt, session, p, job, now, inst, detail or "the agent reports an infrastructure failure")
 
@@ -442,10 +444,22 @@ def _log_tail(session: Session, p: Placement) -> str:
     return str(rows[0].get("log_tail", ""))[-LOG_TAIL_CHARS:] if rows else ""
 
 
-def _preempted(session: Session, p: Placement, job: Job, now: datetime, inst: Instance | None, message: str) -> None:
+def _preempted(
+    session: Session,
+    p: Placement,
+    job: Job,
+    now: datetime,
+    inst: Instance | None,
+    message: str,
+    *,
+    blocks: bool = True,
+) -> None:
+    """The placement was preempted; its zone is avoided a while unless the provider says its notices tell nothing
+    about the zone (`blocks` False: the local pool, whose notices are drills)."""
     _ended(session, p, job, now, PlacementState.PREEMPTED, inst, message)
     record_reclaim(session, p.offering_key, p.ended_at or now)
-    block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
+    if blocks:
+        block(session, f"{p.provider}/{p.region}/{p.zone}", now + PREEMPTION_BLOCK, "recent preemption")
 
 
 def _infra_failed(

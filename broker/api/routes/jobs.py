@@ -135,6 +135,16 @@ def cancel_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
     return svc.job_public(job, None)
 
 
+@router.post("/{job_id}/notice", operation_id="jobs.notice")
+def notice_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> dict[str, str]:
+    """Development drill: deliver a provider-format spot interruption notice to the job's running attempt (the
+    agent checkpoints, the job is re-placed and resumes). 409 in production, for a job not running, or on a
+    provider that cannot deliver one (the local pool can)."""
+    from broker.services.notice_drill import deliver_notice
+
+    return deliver_notice(rt, principal.tenant, job_id, rt.clock())
+
+
 EVENT_KIND = r"[a-z_]{1,32}"
 
 
