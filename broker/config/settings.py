@@ -423,6 +423,25 @@ class Settings(BaseSettings):
     rate_limit_unverified_burst: int = Field(
         default=10, ge=1, description="unverified keys one address may send at once"
     )
+    log_follow_max_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="logs one tenant may follow at once (`GET /v1/jobs/{id}/logs?follow=true`, `overspill logs -f`) "
+        "per API process; beyond, 429 with Retry-After",
+    )
+    log_follow_max_per_process: int = Field(
+        default=1000,
+        ge=1,
+        description="logs followed at once across all tenants per API process (each holds a connection and polls "
+        "the store); beyond, 429 with Retry-After",
+    )
+    log_follow_threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="threads per API process that read followed logs (their own pool: followers never take the "
+        "threads other requests run on, however many there are)",
+    )
     key_hash_concurrency: int = Field(
         default=2,
         ge=1,

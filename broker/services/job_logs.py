@@ -9,14 +9,18 @@ The agent writes the workload's stdout and stderr, merged in arrival order, as c
   order, stopping at a gap (a chunk the agent has not stored yet: the next read gets it), and the offset to read
   from next. Readable while the attempt runs and after its instance is gone: the chunks stay in the store.
 - `log_size(stores, attempt_uri)`: how much of the log is stored from the start (for reading its tail).
-- `follow_log(...)`: yields the log as it grows, until the attempt has ended and everything is read.
+- `follow_log(...)`: an async iterator of the log as it grows, until the attempt has ended and everything is read,
+  the client has gone, or `max_seconds` have passed. It holds no thread between polls (each poll's blocking reads
+  run on the caller's own small thread pool), and an idle log is polled less and less often, so thousands of idle
+  followers cost the process little.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import anyio
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -90,24 +94,35 @@ def read_log(stores: CheckpointStores, attempt_uri: str, offset: int, limit: int
     return bytes(out), offset + len(out)
 
 
-def follow_log(
-    read: Callable[[int], tuple[bytes, int]],
-    ended: Callable[[], bool],
+async def follow_log(
+    poll: Callable[[int], Awaitable[tuple[bytes, int, bool]]],
     offset: int,
     *,
+    disconnected: Callable[[], Awaitable[bool]],
     poll_seconds: float = 1.0,
+    max_poll_seconds: float = 5.0,
     max_seconds: float = 24 * 3600,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Iterator[bytes]:
-    """Yield the log from `offset` as it grows; stop once `ended()` and a read after it finds nothing new (or after
-    `max_seconds`)."""
-    deadline = time.monotonic() + max_seconds
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+) -> AsyncIterator[bytes]:
+    """Yield the log from `offset` as it grows.
+
+    `poll(offset)` returns (the bytes from `offset`, the offset after them, whether the attempt had ended before
+    they were read). The stream stops once a poll that began after the attempt ended finds nothing new (everything
+    is read), once `disconnected()` says the client has gone, or after `max_seconds`. Between polls that find
+    nothing it sleeps (holding no thread): `poll_seconds` at first, doubling up to `max_poll_seconds` while the log
+    stays idle, back to `poll_seconds` once it grows."""
+    deadline = clock() + max_seconds
+    wait = poll_seconds
     while True:
-        done = ended()
-        data, offset = read(offset)
+        data, offset, done = await poll(offset)
         if data:
             yield data
+            wait = poll_seconds
             continue
-        if done or time.monotonic() > deadline:
+        if done or clock() > deadline:
             return
-        sleep(poll_seconds)
+        await sleep(wait)
+        if await disconnected():  # no poll for a client that has gone
+            return
+        wait = min(max_poll_seconds, wait * 2)
