@@ -20,18 +20,15 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from broker.api.deps import RuntimeDep, Submitter
 from broker.api.follows import FollowsFull, FollowSlots, Slot
+from broker.runtime import Runtime
 from broker.services import job_logs
-from broker.services.agent_reports import LIVE
-from broker.store.tables import Placement
 from providers.storage import StorageError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -114,17 +111,10 @@ async def job_logs_route(
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": FOLLOW_RETRY_AFTER}
         ) from None
-    limiter = follow_limiter(request, rt.settings.log_follow_threads)
-
-    def poll_now(at: int) -> tuple[bytes, int, bool]:
-        with Session(rt.engine) as session:
-            row = session.get(Placement, placement_id)
-        over = row is None or row.state not in LIVE
-        data, next_at = job_logs.read_log(stores, uri, at)
-        return data, next_at, over
+    watch = log_watch(request, rt)
 
     async def poll(at: int) -> tuple[bytes, int, bool]:
-        return await anyio.to_thread.run_sync(poll_now, at, limiter=limiter)
+        return await watch.poll(placement_id, uri, at)
 
     stream = job_logs.follow_log(
         poll,
@@ -136,10 +126,13 @@ async def job_logs_route(
     return HeldStream(stream, slot, media_type=TEXT, headers=headers)
 
 
-def follow_limiter(request: Request, threads: int) -> anyio.CapacityLimiter:
-    """The app's own thread pool for followed logs' reads (made on first use, on the running event loop): however
-    many logs are followed, their reads never take the worker threads other requests run on."""
-    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "log_follow_threads", None)
-    if limiter is None:
-        limiter = request.app.state.log_follow_threads = anyio.CapacityLimiter(threads)
-    return limiter
+def log_watch(request: Request, rt: Runtime) -> job_logs.LogWatch:
+    """The app's shared view of followed attempts (made on first use, on the running event loop), reading on a
+    thread pool of its own (`log_follow_threads`): however many logs are followed, their reads never take the
+    worker threads other requests run on, and the followers of one attempt share one look per poll interval."""
+    watch: job_logs.LogWatch | None = getattr(request.app.state, "log_watch", None)
+    if watch is None:
+        limiter = anyio.CapacityLimiter(rt.settings.log_follow_threads)
+        watch = job_logs.LogWatch(rt.engine, rt.checkpoint_stores, limiter, fresh_seconds=FOLLOW_POLL_SECONDS)
+        request.app.state.log_watch = watch
+    return watch
