@@ -1,9 +1,9 @@
 """Broker configuration from the environment (`OVERSPILL_*`), with defaults that run everything locally.
 
 Build with `Settings()` (reads the environment) or `Settings(field=...)` in tests; never at import time.
-In production mode the broker refuses to start with the development API key, an empty or short secret, or a
-well-known default (broker/config/secrets.py); secrets may come from AWS Secrets Manager (`OVERSPILL_<NAME>_ARN`) and
-are kept out of `repr(settings)`.
+In production mode the broker refuses to start with the development API key, an empty or short secret (the metrics
+token included: /metrics is never open in production), or a well-known default (broker/config/secrets.py); secrets
+may come from AWS Secrets Manager (`OVERSPILL_<NAME>_ARN`) and are kept out of `repr(settings)`.
 """
 
 from __future__ import annotations
@@ -410,7 +410,9 @@ class Settings(BaseSettings):
     metrics_token: str = Field(
         default="",
         repr=False,
-        description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)",
+        description="when set, GET /metrics needs 'Authorization: Bearer <token>'; in development it may be empty "
+        "(/metrics open, for a scraper on a private network); with OVERSPILL_ENV=production the broker refuses to "
+        "start without one of at least 32 characters (/metrics spans every tenant: names, job counts, spend rate)",
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
