@@ -11,6 +11,7 @@ SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -340,3 +341,21 @@ def test_follow_log_ends_after_a_read_that_began_once_the_attempt_had_ended() ->
         return [piece async for piece in follow_log(poll, 0, disconnected=never, poll_seconds=0)]
 
     assert anyio.run(run) == [b"x", b"y"] and not answers
+
+
+def test_a_log_chunk_that_is_a_hard_link_to_another_file_is_not_served(
+    follow_rt: Runtime, clock: MovableClock, base: str, tmp_path: Path
+) -> None:
+    """Hard links are refused wherever symlinks are (issue 32, Low): a chunk hard-linked to a broker-readable file
+    (here a stand-in for its database) is left out of the log like a symlinked one, never served."""
+    secret = tmp_path / "broker-secret.db"
+    secret.write_bytes(b"SQLite format 3\0 every tenant's key hashes\n")
+    job_id = submit(base, ADMIN)
+    _, logs = running_attempt(follow_rt, clock, job_id, "demo")
+    (logs / proto.log_chunk_name(0)).write_bytes(b"epoch 1\n")
+    os.link(secret, logs / proto.log_chunk_name(8))
+    for params in ({}, {"tail": 4096}, {"offset": 8}):
+        resp = httpx.get(f"{base}/v1/jobs/{job_id}/logs", params=params, headers=ADMIN, timeout=10)
+        assert resp.status_code == 200 and b"key hashes" not in resp.content
+    whole = httpx.get(f"{base}/v1/jobs/{job_id}/logs", headers=ADMIN, timeout=10)
+    assert whole.content == b"epoch 1\n" and whole.headers["X-Overspill-Next-Offset"] == "8"
