@@ -203,6 +203,11 @@ def create_app(
             rt = getattr(scope["app"].state, "runtime", None)
             return rt is not None and rt.verifier.cached(key) is not None
 
+        def tenant_of(scope: Scope, key: str) -> str | None:
+            rt = getattr(scope["app"].state, "runtime", None)
+            principal = rt.verifier.cached(key) if rt is not None else None
+            return principal.tenant if principal is not None else None
+
         if rate_limit_store(config, several_processes=several_processes) == "shared":
             shared_buckets = SharedBuckets.open(
                 config.resolved_database_url, config.rate_limit_per_second, config.rate_limit_burst
@@ -214,6 +219,9 @@ def create_app(
             unverified_rate=config.rate_limit_unverified_per_second,
             unverified_burst=config.rate_limit_unverified_burst,
             is_verified=verified,
+            tenant_of=tenant_of,
+            tenant_rate=config.rate_limit_tenant_per_second,
+            tenant_burst=config.rate_limit_tenant_burst,
             shared=shared_buckets,
         )
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 or 429 included, carries X-Request-ID

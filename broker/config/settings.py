@@ -416,6 +416,19 @@ class Settings(BaseSettings):
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_tenant_per_second: float = Field(
+        default=50.0,
+        ge=0,
+        description="per tenant, over all its keys together (each key also has its own rate_limit_per_second): "
+        "minting more keys does not multiply a tenant's share; 0 turns it off",
+    )
+    rate_limit_tenant_burst: int = Field(default=150, ge=1, description="requests a tenant's keys may send at once")
+    max_keys_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="active (unrevoked) API keys a tenant may hold; POST /v1/keys beyond answers 409 (revoke one "
+        "first)",
+    )
     rate_limit_unverified_per_second: float = Field(
         default=2.0,
         gt=0,
