@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.api.audit import AuditLog
 from broker.api.deps import HashGate
 from broker.api.docs import mount_docs, openapi_document
+from broker.api.follows import FollowSlots
 from broker.api.http_errors import authentication_first, field_error, http_problem, locate, problem_response
 from broker.api.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem, problem_bytes
 from broker.api.ratelimit import RateLimit, SharedBuckets
@@ -190,6 +191,8 @@ def create_app(
     if runtime is not None:
         app.state.runtime = runtime
     app.state.hash_gate = HashGate(config.key_hash_concurrency)  # slow hashes of unverified keys (broker/api/deps.py)
+    # followed logs held open, capped per tenant and per process (broker/api/follows.py)
+    app.state.log_follows = FollowSlots(config.log_follow_max_per_tenant, config.log_follow_max_per_process)
     max_bytes = config.max_request_bytes
 
     app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
@@ -199,6 +202,11 @@ def create_app(
         def verified(scope: Scope, key: str) -> bool:
             rt = getattr(scope["app"].state, "runtime", None)
             return rt is not None and rt.verifier.cached(key) is not None
+
+        def tenant_of(scope: Scope, key: str) -> str | None:
+            rt = getattr(scope["app"].state, "runtime", None)
+            principal = rt.verifier.cached(key) if rt is not None else None
+            return principal.tenant if principal is not None else None
 
         if rate_limit_store(config, several_processes=several_processes) == "shared":
             shared_buckets = SharedBuckets.open(
@@ -211,6 +219,9 @@ def create_app(
             unverified_rate=config.rate_limit_unverified_per_second,
             unverified_burst=config.rate_limit_unverified_burst,
             is_verified=verified,
+            tenant_of=tenant_of,
+            tenant_rate=config.rate_limit_tenant_per_second,
+            tenant_burst=config.rate_limit_tenant_burst,
             shared=shared_buckets,
         )
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, a 413 or 429 included, carries X-Request-ID

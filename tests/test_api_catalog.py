@@ -101,7 +101,9 @@ def test_production_refuses_the_development_key() -> None:
     with pytest.raises(ValidationError):
         Settings(env="production", bootstrap_api_key="")
     # production also needs its own callback secret (tests/test_secrets.py has the rest of the rules)
-    ok = Settings(env="production", bootstrap_api_key="ovs_prodadm_" + "x" * 32, callback_secret="c" * 32)
+    ok = Settings(
+        env="production", bootstrap_api_key="ovs_prodadm_" + "x" * 32, callback_secret="c" * 32, metrics_token="m" * 32
+    )
     assert ok.env == "production"
 
 

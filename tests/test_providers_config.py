@@ -42,6 +42,7 @@ PRODUCTION = {
     "env": "production",
     "bootstrap_api_key": "ovs_prodkey1_" + "k" * 40,
     "callback_secret": "c" * 40,
+    "metrics_token": "m" * 40,
 }
 
 

@@ -245,7 +245,8 @@ def test_forged_unsigned_and_other_tenant_reports_are_refused_and_never_applied(
     assert at.api.post(url, json=_body(forged)).status_code == 403
     assert at.api.post(url, json=_body(unsigned)).status_code == 403
     assert at.api.post(url, json=_body(tampered)).status_code == 403
-    assert at.api.post("/v1/placements/pl_nope/reports", json=_body(genuine)).status_code == 404
+    # another placement's genuine report is refused as a forgery, whether the path's placement exists or not
+    assert at.api.post("/v1/placements/pl_nope/reports", json=_body(genuine)).status_code == 403
     bad_token = at.api.post(url, json=_body(genuine), headers={"X-Overspill-Callback-Token": "abc"})
     assert bad_token.status_code == 403
     malformed = at.api.post(url, json={**_body(genuine), "kind": "victory"})

@@ -29,6 +29,7 @@ from tests.moto_server import CREDS, moto_client, running_moto_server
 ROOT = Path(__file__).resolve().parent.parent
 PROD_KEY = "ovs_prodadm_" + "k" * 40
 CALLBACK = "c" * 40
+METRICS = "m" * 40
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +54,31 @@ def aws_creds(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"callback_secret": "tooshort"}, "at least 32"),
         ({"callback_secret": "changeme"}, "well-known default"),
         ({"libcloud_provider": "openstack", "libcloud_secret": ""}, "OVERSPILL_LIBCLOUD_SECRET"),
+        ({"metrics_token": ""}, "OVERSPILL_METRICS_TOKEN must be set"),  # /metrics spans every tenant
+        ({"metrics_token": "short"}, "OVERSPILL_METRICS_TOKEN must be at least 32"),
     ],
 )
 def test_production_refuses_default_or_empty_secrets(overrides: dict[str, str], says: str) -> None:
-    values = {"env": "production", "bootstrap_api_key": PROD_KEY, "callback_secret": CALLBACK, **overrides}
+    values = {
+        "env": "production",
+        "bootstrap_api_key": PROD_KEY,
+        "callback_secret": CALLBACK,
+        "metrics_token": METRICS,
+        **overrides,
+    }
     with pytest.raises(ValidationError, match=says):
         Settings(**values)
     assert Settings(env="development", **{k: v for k, v in values.items() if k != "env"}).env == "development"
 
 
 def test_production_starts_with_proper_secrets_and_hides_them() -> None:
-    s = Settings(env="production", bootstrap_api_key=PROD_KEY, callback_secret=CALLBACK, database_url="sqlite://")
+    s = Settings(
+        env="production",
+        bootstrap_api_key=PROD_KEY,
+        callback_secret=CALLBACK,
+        metrics_token=METRICS,
+        database_url="sqlite://",
+    )
     text = repr(s) + str(s)
     assert PROD_KEY not in text and CALLBACK not in text and "k" * 40 not in text
 
@@ -82,6 +97,22 @@ def test_serve_refuses_to_start_in_production_with_the_development_key(tmp_path:
     assert "refusing to start in production" in done.stderr and DEV_API_KEY not in done.stderr
 
 
+def test_a_production_broker_does_not_start_with_an_open_metrics_endpoint(tmp_path: Path) -> None:
+    """Everything else right, but no metrics token: /metrics would show every tenant to anyone reaching the port."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "OVERSPILL_ENV": "production",
+        "OVERSPILL_DATA_DIR": str(tmp_path),
+        "OVERSPILL_BOOTSTRAP_API_KEY": PROD_KEY,
+        "OVERSPILL_CALLBACK_SECRET": CALLBACK,
+        "COLUMNS": "400",  # the error's lines unwrapped
+    }
+    overspill = str(Path(sys.executable).with_name("overspill"))
+    done = subprocess.run([overspill, "tick"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "refusing to start in production" in done.stderr and "OVERSPILL_METRICS_TOKEN must be set" in done.stderr
+
+
 @pytest.mark.integration
 def test_secrets_come_from_secrets_manager(moto_url: str, aws_creds: None) -> None:
     sm = moto_client("secretsmanager", "eu-west-1", moto_url)
@@ -92,6 +123,7 @@ def test_secrets_come_from_secrets_manager(moto_url: str, aws_creds: None) -> No
         bootstrap_api_key="",
         bootstrap_api_key_arn=key_arn,
         callback_secret_arn=f"{doc_arn}#callback",
+        metrics_token=METRICS,
         secrets_endpoint_url=moto_url,
     )
     assert s.bootstrap_api_key == PROD_KEY and s.callback_secret == CALLBACK

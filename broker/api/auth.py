@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
@@ -118,11 +119,25 @@ def parse_key(key: str) -> tuple[str, str]:
     return parts[1], parts[2]
 
 
-def create_key(engine: Engine, *, tenant: str, role: Role, name: str, now: datetime, key: str | None = None) -> str:
+class TooManyKeys(Exception):
+    """The tenant already holds as many active keys as it may (`create_key(max_active=...)`)."""
+
+
+def create_key(
+    engine: Engine,
+    *,
+    tenant: str,
+    role: Role,
+    name: str,
+    now: datetime,
+    key: str | None = None,
+    max_active: int | None = None,
+) -> str:
     """Store a new key and return it in clear (the only time it is ever shown).
 
     `key` lets the bootstrap path install a configured key; otherwise a random one is made. `tenant` must pass
-    `broker.config.tenants.validate_tenant` (`InvalidTenant` otherwise).
+    `broker.config.tenants.validate_tenant` (`InvalidTenant` otherwise). With `max_active`, `TooManyKeys` when the
+    tenant already holds that many unrevoked keys (counted in the transaction that adds the key).
     """
     validate_tenant(tenant)
     if key is None:
@@ -130,6 +145,17 @@ def create_key(engine: Engine, *, tenant: str, role: Role, name: str, now: datet
     key_id, secret = parse_key(key)
     salt = secrets.token_hex(16)
     with Session(engine) as session:
+        if max_active is not None:
+            active = session.exec(
+                select(func.count())
+                .select_from(ApiKey)
+                .where(ApiKey.tenant == tenant, col(ApiKey.revoked_at).is_(None))
+            ).one()
+            if active >= max_active:
+                raise TooManyKeys(
+                    f"tenant {tenant!r} already holds {active} active API keys, the most it may "
+                    f"(OVERSPILL_MAX_KEYS_PER_TENANT={max_active}); revoke one (DELETE /v1/keys/{{id}}) first"
+                )
         session.add(
             ApiKey(
                 id=key_id,

@@ -1,10 +1,14 @@
-"""Per-API-key rate limiting: a token bucket per presented key, 429 with `Retry-After` when it is empty.
+"""Per-API-key and per-tenant rate limiting: a token bucket per presented key, and one per tenant over all its keys,
+429 with `Retry-After` when one is empty.
 
 Role: pure ASGI middleware in front of the app (cheaper than Starlette's BaseHTTPMiddleware). Contract:
 - Each key gets `burst` requests at once and `rate` more per second after that. The bucket is found by a SHA-256
   of the presented credential (`Authorization: Bearer` or `X-API-Key`), never the key itself, and before the key
   is verified, so a flood is refused without paying the slow hash. A wrong key guessed with another key's id gets
   its own bucket: it cannot drain the real key's.
+- A request whose key this process has verified (so its tenant is known without a database read) also takes a token
+  from its tenant's bucket (`tenant_rate`, `tenant_burst`), shared by all the tenant's keys: minting more keys does
+  not multiply a tenant's share. (A key not verified yet is held by the unverified-key limit instead.)
 - A request with no key also takes a token from its client address's bucket (`rate`, `burst`). A request with a
   key this process has not verified yet (which costs a slow scrypt hash) takes one from its client address's
   unverified-key bucket instead, at its own, lower rate (`unverified_rate`, `unverified_burst`): guessing keys
@@ -343,6 +347,9 @@ class RateLimit:
         unverified_rate: float | None = None,
         unverified_burst: int | None = None,
         is_verified: Callable[[Scope, str], bool] | None = None,
+        tenant_of: Callable[[Scope, str], str | None] | None = None,
+        tenant_rate: float = 0.0,
+        tenant_burst: int = 1,
         clock: Callable[[], float] = time.monotonic,
         shared: SharedBuckets | None = None,
         retry_seconds: float = 5.0,
@@ -353,6 +360,9 @@ class RateLimit:
         self.unverified_limit = (unverified_rate or rate, unverified_burst or burst)
         self.unverified = TokenBuckets(*self.unverified_limit, clock=clock)
         self.is_verified = is_verified or (lambda scope, key: False)
+        self.tenant_of = tenant_of if tenant_of is not None and tenant_rate > 0 else None
+        self.tenant_limit = (tenant_rate or rate, tenant_burst)
+        self.tenants = TokenBuckets(*self.tenant_limit, clock=clock)
         self.shared = shared
         self.retry_seconds = retry_seconds
         self.clock = clock
@@ -380,11 +390,17 @@ class RateLimit:
             wanted.append((b"u" + address.encode(), f"unverified API keys from client address {address}"))
         if key is not None:
             wanted.append((b"k" + hashlib.sha256(key.encode()).digest(), "this API key"))
+            tenant = self.tenant_of(scope, key) if self.tenant_of is not None else None
+            if tenant is not None:
+                wanted.append((b"t" + tenant.encode(), f"tenant {tenant} (all its API keys together)"))
         wait, refused = await self.take(wanted) if self.shared is not None else self.take_local(wanted)
         if wait:
-            rate, burst = (
-                self.unverified_limit if refused.startswith("unverified") else (self.keys.rate, self.keys.burst)
-            )
+            if refused.startswith("unverified"):
+                rate, burst = self.unverified_limit
+            elif refused.startswith("tenant "):
+                rate, burst = self.tenant_limit
+            else:
+                rate, burst = self.keys.rate, self.keys.burst
             await _reject(send, wait, refused, rate, int(burst))
             return
         await self.app(scope, receive, send)
@@ -396,7 +412,8 @@ class RateLimit:
             try:
                 result = (0.0, "")
                 for bucket, which in wanted:
-                    wait = await self.shared.take(bucket, self.unverified_limit if bucket[:1] == b"u" else None)
+                    limit = {b"u": self.unverified_limit, b"t": self.tenant_limit}.get(bucket[:1])
+                    wait = await self.shared.take(bucket, limit)
                     if wait:
                         result = (wait, which)
                         break
@@ -413,7 +430,7 @@ class RateLimit:
 
     def take_local(self, wanted: Sequence[tuple[bytes, str]]) -> tuple[float, str]:
         """As `take`, from this process's buckets."""
-        stores = {b"a": self.addresses, b"u": self.unverified}
+        stores = {b"a": self.addresses, b"u": self.unverified, b"t": self.tenants}
         for bucket, which in wanted:
             wait = stores.get(bucket[:1], self.keys).take(bucket)
             if wait:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from broker.api.free_text import Argument, FreeText, UriText
 from providers.accelerators import canonical
 from providers.images import validate_image
 
@@ -140,7 +141,7 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=128)
+    name: FreeText = Field(min_length=1, max_length=128)
     team: Label = "default"
     project: Label = "default"
     image: Annotated[
@@ -154,7 +155,7 @@ class JobCreate(BaseModel):
         ),
         AfterValidator(_image_or_none),
     ] = ""
-    command: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=64)
+    command: list[Annotated[Argument, Field(max_length=1000)]] = Field(default_factory=list, max_length=64)
     gpu_count: int = Field(
         ge=0, le=64, description="GPUs the job needs; 0 for a CPU job, which then gives `cpus` and `runtime_hours`"
     )
@@ -177,7 +178,7 @@ class JobCreate(BaseModel):
     deadline: Annotated[datetime | None, AfterValidator(aware_utc)] = None
     max_total_usd: Usd
     max_hourly_usd: Usd | None = None
-    checkpoint_uri: str | None = Field(default=None, max_length=500)
+    checkpoint_uri: UriText | None = Field(default=None, max_length=500)
     checkpoint_size_gb: Decimal = Field(default=Decimal("0"), ge=0, le=1_000_000, max_digits=12, decimal_places=3)
     allowed_providers: list[Label] = Field(default_factory=list, max_length=32)
     allowed_regions: list[Label] = Field(default_factory=list, max_length=128)
@@ -449,7 +450,7 @@ class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: str = Field(pattern="^(admin|submitter|finance)$")
-    name: str = Field(default="", max_length=128)
+    name: FreeText = Field(default="", max_length=128)
 
 
 class KeyCreated(BaseModel):

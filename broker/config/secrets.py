@@ -13,7 +13,9 @@ read stops the broker with an error naming the setting and the ARN, never the va
 
 `unsafe_in_production` lists what a production broker must not start with: the public development API key, a
 missing or short bootstrap key, a callback secret that is missing (it would be derived from the bootstrap key) or
-short, a libcloud secret missing while libcloud is enabled, and any secret equal to a well-known default.
+short, a metrics token that is missing or short (an open /metrics shows every tenant's names, job counts and spend;
+there is no open-metrics mode in production), a libcloud secret missing while libcloud is enabled, and any secret
+equal to a well-known default.
 Secret values are kept out of `repr(settings)` (so out of logs and tracebacks) by the fields themselves.
 """
 
@@ -115,6 +117,14 @@ def unsafe_in_production(values: Mapping[str, Any], *, dev_api_key: str) -> list
         problems.append("OVERSPILL_CALLBACK_SECRET must be set (or _ARN): it signs what instances report")
     elif len(callback) < MIN_SECRET_CHARS:
         problems.append(f"OVERSPILL_CALLBACK_SECRET must be at least {MIN_SECRET_CHARS} characters")
+    metrics = str(values.get("metrics_token") or "")
+    if not metrics:
+        problems.append(
+            "OVERSPILL_METRICS_TOKEN must be set (or _ARN): /metrics shows every tenant's names, job counts and spend "
+            "to whoever reaches the port"
+        )
+    elif len(metrics) < MIN_SECRET_CHARS:
+        problems.append(f"OVERSPILL_METRICS_TOKEN must be at least {MIN_SECRET_CHARS} characters")
     if values.get("libcloud_provider") and not values.get("libcloud_secret"):
         problems.append("OVERSPILL_LIBCLOUD_SECRET must be set when OVERSPILL_LIBCLOUD_PROVIDER is")
     for name in SECRET_FIELDS:

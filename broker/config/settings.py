@@ -1,9 +1,9 @@
 """Broker configuration from the environment (`OVERSPILL_*`), with defaults that run everything locally.
 
 Build with `Settings()` (reads the environment) or `Settings(field=...)` in tests; never at import time.
-In production mode the broker refuses to start with the development API key, an empty or short secret, or a
-well-known default (broker/config/secrets.py); secrets may come from AWS Secrets Manager (`OVERSPILL_<NAME>_ARN`) and
-are kept out of `repr(settings)`.
+In production mode the broker refuses to start with the development API key, an empty or short secret (the metrics
+token included: /metrics is never open in production), or a well-known default (broker/config/secrets.py); secrets
+may come from AWS Secrets Manager (`OVERSPILL_<NAME>_ARN`) and are kept out of `repr(settings)`.
 """
 
 from __future__ import annotations
@@ -473,10 +473,25 @@ class Settings(BaseSettings):
     metrics_token: str = Field(
         default="",
         repr=False,
-        description="when set, GET /metrics needs 'Authorization: Bearer <token>' (default: open)",
+        description="when set, GET /metrics needs 'Authorization: Bearer <token>'; in development it may be empty "
+        "(/metrics open, for a scraper on a private network); with OVERSPILL_ENV=production the broker refuses to "
+        "start without one of at least 32 characters (/metrics spans every tenant: names, job counts, spend rate)",
     )
     rate_limit_per_second: float = Field(default=20.0, ge=0, description="per API key; 0 turns it off")
     rate_limit_burst: int = Field(default=60, ge=1, description="requests a key may send at once")
+    rate_limit_tenant_per_second: float = Field(
+        default=50.0,
+        ge=0,
+        description="per tenant, over all its keys together (each key also has its own rate_limit_per_second): "
+        "minting more keys does not multiply a tenant's share; 0 turns it off",
+    )
+    rate_limit_tenant_burst: int = Field(default=150, ge=1, description="requests a tenant's keys may send at once")
+    max_keys_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="active (unrevoked) API keys a tenant may hold; POST /v1/keys beyond answers 409 (revoke one "
+        "first)",
+    )
     rate_limit_unverified_per_second: float = Field(
         default=2.0,
         gt=0,
@@ -485,6 +500,25 @@ class Settings(BaseSettings):
     )
     rate_limit_unverified_burst: int = Field(
         default=10, ge=1, description="unverified keys one address may send at once"
+    )
+    log_follow_max_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="logs one tenant may follow at once (`GET /v1/jobs/{id}/logs?follow=true`, `overspill logs -f`) "
+        "per API process; beyond, 429 with Retry-After",
+    )
+    log_follow_max_per_process: int = Field(
+        default=1000,
+        ge=1,
+        description="logs followed at once across all tenants per API process (each holds a connection and polls "
+        "the store); beyond, 429 with Retry-After",
+    )
+    log_follow_threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="threads per API process that read followed logs (their own pool: followers never take the "
+        "threads other requests run on, however many there are)",
     )
     key_hash_concurrency: int = Field(
         default=2,

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from broker.api.free_text import FreeText
 from broker.api.schemas import Label, Page, aware_utc
 from broker.finance.notify import check_emails
 from broker.finance.outbound import check_url_shape
@@ -106,9 +107,9 @@ class BudgetPublic(BaseModel):
 class ScheduleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=128)
-    cron: str = Field(min_length=9, max_length=120, examples=["0 6 1 * *"])
-    timezone: str = Field(default="UTC", max_length=64, examples=["Europe/Paris"])
+    name: FreeText = Field(min_length=1, max_length=128)
+    cron: FreeText = Field(min_length=9, max_length=120, examples=["0 6 1 * *"])
+    timezone: FreeText = Field(default="UTC", max_length=64, examples=["Europe/Paris"])
     format: Literal["csv", "focus", "html", "pdf"] = "csv"
     period: Literal["previous_month", "previous_week", "previous_day", "month_to_date"] = "previous_month"
     destination: dict[str, Any] = Field(default_factory=dict)
@@ -123,9 +124,9 @@ class ScheduleCreate(BaseModel):
 class ScheduleUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, min_length=1, max_length=128)
-    cron: str | None = Field(default=None, min_length=9, max_length=120)
-    timezone: str | None = Field(default=None, max_length=64)
+    name: FreeText | None = Field(default=None, min_length=1, max_length=128)
+    cron: FreeText | None = Field(default=None, min_length=9, max_length=120)
+    timezone: FreeText | None = Field(default=None, max_length=64)
     format: Literal["csv", "focus", "html", "pdf"] | None = None
     period: Literal["previous_month", "previous_week", "previous_day", "month_to_date"] | None = None
     destination: dict[str, Any] | None = None
@@ -155,7 +156,7 @@ class RunCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    period: str | None = Field(default=None, max_length=10, examples=["2026-10"])
+    period: FreeText | None = Field(default=None, max_length=10, examples=["2026-10"])
     from_: Aware | None = Field(default=None, alias="from")
     to: Aware | None = None
     format: Literal["csv", "focus", "html", "pdf"] = "csv"
@@ -202,7 +203,7 @@ class CorrectionCreate(BaseModel):
 
     entry_id: int = Field(ge=1, le=2**63 - 1)  # a database integer (found by fuzzing)
     usd: Annotated[Decimal, Field(max_digits=18, decimal_places=10)]
-    note: str = Field(default="", max_length=500)
+    note: FreeText = Field(default="", max_length=500)
 
 
 # answers of /v1/costs (the services build dicts; these type them for the OpenAPI document and generated clients)

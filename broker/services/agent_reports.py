@@ -5,10 +5,12 @@ Two paths bring a report: the tenant's mailbox in the job's checkpoint store, re
 `check_report` and then, with the placement and its job row-locked, `take_report`; whichever comes first records
 it, the other finds its `placement_report` row and changes nothing.
 
-`check_report` refuses (`ReportRefused`, with why and an HTTP status) a report:
-- whose placement is unknown (404), or names another placement than the one it was delivered for (403);
+`check_report` refuses (`ReportRefused`, with why and an HTTP status) a report, in this order:
+- that names another placement than the one it was delivered for, or is not signed with that placement's key,
+  `broker.api.auth.callback_token(settings, placement id)` (403; `check_signature`, which needs no database, so
+  known and unknown placements get the same answer until a signature is verified);
+- whose placement is unknown (404: only a correctly signed report learns that);
 - found in another tenant's mailbox than its placement's (403): a report is only taken from its own tenant's box;
-- not signed with the placement's key, `broker.api.auth.callback_token(settings, placement id)` (403);
 - a `final` report without an outcome (422).
 
 `take_report` records the report (once by placement and seq: reports may arrive twice, or out of order) and:
@@ -72,19 +74,27 @@ def parse_report(data: bytes | str) -> proto.Report:
     return report
 
 
+def check_signature(settings: Settings, report: proto.Report, placement_id: str) -> None:
+    """ReportRefused(403) unless `report` names `placement_id` and is signed with its report key. Needs no database:
+    the key is derived from the placement id, so a forged report for an unknown placement and one for a known
+    placement get the same answer (no existence oracle); only a verified report learns whether its placement
+    exists."""
+    if report.placement_id != placement_id:
+        raise ReportRefused(403, "report.placement_id: not the placement it was delivered for")
+    if not report.verify(callback_token(settings, placement_id)):
+        raise ReportRefused(403, "report.signature: not signed with this placement's report key")
+
+
 def check_report(
     settings: Settings, p: Placement | None, report: proto.Report, *, placement_id: str, tenant: str | None = None
 ) -> None:
     """Raise ReportRefused unless `report` may be taken for placement `placement_id` (`p`, None if unknown) found
     in `tenant`'s mailbox (None: delivered by the callback). See the module docstring."""
+    check_signature(settings, report, placement_id)
     if p is None:
         raise ReportRefused(404, f"no placement {placement_id!r}")
-    if report.placement_id != p.id:
-        raise ReportRefused(403, f"report.placement_id {report.placement_id!r} is not placement {p.id!r}")
     if tenant is not None and tenant != p.tenant:
         raise ReportRefused(403, f"placement {p.id!r} is not tenant {tenant!r}'s: its reports go to its own mailbox")
-    if not report.verify(callback_token(settings, p.id)):
-        raise ReportRefused(403, "report.signature: not signed with this placement's report key")
     if report.kind is proto.ReportKind.FINAL and report.outcome is None:
         raise ReportRefused(422, "report.outcome: a final report must carry the attempt's outcome")
 

@@ -5,9 +5,11 @@ is then walked from the root one directory at a time with directory file descrip
 O_DIRECTORY`, so a symlink anywhere below the root (planted by whoever can write there) is never followed: a walk
 that meets one raises `UnsafePath`. Files are opened relative to their directory's descriptor with `O_NOFOLLOW |
 O_NONBLOCK` and `fstat`-checked: only regular files are read or written, so a FIFO, device, socket or directory
-where a checkpoint is expected is refused at once instead of blocking the caller. An upload's partial file must
-also have a single link (a hard link would write through to another file). `list` does not descend into
-symlinked directories and returns only regular files. The root itself is resolved once, when the store is made:
+where a checkpoint is expected is refused at once instead of blocking the caller. Hard links are refused wherever
+symlinks are: a file read, stat'ed or listed, and an upload's partial file, must have a single link (a hard link
+planted by whoever can write there would read out, or write through to, another file on the same filesystem, e.g.
+the broker's database). `list` does not descend into symlinked directories and returns only regular files with
+one link. The root itself is resolved once, when the store is made:
 it is the operator's choice, not an object name. A store may be narrowed to a `prefix` beneath the root (a
 tenant's area, a job's checkpoint directory): keys are then joined beneath the prefix, and the prefix's own
 directories are walked from the root like any other, so a symlink planted in them is not followed either (a
@@ -56,8 +58,8 @@ _ESCAPES = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)  # a symlink where O_NOFOL
 
 
 class UnsafePath(StorageError):
-    """A key whose path goes through a symlink, or lands on something other than a regular file (a FIFO, device,
-    socket, directory, symlink or multiply-linked partial file): the local store refuses to touch it."""
+    """A key whose path goes through a symlink, or lands on something other than a regular file of its own (a FIFO,
+    device, socket, directory, symlink or multiply-linked file): the local store refuses to touch it."""
 
 
 def _version(st: os.stat_result) -> str:
@@ -165,6 +167,8 @@ class LocalStore:
             return None
         if not stat.S_ISREG(st.st_mode):
             raise self._unsafe(key, f"it is a {_kind(st.st_mode)}, not a regular file")
+        if st.st_nlink != 1:
+            raise self._unsafe(key, f"it is a file with {st.st_nlink} hard links, not a regular file of its own")
         return ObjectInfo(key=key, size=st.st_size, version=_version(st))
 
     def open_read(
@@ -172,7 +176,7 @@ class LocalStore:
     ) -> Iterator[bytes]:
         try:
             with self._parent(key) as (dir_fd, name):
-                fd = self._open_file(key, dir_fd, name, _READ_FLAGS)
+                fd = self._open_file(key, dir_fd, name, _READ_FLAGS, single_link=True)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{self.uri(key)} does not exist", uri=self.uri(key)) from exc
         f = os.fdopen(fd, "rb")
@@ -221,7 +225,12 @@ class LocalStore:
                     except OSError:
                         continue  # replaced by a symlink (or removed) since the stat: skip it
                     yield from self._walk(child, key + "/", prefix)
-                elif stat.S_ISREG(st.st_mode) and key.startswith(prefix) and not name.endswith(PARTIAL_SUFFIX):
+                elif (
+                    stat.S_ISREG(st.st_mode)
+                    and st.st_nlink == 1
+                    and key.startswith(prefix)
+                    and not name.endswith(PARTIAL_SUFFIX)
+                ):
                     yield ObjectInfo(key=key, size=st.st_size, version=_version(st))
         finally:
             os.close(dir_fd)

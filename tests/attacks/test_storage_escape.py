@@ -359,6 +359,55 @@ def test_a_checkpoint_that_is_itself_a_symlink_is_not_read(
     assert "symlink" in failed.message
 
 
+def test_hard_links_planted_in_a_source_checkpoint_are_not_read(
+    db_url: str,
+    make_runtime: Callable[..., Runtime],
+    clock: MovableClock,
+    stores_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Hard links are refused wherever symlinks are (issue 32, Low): a hard link is the other file itself, so
+    refusing symlinks alone let whoever writes the store read out any broker-readable file on its filesystem."""
+    secrets = tmp_path_factory.mktemp("secrets")
+    (secrets / "broker.store.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_pair(stores_dir))
+    source = _local_source(stores_dir)
+    os.link(secrets / "broker.store.db", source / "stolen.db")
+    job_id, placement_id = _placed(rt, clock, f"file://{source}/", "gcp")
+
+    assert stage_checkpoint(rt, placement_id, clock()) is Staging.STAGED
+
+    checkpoint_dir = stores_dir / "usc1" / "tenants" / TENANT / "jobs" / job_id / "checkpoint"
+    assert _files_under(checkpoint_dir) == set(LEGIT)  # the link was not copied
+    for copied in checkpoint_dir.rglob("*"):
+        assert b"key hashes" not in (copied.read_bytes() if copied.is_file() else b"")
+
+
+def test_a_checkpoint_that_is_itself_a_hard_link_is_not_read(
+    db_url: str,
+    make_runtime: Callable[..., Runtime],
+    clock: MovableClock,
+    stores_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    secrets = tmp_path_factory.mktemp("secrets")
+    (secrets / "broker.store.db").write_bytes(b"SQLite format 3\0 every tenant's key hashes")
+    aws, gcp = _clouds(clock)
+    gcp.prices = {"us-central1-a": Decimal("1")}
+    rt = _runtime(make_runtime, db_url, (aws, gcp), checkpoint_stores=_local_pair(stores_dir))
+    link = _local_source(stores_dir) / "latest.pt"
+    os.link(secrets / "broker.store.db", link)
+    job_id, placement_id = _placed(rt, clock, f"file://{link}", "gcp")
+
+    assert stage_checkpoint(rt, placement_id, clock()) is Staging.FAILED
+
+    assert not (stores_dir / "usc1").exists() or _files_under(stores_dir / "usc1") == set()
+    [failed] = _events(rt, job_id, "checkpoint_stage_failed")
+    assert "hard links" in failed.message
+
+
 # -- finding 2: a checkpoint_uri must lie under the tenant's prefixes -------------------------------------------------
 
 

@@ -49,7 +49,9 @@ class Readiness(BaseModel):
 
 
 @router.get("/healthz", operation_id="health.live", response_model=Liveness)
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
+    """The process is up: answered on the event loop, touching no thread, database or store, so it answers
+    whatever holds the worker threads."""
     return {"status": "ok"}
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, HTTPException, Path, status
 from pydantic import BaseModel
 
-from broker.api.auth import Role, create_key, list_keys, parse_key, revoke_key
+from broker.api.auth import Role, TooManyKeys, create_key, list_keys, parse_key, revoke_key
 from broker.api.deps import Admin, RuntimeDep
 from broker.api.schemas import KeyCreate, KeyCreated, Page
 from broker.services.errors import NotFoundError
@@ -46,7 +46,19 @@ def _public(row: ApiKey) -> KeyPublic:
 
 @router.post("", operation_id="keys.create", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
 def make_key(body: KeyCreate, rt: RuntimeDep, principal: Admin) -> KeyCreated:
-    key = create_key(rt.engine, tenant=principal.tenant, role=Role(body.role), name=body.name, now=rt.clock())
+    """A new key of the tenant; 409 once the tenant holds `max_keys_per_tenant` active keys (each key is its own
+    rate-limit bucket, so keys without limit would multiply the per-key limit; the tenant's own limit holds anyway)."""
+    try:
+        key = create_key(
+            rt.engine,
+            tenant=principal.tenant,
+            role=Role(body.role),
+            name=body.name,
+            now=rt.clock(),
+            max_active=rt.settings.max_keys_per_tenant,
+        )
+    except TooManyKeys as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return KeyCreated(id=parse_key(key)[0], tenant=principal.tenant, role=body.role, name=body.name, key=key)
 
 

@@ -5,8 +5,10 @@ placement's token).
   path beside the tenant mailbox; signed with the placement's report key, the same secret as the callback token,
   so the signature proves the sender (an `X-Overspill-Callback-Token` header, when sent, must match too). Taken
   once by (placement, seq) whichever path brings it first (broker.services.agent_reports); answers
-  `{"taken": true|false}` (false: already taken). 403 for a bad signature or token, 404 for an unknown placement,
-  422 naming the field of a report that does not follow the contract.
+  `{"taken": true|false}` (false: already taken). 403 for a bad signature or token, the same for a known and an
+  unknown placement (both are checked before the database is asked: no existence oracle); 404 for an unknown
+  placement only once the report's signature is verified; 422 naming the field of a report that does not follow
+  the contract.
 - `POST /v1/placements/{id}/exit`: the older start-up scripts' exit status.
 - `POST /v1/placements/{id}/scheduled-events`: an Azure VM's relayed Scheduled Events."""
 
@@ -25,7 +27,7 @@ from sqlmodel import Session
 from broker.api.auth import callback_token
 from broker.api.deps import RuntimeDep
 from broker.runtime import Runtime
-from broker.services.agent_reports import ReportRefused, check_report, parse_report, take_report
+from broker.services.agent_reports import ReportRefused, check_report, check_signature, parse_report, take_report
 from broker.services.errors import Unprocessable
 from broker.services.jobs import add_event
 from broker.store.tables import Job, Placement
@@ -111,6 +113,7 @@ def take_agent_report(
         _check_token(rt, placement_id, x_overspill_callback_token)
     try:
         parsed = parse_report(json.dumps(report))
+        check_signature(rt.settings, parsed, placement_id)  # before the database: no existence oracle
         with Session(rt.engine, expire_on_commit=False) as session:
             p = session.get(Placement, placement_id, with_for_update=True)
             check_report(rt.settings, p, parsed, placement_id=placement_id)
