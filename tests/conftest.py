@@ -23,7 +23,7 @@ from broker.loop.tick import tick
 from broker.observe.logging_setup import log_scope
 from broker.runtime import Runtime, build_runtime
 
-pytest_plugins = ["tests.xdist_groups"]
+pytest_plugins = ["tests.leak_check", "tests.xdist_groups", "tests.integration_marks", "tests.progress"]
 
 REQUIRE_INTEGRATION = os.environ.get("OVERSPILL_REQUIRE_INTEGRATION") == "1"
 if os.environ.get("PYTEST_XDIST_WORKER"):
