@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)' 2>/dev/null || echo 2)
 
 # `make test-fast`: the pure and unit tests only (tests/integration_marks.py marks the rest `integration` from the
-# code), one worker per CPU: they compute, they do not wait on daemons
+# code) without those marked `slow(seconds)`, one worker per CPU: they compute, they do not wait on daemons
 FAST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 2)
 
 .PHONY: run test test-fast lint bench demo clean
@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(FAST_WORKERS) --dist loadgroup -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(FAST_WORKERS) --dist loadgroup -m "not integration and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -94,6 +94,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         start_example_destroy(item.config)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Release the Terraform example's moto process and workspaces with the session, before tests/leak_check.py
+    looks for what the run left behind."""
+    import sys
+
+    if "tests.terraform_cli" in sys.modules:
+        sys.modules["tests.terraform_cli"].release_example(session.config)
+
+
 _TF_READERS = pytest.StashKey[set[str]]()
 _TF_DESTROY_SELECTED = pytest.StashKey[bool]()
 

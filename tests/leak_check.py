@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import shutil
 import signal
@@ -168,6 +169,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (and, in xdist, the workers are gone)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
+    gc.collect()  # a socket only the garbage collector still holds closes now; one a live object holds is a leak
     listening = listening_ports()
     own_ports = ports_of(os.getpid(), listening)
     if _is_worker():

@@ -72,10 +72,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         say(config, f"pytest: starting {workers} xdist workers (each imports and collects the suite first)")
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        config.stash[_DESELECTED] = config.stash.get(_DESELECTED, 0) + len(items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") == "gw0":
-        total = session.testscollected
-        say(session.config, f"collected {total} tests, {len(session.items)} selected")
+        selected = len(session.items)
+        total = selected + session.config.stash.get(_DESELECTED, 0)
+        say(session.config, f"collected {total} tests, {selected} selected")
+
+
+_DESELECTED = pytest.StashKey[int]()
 
 
 @pytest.hookimpl(optionalhook=True)
