@@ -17,6 +17,7 @@ figure `make test-fast` prints at its end.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
 from collections.abc import Iterator
@@ -103,7 +104,8 @@ def _starts(obj: Any) -> bool:
     if any(_in_service_module(name) for name in names):  # a local `import subprocess` / `from moto.server import`
         return True
     for name in names:
-        value = obj.__globals__.get(name)
+        # a global, or a helper module imported inside the function (`from tests.pg import start_postgres`)
+        value = obj.__globals__.get(name) or (_helper_module(name) if name.startswith(HELPER_PREFIX + ".") else None)
         if value is None:
             continue
         if isinstance(value, types.ModuleType):
@@ -117,6 +119,13 @@ def _starts(obj: Any) -> bool:
         if callable(value) and starts_a_service(value):
             return True
     return False
+
+
+def _helper_module(name: str) -> types.ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a name that only looks like a module, or one that cannot import here: not followed
+        return None
 
 
 def is_integration(item: pytest.Item) -> bool:
