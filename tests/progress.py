@@ -63,6 +63,10 @@ class _nothing:
 def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ[STARTED_ENV] = repr(time.time())  # the workers, started later, count from here too
+        _CONFIG["config"] = config
+
+
+_CONFIG: dict[str, pytest.Config] = {}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -117,3 +121,38 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
         say(config, f"{name} {'failed' if failed else 'ready'} after {took:.0f}s")
     elif took > SLOW_FIXTURE_SECONDS:
         say(config, f"fixture {name} took {took:.0f}s to set up")
+
+
+# --- where the time went: per worker and per module, to find what to speed up next --------------------------------
+
+_SPENT = pytest.StashKey[dict[tuple[str, str], float]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    spent = config.stash.setdefault(_SPENT, {})
+    key = (worker, report.nodeid.split("::", 1)[0])
+    spent[key] = spent.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    spent = config.stash.get(_SPENT, {})
+    if not spent or config.getoption("collectonly", False):
+        return
+    by_worker: dict[str, float] = {}
+    by_module: dict[str, float] = {}
+    for (worker, module), seconds in spent.items():
+        by_worker[worker] = by_worker.get(worker, 0.0) + seconds
+        by_module[module] = by_module.get(module, 0.0) + seconds
+    terminalreporter.write_sep("=", "where the time went (tests/progress.py)")
+    busy = ", ".join(f"{w} {s:.0f}s" for w, s in sorted(by_worker.items()))
+    terminalreporter.write_line(f"busy per worker: {busy}; wall {time.time() - _started():.0f}s")
+    for module, seconds in sorted(by_module.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
