@@ -31,6 +31,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP_RUN)
 	$(BIN)/overspill serve
 
+# every run prints progress from its first second (tests/progress.py) and fails when a test leaves a process, a
+# listening port or a temporary folder behind (tests/leak_check.py)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
