@@ -10,7 +10,11 @@ PYTEST_ARGS ?=
 # tests that share something machine-wide stay in one worker (tests/xdist_groups.py). PYTEST_WORKERS=0: no workers
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)' 2>/dev/null || echo 2)
 
-.PHONY: run test lint docs bench demo clean
+# `make test-fast`: the pure and unit tests only (tests/integration_marks.py marks the rest `integration` from the
+# code) without those marked `slow(seconds)`, one worker per CPU: they compute, they do not wait on daemons
+FAST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 2)
+
+.PHONY: run test test-fast lint docs bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +31,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP_RUN)
 	$(BIN)/overspill serve
 
+# every run prints progress from its first second (tests/progress.py) and fails when a test leaves a process, a
+# listening port or a temporary folder behind (tests/leak_check.py)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(FAST_WORKERS) --dist loadgroup -m "not integration and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -23,7 +23,7 @@ from broker.loop.tick import tick
 from broker.observe.logging_setup import log_scope
 from broker.runtime import Runtime, build_runtime
 
-pytest_plugins = ["tests.xdist_groups"]
+pytest_plugins = ["tests.leak_check", "tests.xdist_groups", "tests.integration_marks", "tests.progress"]
 
 REQUIRE_INTEGRATION = os.environ.get("OVERSPILL_REQUIRE_INTEGRATION") == "1"
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -92,6 +92,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         from tests.terraform_cli import start_example_destroy
 
         start_example_destroy(item.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Release the Terraform example's moto process and workspaces with the session, before tests/leak_check.py
+    looks for what the run left behind."""
+    import sys
+
+    if "tests.terraform_cli" in sys.modules:
+        sys.modules["tests.terraform_cli"].release_example(session.config)
 
 
 _TF_READERS = pytest.StashKey[set[str]]()

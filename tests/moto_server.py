@@ -46,7 +46,16 @@ def running_moto_server() -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        stop_threaded(server)
+
+
+def stop_threaded(server: Any) -> None:
+    """Stop a `ThreadedMotoServer` and close its listening socket: moto's `stop()` ends the serving thread but
+    leaves the socket listening until the garbage collector finds it (tests/leak_check.py reports that)."""
+    server.stop()
+    inner = getattr(server, "_server", None)
+    if inner is not None:
+        inner.server_close()
 
 
 @contextmanager
@@ -73,6 +82,7 @@ def running_moto_process(timeout: float = 60.0) -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def moto_client(service: str, region: str, url: str) -> Any:

@@ -244,11 +244,25 @@ def example_destroyed(config: pytest.Config) -> Deployment:
     return deployment
 
 
+def release_example(config: pytest.Config) -> None:
+    """At the session's end (tests/conftest.py's `pytest_sessionfinish`): wait for a background apply or destroy
+    still running, then stop the moto process and remove the workspaces. Not at `config` clean-up: in a pytest-xdist
+    worker that runs after the worker said it was done, racing the controller that ends it, which left the moto
+    process and its folder behind (tests/leak_check.py)."""
+    pool = config.stash.get(_POOL, None)
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+        del config.stash[_POOL]
+    resources = config.stash.get(_RESOURCES, None)
+    if resources is not None:
+        del config.stash[_RESOURCES]
+        resources[0].close()
+
+
 def _background(config: pytest.Config) -> ThreadPoolExecutor:
     pool = config.stash.get(_POOL, None)
     if pool is None:
         pool = config.stash[_POOL] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terraform")
-        config.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))
     return pool
 
 
@@ -265,7 +279,6 @@ def _prepare_example(config: pytest.Config, binary: str) -> Any:
         tmp = Path(tempfile.mkdtemp(prefix="overspill-tf-"))
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         config.stash[_RESOURCES] = (stack, moto_url, tmp)
-        config.add_cleanup(stack.close)
     _, moto_url, tmp = config.stash[_RESOURCES]
     where = Path(tempfile.mkdtemp(dir=tmp))
     workspace = Workspace.create(where, binary)

@@ -38,6 +38,7 @@ from pricing.feeds.aws import (  # noqa: E402
 from providers.base import OfferingSource  # noqa: E402
 from providers.model import CapacityType, Offering  # noqa: E402
 from tests.data import shared_file  # noqa: E402
+from tests.moto_server import stop_threaded  # noqa: E402
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -62,7 +63,7 @@ def moto_url() -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        stop_threaded(server)
 
 
 def _client(service: str, region: str, url: str) -> Any:

@@ -17,6 +17,7 @@ from broker.cli.main import app
 from broker.config.settings import DEV_API_KEY, Settings
 from broker.runtime import build_runtime
 from tests.azure_fake import AzureFake
+from tests.moto_server import stop_threaded
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def moto_endpoint() -> Iterator[str]:
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
-    server.stop()
+    stop_threaded(server)
 
 
 def _last_json(output: str) -> list[dict[str, object]]:

@@ -43,6 +43,7 @@ from providers.base import (
 )
 from providers.libcloud import TAG_OFFERING, TAG_TOKEN, GpuSpec, LibcloudProvider, map_state, node_name
 from providers.model import CapacityType, Offering
+from tests.moto_server import stop_threaded
 from tests.provider_contract import BROKER_ID, USER_DATA, ContractEnv, ProviderContract
 
 NOW = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
@@ -327,7 +328,7 @@ def moto_port() -> Iterator[int]:
     try:
         yield port
     finally:
-        server.stop()
+        stop_threaded(server)
 
 
 @pytest.fixture

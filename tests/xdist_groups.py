@@ -61,6 +61,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(where, ignore_errors=True))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller is done with the groups once the session ends: remove them before tests/leak_check.py looks."""
+    where = os.environ.get(GROUPS_ENV)
+    if where and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def _distributed(config: pytest.Config) -> bool:
     """Workers that hand out tests one by one (`-n N` alone means `--dist load`): the suite needs its groups."""
     return bool(config.getoption("numprocesses", None)) and config.getoption("dist", "no") in ("load", "loadgroup")
