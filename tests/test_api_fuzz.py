@@ -126,6 +126,7 @@ FUZZED_JOB_FIELDS = {
 }
 
 
+@pytest.mark.slow(30)
 def test_stateful_sequences_create_read_update_and_cancel_fuzzed_jobs(fuzz_rt: Runtime) -> None:
     """schemathesis follows the links of `jobs.submit` (and `jobs.get`, `jobs.update`) to the operations taking the
     new job's id: a 2xx on them proves a fuzzed job really was read, updated and cancelled (a made-up id is a 404)."""
@@ -275,6 +276,7 @@ def _properties(operation: Any, schema: dict[str, Any]) -> dict[str, Any]:
     return dict(schema.get("properties", {}))
 
 
+@pytest.mark.slow(30)
 def test_hostile_values_never_get_a_5xx_or_an_answer_off_the_spec(fuzz_rt: Runtime) -> None:
     schema = load_schema(create_app(runtime=fuzz_rt))
     statuses: Counter[int] = Counter()
@@ -301,6 +303,7 @@ def test_hostile_values_never_get_a_5xx_or_an_answer_off_the_spec(fuzz_rt: Runti
     assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures)"
 
 
+@pytest.mark.slow(30)
 def test_hostile_header_values_never_get_a_5xx(fuzz_rt: Runtime) -> None:
     from fastapi.testclient import TestClient
 

@@ -100,6 +100,7 @@ def test_keys_create_and_tick(tmp_path: Path) -> None:
     assert steps["refresh_prices"]["count"] > 0 and not any(s["error"] for s in steps.values())
 
 
+@pytest.mark.slow(30)
 def test_demo_runs_and_reports_savings(tmp_path: Path) -> None:
     out = runner.invoke(app, ["demo", "--jobs", "6", "--hours", "24", "--json", "--throwaway"])
     assert out.exit_code == 0, out.output
@@ -113,6 +114,7 @@ def test_demo_runs_and_reports_savings(tmp_path: Path) -> None:
     assert result["database"] == ""  # nothing kept
 
 
+@pytest.mark.slow(30)
 def test_demo_keeps_its_history_in_the_configured_database(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 

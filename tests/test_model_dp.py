@@ -77,6 +77,7 @@ def brute_force(
     return value(tau, sigma, mode, phase, states)
 
 
+@pytest.mark.slow(20)
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("phases", [1, 2, 3])
 def test_the_dp_value_is_the_brute_force_expectimax_on_a_tiny_model(seed: int, phases: int) -> None:
@@ -138,6 +139,7 @@ def _random_trace(seed: int, n: int = 260) -> SpotTrace:
     return SpotTrace.from_bits(bits, prices, on_demand_usd=3.0, gap_seconds=3600)
 
 
+@pytest.mark.slow(20)
 @pytest.mark.parametrize("seed", range(4))
 def test_on_random_traces_it_meets_every_deadline_and_never_beats_the_optimum(seed: int) -> None:
     t = _random_trace(seed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -313,17 +312,3 @@ def test_later_submissions_never_rewrite_a_started_job() -> None:
         if view.started_at is not None:
             assert seen.setdefault(iid, view.started_at) == view.started_at
     assert len(seen) >= len(ids) - 1
-
-
-def test_schedule_is_fast_for_a_few_hundred_jobs() -> None:
-    best = float("inf")
-    for seed in range(3):
-        clock = Clock()
-        c = cluster(background=6.0, seed=seed, clock=clock)
-        for i in range(40):
-            submit(c, f"t{i}", (1, 2, 4, 8)[i % 4], "3")
-        clock.now = at(30)
-        start = time.perf_counter()
-        c.pressure(clock.now)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.05
