@@ -48,6 +48,7 @@ from sqlmodel import Session, col, select
 
 from broker.crashpoints import crashpoint
 from broker.finance.unaccrued import hours_and_rate
+from broker.loop.bulkhead import Bulkhead, bulkhead, job_event
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.market.availability import record_reclaim
@@ -69,12 +70,20 @@ _J = Job.__table__  # type: ignore[attr-defined]
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
     shards (`broker.store.shards`; all of them outside a tick)."""
+    with bulkhead(rt, "sync_instances", now) as bh:
+        return _sync(rt, now, bh)
+
+
+def _sync(rt: Runtime, now: datetime, bh: Bulkhead) -> int:
     rows, risen = _snapshot(rt, now)
+    if bh.known:
+        rows = [(p, job) for p, job in rows if not bh.skip(p.id)]
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
         if p.instance_id is None:
-            changed += _relaunch(rt, p.id, now)
+            with bh.item(p.id):
+                changed += _relaunch(rt, p.id, now)
     attention, exact = [], []
     for p, job in rows:
         if p.instance_id is not None:
@@ -83,14 +92,14 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
                 exact.append(p.id)
             elif not verdict:
                 attention.append(p.id)
-    attention = sorted(attention + _over_ceiling(rt, exact, now))
+    attention = sorted(attention + _over_ceiling(rt, exact, now, bh))
     if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
         touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
         rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
         rt.tick_cache.touched = sorted(touched)
     size = rt.settings.loop_batch_size
     for start in range(0, len(attention), size):
-        changed += _sync_batch(rt, attention[start : start + size], now)
+        changed += _sync_batch(rt, attention[start : start + size], now, bh)
     return changed
 
 
@@ -114,7 +123,7 @@ SnapPlacement = namedtuple("SnapPlacement", [c.name for c in _SNAP_P] + ["near_c
 SnapJob = namedtuple("SnapJob", [c.name for c in _SNAP_J])  # type: ignore[misc]
 
 
-def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
+def _over_ceiling(rt: Runtime, ids: list[str], now: datetime, bh: Bulkhead) -> list[str]:
     """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
     rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole
     (`broker.store.bulk.select_among`)."""
@@ -124,9 +133,10 @@ def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
         for p in select_among(conn, query, _P.c.id, ids):
             if p.started_at is None:
                 continue
-            projected, _ = _projected_spend(rt, p, p, now)
-            if projected > p.max_total_usd:
-                over.append(p.id)
+            with bh.item(p.id):
+                projected, _ = _projected_spend(rt, p, p, now)
+                if projected > p.max_total_usd:
+                    over.append(p.id)
     return over
 
 
@@ -265,11 +275,12 @@ def _settled(p: Any, job: Any, view: Instance | ProviderError | None, risen: fro
     return None
 
 
-def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
+def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime, bh: Bulkhead) -> int:
     """Sync a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), their jobs locked in id order (so two replicas' batches never wait on each other in a cycle),
     their instances read again under the locks, each placement handled in a savepoint (a provider error undoes
-    that placement's changes only). Returns how many placements changed state."""
+    that placement's changes only; any other exception too, caught by the step's bulkhead, which records it on the
+    job). Returns how many placements changed state."""
     with Session(rt.engine, expire_on_commit=False) as session:
         placements, jobs = lock_batch(session, ids, lambda p: p.state in _LIVE and p.instance_id is not None)
         if not placements:
@@ -284,7 +295,8 @@ def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
             bind_job(job, p)
             before = p.state
             try:
-                with session.begin_nested():
+                record = job_event(session, job, "sync_instances", now, placement_id=p.id)
+                with bh.item(p.id, record, passes=(ProviderError,)), session.begin_nested():
                     _sync_one(rt, session, provider, p, job, now, views[p.instance_id])
             except ProviderError as exc:
                 log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
