@@ -111,8 +111,11 @@ def take_report(session: Session, p: Placement, job: Job, report: proto.Report, 
         "received_at": now,
         "data": json.loads(json.dumps(data, default=str)),
     }
-    result = session.execute(insert(table).values(**row).on_conflict_do_nothing(index_elements=["placement_id", "seq"]))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    # RETURNING, not the row count: through psycopg 3 that read -1 for this INSERT ... ON CONFLICT DO NOTHING, so
+    # on PostgreSQL every report looked taken before and none was ever applied (tests/poison found it)
+    fresh = insert(table).values(**row).on_conflict_do_nothing(index_elements=["placement_id", "seq"])
+    inserted = session.execute(fresh.returning(table.c.seq)).first()
+    if inserted is None:
         return False
     p.last_report_at = max(now, p.last_report_at) if p.last_report_at else now
     session.add(p)
