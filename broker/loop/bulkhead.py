@@ -159,3 +159,17 @@ def job_event(session: Session, job: Job, step: str, now: datetime, **data: obje
         add_event(session, job, now, kind, f"{what}: {type(exc).__name__}: {exc}"[:1000], step=step, **data)
 
     return record
+
+
+def job_event_after(rt: Runtime, job_id: str, step: str, now: datetime, **data: object) -> Record:
+    """`job_event` for a step that holds no transaction when an item fails (its own sessions are closed): the
+    event is written in a session of its own."""
+
+    def record(exc: BaseException, quarantined: bool) -> None:
+        with Session(rt.engine) as session:
+            job = session.get(Job, job_id)
+            if job is not None:
+                job_event(session, job, step, now, **data)(exc, quarantined)
+                session.commit()
+
+    return record
