@@ -1,4 +1,4 @@
-"""The tick steps' bulkhead (broker.loop.bulkhead): one bad item is logged, counted, recorded and skipped; one that
+"""The tick steps' bulkhead (broker.services.bulkhead): one bad item is logged, counted, recorded and skipped; one that
 fails `tick_item_quarantine_after` ticks in a row is quarantined, and one that succeeds again is forgotten. On
 SQLite and PostgreSQL (the failure counts live in `tick_item_failure`)."""
 
@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from sqlmodel import Session, select
 
-from broker.loop.bulkhead import bulkhead
 from broker.runtime import Runtime
+from broker.services.bulkhead import bulkhead
 from broker.store.tables import TickItemFailure
 from tests.conftest import MovableClock
 

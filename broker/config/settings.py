@@ -57,7 +57,7 @@ class Settings(BaseSettings):
         default=5,
         ge=1,
         description="ticks in a row an item (placement, mailbox entry, feed, report run) may fail in a step before "
-        "it is quarantined: skipped by that step until an operator releases it (broker.loop.bulkhead)",
+        "it is quarantined: skipped by that step until an operator releases it (broker.services.bulkhead)",
     )
     loop_batch_size: int = Field(
         default=100,

@@ -61,9 +61,9 @@ from sqlmodel import Session, or_
 
 from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
-from broker.loop.bulkhead import Bulkhead, bulkhead, job_event
 from broker.loop.common import in_scope
 from broker.runtime import Runtime
+from broker.services.bulkhead import Bulkhead, bulkhead, job_event
 from broker.store.bulk import bulk_insert, bulk_update
 from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook

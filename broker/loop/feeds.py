@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import Float, case, cast, func, insert, literal
 from sqlmodel import Session, col, delete, select
 
-from broker.loop.bulkhead import Bulkhead, Record, bulkhead
 from broker.loop.common import upsert
 from broker.market.availability import record_availability
 from broker.market.catalog import offering_values
 from broker.runtime import Runtime
+from broker.services.bulkhead import Bulkhead, Record, bulkhead
 from broker.store.db import UTCDateTime
 from broker.store.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
 from pricing.bounds import offering_refusal

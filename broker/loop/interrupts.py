@@ -30,11 +30,11 @@ from sqlmodel import Session, col, select
 
 from agent.bounded import HostileInput, bounded_time
 from broker.crashpoints import crashpoint
-from broker.loop.bulkhead import Bulkhead, bulkhead
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
 from broker.services.agent_reports import NOTICE_DEFAULT, NOTICE_GRACE
+from broker.services.bulkhead import Bulkhead, bulkhead
 from broker.services.jobs import add_event
 from broker.store.copystate import claim_lease
 from broker.store.tables import Job, Placement

@@ -13,7 +13,7 @@ The agent writes every signed report to `<store>tenants/<tenant>/mailbox/<placem
    deeper than a report is or holding out-of-range values, `agent.bounded.load_json`, or a bad signature): logged,
    never applied, and deleted so it cannot pile up. An entry whose placement another replica holds locked is left
    for the next tick.
-4. guards each entry with the step's bulkhead (`broker.loop.bulkhead`): an unexpected error on one entry is logged
+4. guards each entry with the step's bulkhead (`broker.services.bulkhead`): an unexpected error on one entry is logged
    with its name, counted, and the step goes on with the next entry and the next mailbox; an entry that fails
    `tick_item_quarantine_after` ticks in a row is moved aside to `quarantine/<name>` in its mailbox (which the step
    never reads) and left there for an operator.
@@ -34,10 +34,10 @@ from sqlmodel import Session, col, select
 from agent import protocol as proto
 from broker.agent_side import checkpoint_layout as layout
 from broker.config.checkpoint_stores import CheckpointRefused
-from broker.loop.bulkhead import Bulkhead, Record, bulkhead
 from broker.loop.common import bind_job, in_scope, locked
 from broker.runtime import Runtime
 from broker.services.agent_reports import LIVE, ReportRefused, check_report, parse_report, take_report
+from broker.services.bulkhead import Bulkhead, Record, bulkhead
 from broker.store.tables import Job, Placement
 from providers.storage import StorageError
 from providers.storage.base import ObjectStore

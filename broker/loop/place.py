@@ -47,7 +47,6 @@ from broker.loop.attempt import (
     resume_from,
     spec_failures,
 )
-from broker.loop.bulkhead import bulkhead, job_event_after
 from broker.loop.common import (
     AUTH_BLOCK,
     CAPACITY_BLOCK,
@@ -61,6 +60,7 @@ from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, tr
 from broker.market.availability import pool_outlooks
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED
+from broker.services.bulkhead import bulkhead, job_event_after
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.store.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote

@@ -48,12 +48,12 @@ from sqlmodel import Session, col, select
 
 from broker.crashpoints import crashpoint
 from broker.finance.unaccrued import hours_and_rate
-from broker.loop.bulkhead import Bulkhead, bulkhead, job_event
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, in_scope, lock_batch, locked
 from broker.loop.place import launch_failed, launch_placement
 from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
+from broker.services.bulkhead import Bulkhead, bulkhead, job_event
 from broker.services.jobs import add_event, spec_of
 from broker.store.bulk import select_among
 from broker.store.tables import Job, Placement, PlacementReport

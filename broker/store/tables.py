@@ -305,7 +305,7 @@ class TickReplica(SQLModel, table=True):
 
 class TickItemFailure(SQLModel, table=True):
     """One item (a placement, a mailbox entry, a feed, a report run...) that raised in a tick step
-    (`broker.loop.bulkhead`): how many ticks in a row it failed, the last error, and since when it is quarantined
+    (`broker.services.bulkhead`): how many ticks in a row it failed, the last error, and since when it is quarantined
     (skipped by its step until an operator deletes the row). The row goes once the
     item succeeds again."""
 

@@ -4,7 +4,7 @@ Revision ID: 0016
 Revises: 0015
 Create Date: 2026-12-07 15:30:00
 
-One row per (step, item) that raised in its step (`broker.loop.bulkhead`); deleted once the item succeeds again.
+One row per (step, item) that raised in its step (`broker.services.bulkhead`); deleted once the item succeeds again.
 """
 
 from collections.abc import Sequence

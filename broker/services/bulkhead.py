@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import delete
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
-from broker.loop.common import upsert
 from broker.runtime import Runtime
 from broker.services.jobs import add_event
 from broker.store.tables import Job, TickItemFailure
@@ -121,7 +122,7 @@ class Bulkhead:
                         "quarantined_at": self.now if quarantined else None,
                     }
                 )
-            upsert(session, TickItemFailure, rows, ["step", "item"])
+            _upsert(session, rows)
             if self.succeeded:
                 session.execute(
                     delete(TickItemFailure).where(
@@ -129,6 +130,14 @@ class Bulkhead:
                     )
                 )
             session.commit()
+
+
+def _upsert(session: Session, rows: list[dict[str, object]]) -> None:
+    table = TickItemFailure.__table__  # type: ignore[attr-defined]
+    dialect = session.get_bind().dialect.name
+    stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+    updates = {name: stmt.excluded[name] for name in rows[0] if name not in ("step", "item")}
+    session.execute(stmt.on_conflict_do_update(index_elements=["step", "item"], set_=updates), rows)
 
 
 @contextmanager
