@@ -345,13 +345,14 @@ def _sync_one(
             session.add(p)
         return
     if inst.started_at is not None and p.started_at is None:
-        p.started_at = inst.started_at
+        started = _within(inst.started_at, p.created_at, now)
+        p.started_at = started
         p.state = PlacementState.RUNNING.value
-        p.accrued_until = inst.started_at
+        p.accrued_until = started
         session.add(p)
         # the timeline keeps `placed` and `launched` before `started`; accrual counts from the real start
         add_event(
-            session, job, inst.started_at, "started", f"running on {p.offering_key}", not_before=p.created_at,
+            session, job, started, "started", f"running on {p.offering_key}", not_before=p.created_at,
             placement_id=p.id,
         )  # fmt: skip
     if p.attempt_uri is not None and _agent_verdict(rt, session, provider, p, job, inst, now):
@@ -526,7 +527,8 @@ def _ended(
     """Record a placement's end and move its job on: succeeded, failed (its own command failed: not retried),
     or back to pending with the work its last checkpoint saved."""
     p.state = state.value
-    p.ended_at = (inst.ended_at if inst and inst.ended_at else None) or now
+    ended = inst.ended_at if inst and inst.ended_at else None
+    p.ended_at = _within(ended, p.started_at or p.created_at, now) if ended is not None else now
     session.add(p)
     remaining = Decimal("0") if state is PlacementState.SUCCEEDED else _remaining_after(p, inst)
     if state is PlacementState.PREEMPTED:  # the ledger prices the work lost since the last checkpoint as wasted
@@ -561,6 +563,13 @@ def _ended(
             job.checkpoint_provider = p.provider
             job.checkpoint_region = p.region
     session.add(job)
+
+
+def _within(at: datetime, earliest: datetime, now: datetime) -> datetime:
+    """A time a provider reports for a placement (its instance's start or end), kept between the placement's
+    creation (or start, less a day of clock skew) and now: a hostile or broken answer (year 1, year 9999) would
+    otherwise have accrual walk two thousand years of days, or overflow."""
+    return min(max(at, earliest - timedelta(days=1)), now)
 
 
 def stop_placement(
