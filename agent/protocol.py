@@ -38,7 +38,9 @@ import hmac
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from agent.bounded import HostileInput, finite, load_json
 from agent.compat import StrEnum
 
 PROTOCOL_VERSION = 1
@@ -325,44 +327,102 @@ class Report:
 
     @classmethod
     def from_json(cls, data: bytes | str, *, max_bytes: int = 64 * 1024) -> Report:
-        """Parse (not verify) a report; raises ProtocolError. Reports over `max_bytes` are refused."""
-        if len(data) > max_bytes:
-            raise ProtocolError(f"report is {len(data)} bytes, over the {max_bytes} byte limit")
+        """Parse (not verify) a report; raises ProtocolError naming the field. Reports over `max_bytes` or nested
+        deeper than a report ever is are refused before the parser sees them (`agent.bounded.load_json`); numbers
+        must be finite and in range, text fields within their limits (kept as signed: the broker cleans what it
+        stores, `agent.bounded.clean_text`)."""
         try:
-            raw = json.loads(data)
-            if not isinstance(raw, dict):
-                raise ProtocolError("report must be a JSON object")
+            raw = load_json(data, source="report", max_bytes=max_bytes, max_depth=REPORT_MAX_DEPTH)
+        except HostileInput as exc:
+            raise ProtocolError(str(exc)) from None
+        if not isinstance(raw, dict):
+            raise ProtocolError("report must be a JSON object")
+        try:
             progress = raw.get("progress")
             notice = raw.get("notice")
             return cls(
-                placement_id=str(raw["placement_id"]),
-                seq=int(raw["seq"]),
+                placement_id=_text(raw["placement_id"], "report.placement_id", 64),
+                seq=_integer(raw["seq"], "report.seq", 0, 2**63 - 1),
                 kind=ReportKind(raw["kind"]),
-                at=str(raw["at"]),
+                at=_text(raw["at"], "report.at", 64),
                 outcome=Outcome(raw["outcome"]) if raw.get("outcome") is not None else None,
-                exit_code=int(raw["exit_code"]) if raw.get("exit_code") is not None else None,
-                detail=str(raw.get("detail", "")),
-                progress=Progress(**progress) if progress is not None else None,
-                checkpointed=float(raw["checkpointed"]) if raw.get("checkpointed") is not None else None,
-                notice=Notice(
-                    NoticeSource(notice["source"]),
-                    str(notice["kind"]),
-                    str(notice["received_at"]),
-                    notice.get("deadline"),
-                )
-                if notice is not None
+                exit_code=_integer(raw["exit_code"], "report.exit_code", -(2**31), 2**31 - 1)
+                if raw.get("exit_code") is not None
                 else None,
-                log_tail=str(raw.get("log_tail", "")),
-                signature=str(raw.get("signature", "")),
+                detail=_text(raw.get("detail", ""), "report.detail", max_bytes),
+                progress=_progress(progress) if progress is not None else None,
+                checkpointed=_fraction(raw["checkpointed"]) if raw.get("checkpointed") is not None else None,
+                notice=_notice(notice) if notice is not None else None,
+                log_tail=_text(raw.get("log_tail", ""), "report.log_tail", max_bytes),
+                signature=_text(raw.get("signature", ""), "report.signature", 128),
             )
         except ProtocolError:
             raise
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        except HostileInput as exc:
+            raise ProtocolError(str(exc)) from None
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ProtocolError(f"report field missing or invalid: {exc}") from exc
 
     def verify(self, key_hex: str) -> bool:
         """True when the signature is this report's, made with `key_hex` (constant-time compare)."""
         return bool(self.signature) and hmac.compare_digest(self.signature, sign(key_hex, self.canonical()))
+
+
+REPORT_MAX_DEPTH = 4  # a report is an object holding objects (progress, notice) of scalars
+
+
+def _text(value: Any, field: str, max_chars: int) -> str:
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ProtocolError(f"{field} must be a string")
+    text = str(value)
+    if len(text) > max_chars:
+        raise ProtocolError(f"{field} is longer than {max_chars} characters")
+    return text
+
+
+def _integer(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ProtocolError(f"{field} must be an integer")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise ProtocolError(f"{field} {number} is outside [{lo}, {hi}]")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    """report.checkpointed as parsed (an int 1 stays 1, for the signature), finite and within [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError("report.checkpointed must be a number")
+    return finite(value, "report.checkpointed", 0, 1)  # type: ignore[no-any-return]
+
+
+def _progress(raw: Any) -> Progress:
+    if not isinstance(raw, dict):
+        raise ProtocolError("report.progress must be an object")
+    values: dict[str, Any] = {}  # kept as parsed (an int stays an int): the signature covers them re-serialised
+    for name in ("done", "total", "checkpoint"):
+        v = raw.get(name)
+        if v is None and name == "checkpoint":
+            values[name] = None
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ProtocolError(f"report.progress.{name} must be a number")
+        values[name] = finite(v, f"report.progress.{name}", 0, 1e18)
+    return Progress(done=values["done"], total=values["total"], checkpoint=values["checkpoint"])
+
+
+def _notice(raw: Any) -> Notice:
+    if not isinstance(raw, dict):
+        raise ProtocolError("report.notice must be an object")
+    deadline = raw.get("deadline")
+    if deadline is not None and not isinstance(deadline, str):
+        raise ProtocolError("report.notice.deadline must be an ISO 8601 string")
+    return Notice(
+        NoticeSource(raw["source"]),
+        _text(raw["kind"], "report.notice.kind", 32),
+        _text(raw["received_at"], "report.notice.received_at", 64),
+        _text(deadline, "report.notice.deadline", 64) if deadline is not None else None,
+    )
 
 
 def _replace_signature(report: Report, signature: str) -> Report:

@@ -189,7 +189,9 @@ def describe(provider: ComputeProvider, instance_ids: Sequence[str]) -> dict[str
     """The provider's view of each instance: an `Instance`, `NotFound` when it is gone, or the `ProviderError`
     that stopped the provider from answering for it (then the caller knows nothing new about that instance).
 
-    Uses `get_many` when the provider has it (one error then stands for every id), else one `get` per id."""
+    Uses `get_many` when the provider has it (one error then stands for every id), else one `get` per id. Any other
+    exception an answer raises (a malformed answer its parser did not expect) becomes an `UnreadableAnswer` for
+    that id (for every id of a failed `get_many`), so one bad instance never hides the others."""
     ids = list(dict.fromkeys(instance_ids))
     if not ids:
         return {}
@@ -199,6 +201,8 @@ def describe(provider: ComputeProvider, instance_ids: Sequence[str]) -> dict[str
             found = provider.get_many(ids)
         except ProviderError as exc:
             return dict.fromkeys(ids, exc)
+        except Exception as exc:  # a bulkhead: a malformed answer is this read's failure, not the caller's
+            return dict.fromkeys(ids, UnreadableAnswer.of(provider.name, exc))
         for iid in ids:
             out[iid] = found.get(iid) or NotFound(f"no instance {iid}", provider=provider.name)
         return out
@@ -207,7 +211,17 @@ def describe(provider: ComputeProvider, instance_ids: Sequence[str]) -> dict[str
             out[iid] = provider.get(iid)
         except ProviderError as exc:
             out[iid] = exc
+        except Exception as exc:  # a bulkhead: one instance's malformed answer, never the others'
+            out[iid] = UnreadableAnswer.of(provider.name, exc)
     return out
+
+
+class UnreadableAnswer(ProviderError):
+    """The provider answered something its adapter could not read (a malformed or hostile answer)."""
+
+    @classmethod
+    def of(cls, provider: str, exc: BaseException) -> UnreadableAnswer:
+        return cls(f"unreadable answer: {type(exc).__name__}: {str(exc)[:300]}", provider=provider)
 
 
 @runtime_checkable

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         description="how long a tick replica's shard leases last without renewal (each tick renews them): a replica "
         "that stops has its share of the live placements taken over by the others after this long",
     )
+    tick_item_quarantine_after: int = Field(
+        default=5,
+        ge=1,
+        description="ticks in a row an item (placement, mailbox entry, feed, report run) may fail in a step before "
+        "it is quarantined: skipped by that step until an operator releases it (broker.services.bulkhead)",
+    )
     loop_batch_size: int = Field(
         default=100,
         ge=1,

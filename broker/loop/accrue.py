@@ -63,6 +63,7 @@ from broker.crashpoints import crashpoint
 from broker.finance.ledger import LEDGER_QUANTUM, day_cuts, entry_values, record_wasted
 from broker.loop.common import in_scope
 from broker.runtime import Runtime
+from broker.services.bulkhead import Bulkhead, bulkhead, job_event
 from broker.store.bulk import bulk_insert, bulk_update
 from broker.store.tables import CostEntryRow, Job, JobEvent, Placement
 from pricing.book import PriceBook
@@ -126,8 +127,10 @@ def accrue_costs(rt: Runtime, now: datetime) -> int:
         for provider, ex in rt.extras.items()
         for capacity in ("spot", "on_demand", "reserved")
     }
-    for start in range(0, len(ids), size):
-        written += _accrue_batch(rt, ids[start : start + size], book, due, extras)
+    with bulkhead(rt, "accrue_costs", now) as bh:
+        ids = [i for i in ids if not bh.skip(i)] if bh.known else ids
+        for start in range(0, len(ids), size):
+            written += _accrue_batch(rt, ids[start : start + size], book, due, extras, bh)
     return written
 
 
@@ -219,6 +222,14 @@ class _Writes:
     marks: list[dict[str, Any]] = field(default_factory=list)
     spent: dict[str, Decimal] = field(default_factory=dict)  # job id -> its new spent_usd
 
+    def mark(self) -> tuple[int, int, int, dict[str, Decimal]]:
+        return len(self.entries), len(self.events), len(self.marks), dict(self.spent)
+
+    def undo(self, mark: tuple[int, int, int, dict[str, Decimal]]) -> None:
+        """Take back what was added since `mark` (one placement's accrual that raised half-way)."""
+        del self.entries[mark[0] :], self.events[mark[1] :], self.marks[mark[2] :]
+        self.spent = dict(mark[3])
+
     def send(self, session: Session) -> None:
         conn = session.connection()
         bulk_insert(conn, _E, self.entries)
@@ -227,18 +238,33 @@ class _Writes:
         bulk_update(conn, _J, "id", [{"id": job_id, "spent_usd": usd} for job_id, usd in self.spent.items()])
 
 
-def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, due: _Due, extras: Extras) -> int:
+def _accrue_batch(rt: Runtime, ids: Sequence[str], book: PriceBook, due: _Due, extras: Extras, bh: Bulkhead) -> int:
     """Accrue a batch of placements in one transaction: the placements row-locked (skipping those another replica
-    holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle."""
+    holds), then their jobs locked in id order, so two replicas' batches never wait on each other in a cycle. A
+    placement whose accrual raises is left out whole (what it had added to the batch taken back), recorded on its
+    job by the step's bulkhead, and the batch goes on without it."""
     now = due.now
     with Session(rt.engine) as session:
-        placements, jobs = _lock_rows(session, ids, due)
-        if not placements:
+        locked_rows, jobs = _lock_rows(session, ids, due)
+        if not locked_rows:
             return 0
-        writes = _Writes()
-        for p, end in placements:
-            _accrue_one(p, jobs[p.job_id], book, now, end, extras.get((p.provider, p.capacity_type), ()), writes)
+        writes, placements, failed = _Writes(), [], []
+        for p, end in locked_rows:
+            before = writes.mark()
+            with bh.item(p.id, lambda exc, quarantined, p=p: failed.append((p, exc, quarantined))):
+                try:
+                    _accrue_one(
+                        p, jobs[p.job_id], book, now, end, extras.get((p.provider, p.capacity_type), ()), writes
+                    )
+                except Exception:
+                    writes.undo(before)
+                    raise
+                placements.append((p, end))
         writes.send(session)
+        for p, exc, quarantined in failed:
+            job = session.get(Job, p.job_id)
+            if job is not None:
+                job_event(session, job, "accrue_costs", now, placement_id=p.id)(exc, quarantined)
         for (p, _), mark in zip(placements, writes.marks, strict=True):
             crashpoint("accrue.before_commit")  # each placement's entries written, the batch not committed yet
             if (

@@ -19,8 +19,10 @@ from broker.loop.common import upsert
 from broker.market.availability import record_availability
 from broker.market.catalog import offering_values
 from broker.runtime import Runtime
+from broker.services.bulkhead import Bulkhead, Record, bulkhead
 from broker.store.db import UTCDateTime
 from broker.store.tables import FeedStatus, OfferingRow, Placement, PressureRow, PriceChange
+from pricing.bounds import offering_refusal
 from pricing.risk import PoolExperience, apply_experience, apply_trace_priors, experience_from_runs
 from providers.model import CapacityType, Offering, PlacementState
 
@@ -143,6 +145,22 @@ def _due(session: Session, feed: str, now: datetime, every_seconds: float) -> bo
 def refresh_prices(rt: Runtime, now: datetime, *, force: bool = False) -> int:
     """Fetch every offering source that is due; replace each feed's rows with what it returned (spot rates
     adjusted by the broker's own reclaim experience). Returns pools written."""
+    with bulkhead(rt, "refresh_prices", now) as bh:
+        return _refresh(rt, now, force, bh)
+
+
+def _feed_error(rt: Runtime, feed: str, now: datetime) -> Record:
+    """The bulkhead's record for a feed: its `last_error` (its last good data is kept)."""
+
+    def record(exc: BaseException, quarantined: bool) -> None:
+        with Session(rt.engine) as session:
+            record_feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}"[:1000])
+            session.commit()
+
+    return record
+
+
+def _refresh(rt: Runtime, now: datetime, force: bool, bh: Bulkhead) -> int:
     written = 0
     experience: dict[str, PoolExperience] | None = None  # read once, and only when some feed is due
     for source in rt.offering_sources:
@@ -153,20 +171,37 @@ def refresh_prices(rt: Runtime, now: datetime, *, force: bool = False) -> int:
             if experience is None:
                 experience = pool_experience(session, now)
         try:
-            offerings = apply_experience(apply_trace_priors(source.offerings(now), rt.trace_priors), experience)
+            offerings = apply_experience(
+                apply_trace_priors(_sane(rt, feed, source.offerings(now), now), rt.trace_priors), experience
+            )
         except Exception as exc:  # one feed's failure must not stop the others; last good data is kept
             log.warning("price feed %s failed: %s", feed, exc)
             with Session(rt.engine) as session:
                 record_feed_status(session, feed, now, 0, f"{type(exc).__name__}: {exc}")
                 session.commit()
             continue
-        with Session(rt.engine) as session:
-            store_offerings(session, feed, offerings, now)
-            record_feed_status(session, feed, now, len(offerings))
-            session.commit()
-        written += len(offerings)
+        with bh.item(feed, _feed_error(rt, feed, now)):  # the feed's last_error says why; the others go on
+            with Session(rt.engine) as session:
+                store_offerings(session, feed, offerings, now)
+                record_feed_status(session, feed, now, len(offerings))
+                session.commit()
+            written += len(offerings)
     rt.catalog.invalidate()
     return written
+
+
+def _sane(rt: Runtime, feed: str, offerings: list[Offering], now: datetime) -> list[Offering]:
+    """The offerings of `feed` within bounds (`pricing.bounds.offering_refusal`); each refused one is logged and
+    counted (`overspill_tick_item_errors_total{step="refresh_prices"}`), the others are stored as before."""
+    kept = []
+    for o in offerings:
+        why = offering_refusal(o, now)
+        if why is None:
+            kept.append(o)
+            continue
+        rt.metrics.item_errors.labels("refresh_prices").inc()
+        log.warning("price feed %s: refused the pool %s: %s", feed, getattr(o, "key", "?"), why)
+    return kept
 
 
 def sample_pressure(rt: Runtime, now: datetime) -> int:

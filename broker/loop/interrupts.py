@@ -23,15 +23,18 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
+from agent.bounded import HostileInput, bounded_time
 from broker.crashpoints import crashpoint
 from broker.loop.common import PREEMPTION_BLOCK, bind_job, block, locked
 from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
-from broker.services.agent_reports import NOTICE_GRACE
+from broker.services.agent_reports import NOTICE_DEFAULT, NOTICE_GRACE
+from broker.services.bulkhead import Bulkhead, bulkhead
 from broker.services.jobs import add_event
 from broker.store.copystate import claim_lease
 from broker.store.tables import Job, Placement
@@ -46,22 +49,52 @@ _LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementS
 def handle_interruptions(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements marked preempted from notices."""
     handled = 0
-    for provider in rt.providers.values():
-        if not isinstance(provider, InterruptionSource):
-            continue
-        bind_job(None)
-        try:
-            notices = provider.poll_interruptions()
-        except ProviderError as exc:
-            log.warning("polling interruptions from %s failed: %s", provider.name, exc)
-            continue
-        for notice in notices:
+    with bulkhead(rt, "handle_interruptions", now) as bh:
+        for provider in rt.providers.values():
+            if not isinstance(provider, InterruptionSource):
+                continue
             bind_job(None)
-            handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
-        ack = getattr(provider, "ack_interruptions", None)
-        if ack is not None and notices:  # only now: a crash before this line gets the notices delivered again
-            ack(notices)
+            with bh.item(f"provider:{provider.name}"):
+                handled += _poll(rt, provider, now, bh)
     return handled
+
+
+def _poll(rt: Runtime, provider: Any, now: datetime, bh: Bulkhead) -> int:
+    """Apply one provider's notices, each behind the bulkhead; acknowledge those applied (or quarantined), so a
+    notice that failed is delivered again next tick, until it is quarantined."""
+    try:
+        notices = provider.poll_interruptions()
+    except ProviderError as exc:
+        log.warning("polling interruptions from %s failed: %s", provider.name, exc)
+        return 0
+    handled, done = 0, []
+    for notice in notices:
+        bind_job(None)
+        key = f"{provider.name}:{notice.instance_id}"
+        if not bh.skip(key):
+            with bh.item(key):
+                handled += _apply(rt, provider.name, notice.instance_id, notice.kind, notice.action_at or now, now)
+        if key not in bh.failed or bh.failed[key][2]:
+            done.append(notice)
+    ack = getattr(provider, "ack_interruptions", None)
+    if ack is not None and done:  # only now: a crash before this line gets the notices delivered again
+        ack(done)
+    return handled
+
+
+# how far from now a cloud's notice deadline may lie; beyond it (a malformed answer) the shortest notice is assumed
+NOTICE_HORIZON = timedelta(days=1)
+
+
+def bounded_action_at(action_at: datetime, now: datetime) -> datetime:
+    """A notice's reclaim time as the cloud gave it when within `NOTICE_HORIZON` of `now`; else now (a time long
+    past) or the shortest notice a cloud gives (a time far ahead, up to the calendar's end), so no deadline
+    arithmetic overflows and a hostile answer never keeps an instance alive."""
+    try:
+        return bounded_time(action_at, "notice.action_at", now, NOTICE_HORIZON)
+    except HostileInput as exc:
+        log.warning("interruption notice refused as given (%s); assuming the shortest notice", exc)
+        return now if action_at.year < now.year else now + NOTICE_DEFAULT
 
 
 def apply_notice(rt: Runtime, notice: InterruptionNotice, now: datetime) -> int:
@@ -73,6 +106,7 @@ def apply_notice(rt: Runtime, notice: InterruptionNotice, now: datetime) -> int:
 
 
 def _apply(rt: Runtime, provider: str, instance_id: str, kind: str, action_at: datetime, now: datetime) -> int:
+    action_at = bounded_action_at(action_at, now)
     with Session(rt.engine, expire_on_commit=False) as session:
         p = session.exec(
             locked(select(Placement).where(Placement.provider == provider, Placement.instance_id == instance_id))
@@ -223,29 +257,44 @@ def sweep_orphans(rt: Runtime, now: datetime) -> int:
                 )
             ).all()
         )
-    for provider in rt.providers.values():
-        try:
-            instances = provider.list_instances()
-        except ProviderError as exc:
-            log.warning("listing %s instances for the orphan sweep failed: %s", provider.name, exc)
-            continue
-        for inst in instances:
-            if inst.released or (provider.name, inst.id) in live or inst.launch_token in unrecorded_tokens:
-                continue  # an ended VM that still exists (stopped, holding its disk) is `lingering`: swept too
-            if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
-                continue
-            try:
-                provider.terminate(inst.id)
-            except NotFound:
-                pass
-            except ProviderError as exc:
-                log.warning("could not terminate orphan %s on %s: %s", inst.id, provider.name, exc)
-                continue
-            log.warning(
-                "terminated orphan instance %s on %s (tags %s): no live placement owns it",
-                inst.id,
-                provider.name,
-                inst.tags,
-            )
-            swept += 1
+    with bulkhead(rt, "sweep_orphans", now) as bh:
+        for provider in rt.providers.values():
+            with bh.item(f"provider:{provider.name}"):
+                swept += _sweep_provider(rt, provider, live, unrecorded_tokens, now, bh)
     return swept
+
+
+def _sweep_provider(
+    rt: Runtime, provider: Any, live: set[Any], unrecorded_tokens: set[str], now: datetime, bh: Bulkhead
+) -> int:
+    """Sweep one provider's orphans; a malformed instance in its list answer is that instance's failure only."""
+    swept = 0
+    try:
+        instances = provider.list_instances()
+    except ProviderError as exc:
+        log.warning("listing %s instances for the orphan sweep failed: %s", provider.name, exc)
+        return 0
+    for inst in instances:
+        with bh.item(f"{provider.name}:{getattr(inst, 'id', '?')}"):
+            swept += _sweep_one(rt, provider, inst, live, unrecorded_tokens, now)
+    return swept
+
+
+def _sweep_one(
+    rt: Runtime, provider: Any, inst: Any, live: set[Any], unrecorded_tokens: set[str], now: datetime
+) -> int:
+    if inst.released or (provider.name, inst.id) in live or inst.launch_token in unrecorded_tokens:
+        return 0  # an ended VM that still exists (stopped, holding its disk) is `lingering`: swept too
+    if (now - inst.launched_at).total_seconds() < rt.settings.orphan_grace_seconds:
+        return 0
+    try:
+        provider.terminate(inst.id)
+    except NotFound:
+        pass
+    except ProviderError as exc:
+        log.warning("could not terminate orphan %s on %s: %s", inst.id, provider.name, exc)
+        return 0
+    log.warning(
+        "terminated orphan instance %s on %s (tags %s): no live placement owns it", inst.id, provider.name, inst.tags
+    )
+    return 1

@@ -8,9 +8,15 @@ The agent writes every signed report to `<store>tenants/<tenant>/mailbox/<placem
    checks it (`broker.services.agent_reports.check_report`: a known placement of this mailbox's tenant, signed
    with that placement's key) and takes it once under the placement's and its job's row locks
    (`take_report`), then deletes it. A report the callback already brought is only deleted;
-3. refuses what does not follow the contract (a name it never makes, an unreadable or oversized body, an unknown
-   placement, another tenant's placement, a bad signature): logged, never applied, and deleted so it cannot pile
-   up. An entry whose placement another replica holds locked is left for the next tick.
+3. refuses what does not follow the contract (a name it never makes, an oversized body, an unknown placement,
+   another tenant's placement: all known before the body is parsed; then a body that is not a report, nested
+   deeper than a report is or holding out-of-range values, `agent.bounded.load_json`, or a bad signature): logged,
+   never applied, and deleted so it cannot pile up. An entry whose placement another replica holds locked is left
+   for the next tick.
+4. guards each entry with the step's bulkhead (`broker.services.bulkhead`): an unexpected error on one entry is logged
+   with its name, counted, and the step goes on with the next entry and the next mailbox; an entry that fails
+   `tick_item_quarantine_after` ticks in a row is moved aside to `quarantine/<name>` in its mailbox (which the step
+   never reads) and left there for an operator.
 With several tick replicas, each reads the mailboxes of its shards' live placements (`broker.store.shards`) and takes
 only the entries of placements in its shards; the others are left to the replica holding theirs (a straggler of
 a placement that ended waits until that replica next lists the mailbox).
@@ -31,9 +37,11 @@ from broker.config.checkpoint_stores import CheckpointRefused
 from broker.loop.common import bind_job, in_scope, locked
 from broker.runtime import Runtime
 from broker.services.agent_reports import LIVE, ReportRefused, check_report, parse_report, take_report
+from broker.services.bulkhead import Bulkhead, Record, bulkhead
 from broker.store.tables import Job, Placement
 from providers.storage import StorageError
 from providers.storage.base import ObjectStore
+from providers.storage.small import put_object
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,14 @@ def read_mailboxes(rt: Runtime, now: datetime) -> int:
         prefix = _mailbox_of(rt, tenant, attempt_uri)
         if prefix is not None:
             boxes[prefix] = tenant
+    with bulkhead(rt, "read_mailboxes", now) as bh:
+        return _read(rt, boxes, now, bh)
+
+
+QUARANTINE = "quarantine/"
+
+
+def _read(rt: Runtime, boxes: dict[str, str], now: datetime, bh: Bulkhead) -> int:
     taken = 0
     for prefix, tenant in sorted(boxes.items()):
         try:
@@ -63,13 +79,30 @@ def read_mailboxes(rt: Runtime, now: datetime) -> int:
             continue
         for name in names:
             bind_job(None)
-            if not _ours(rt, name):
+            key = prefix + name
+            if name.startswith(QUARANTINE) or bh.skip(key) or not _ours(rt, name):
                 continue
             try:
-                taken += _take(rt, store, prefix, tenant, name, now)
+                with bh.item(key, _aside(store, prefix, name), passes=(StorageError,)):
+                    taken += _take(rt, store, prefix, tenant, name, now)
             except StorageError as exc:
                 log.warning("reading the report %s%s failed (retried next tick): %s", prefix, name, exc)
     return taken
+
+
+def _aside(store: ObjectStore, prefix: str, name: str) -> Record:
+    """The bulkhead's record for a mailbox entry: once quarantined, moved to `quarantine/<name>` in its mailbox."""
+
+    def record(exc: BaseException, quarantined: bool) -> None:
+        if not quarantined:
+            return
+        info = store.stat(name)
+        if info is not None and info.size <= MAX_REPORT_BYTES:
+            put_object(store, QUARANTINE + name, b"".join(store.open_read(name, version=info.version)))
+        store.delete(name)
+        log.warning("moved the mailbox entry %s%s aside to %s%s%s", prefix, name, prefix, QUARANTINE, name)
+
+    return record
 
 
 def _ours(rt: Runtime, name: str) -> bool:
@@ -99,7 +132,15 @@ def _take(rt: Runtime, store: ObjectStore, prefix: str, tenant: str, name: str, 
         return 0  # deleted meanwhile (another replica took it)
     if info.size > MAX_REPORT_BYTES:
         return _refuse(store, prefix, name, f"{info.size} bytes, over the {MAX_REPORT_BYTES} byte limit of a report")
+    with Session(rt.engine) as session:  # who may write here is known before a byte of the body is parsed
+        owner = session.exec(select(Placement.tenant).where(Placement.id == placement_id)).first()
+    if owner is None:
+        return _refuse(store, prefix, name, f"no placement {placement_id!r}")
+    if owner != tenant:
+        return _refuse(store, prefix, name, f"placement {placement_id!r} is not tenant {tenant!r}'s")
     data = b"".join(store.open_read(name, version=info.version))
+    if len(data) > MAX_REPORT_BYTES:
+        return _refuse(store, prefix, name, f"over the {MAX_REPORT_BYTES} byte limit of a report")
     try:
         report = parse_report(data)
         if report.seq != seq:

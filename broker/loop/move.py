@@ -61,6 +61,7 @@ from broker.loop.place import (
 )
 from broker.loop.sync import observe_instances, saved_work, stop_placement
 from broker.runtime import Runtime
+from broker.services.bulkhead import bulkhead, job_event_after
 from broker.services.jobs import add_event, spec_of
 from broker.store.tables import Job, Placement
 from federation.placement import Candidate, evaluate
@@ -166,18 +167,22 @@ def move_deadline_jobs(rt: Runtime, now: datetime) -> int:
     reads = base.bulk(rt, sorted({job.id for _, job in rows}), now)
     views = observe_instances(rt, [p for p, _ in rows], this_tick=True)  # sync's read, for the unlocked screen
     moved = 0
-    for p, job in rows:
-        bind_job(job, p)
-        current = reads.book.get(p.offering_key)
-        view = views.get(p.instance_id or "")
-        if current is None or not current.available or not isinstance(view, Instance) or view.state.terminal:
-            continue  # gone from the book, reclaimed or ended: the sync step's
-        with Session(rt.engine) as session:
-            verdict = _decide(rt, session, p, job, view, current, now, reads)
-        if verdict is None:
-            checked[p.id] = now
-            continue
-        moved += _move_locked(rt, p.id, now, reads.fresh())
+    with bulkhead(rt, "move_deadline_jobs", now) as bh:
+        for p, job in rows:
+            bind_job(job, p)
+            current = reads.book.get(p.offering_key)
+            view = views.get(p.instance_id or "")
+            if current is None or not current.available or not isinstance(view, Instance) or view.state.terminal:
+                continue  # gone from the book, reclaimed or ended: the sync step's
+            if bh.skip(p.id):
+                continue
+            with bh.item(p.id, job_event_after(rt, job.id, "move_deadline_jobs", now, placement_id=p.id)):
+                with Session(rt.engine) as session:
+                    verdict = _decide(rt, session, p, job, view, current, now, reads)
+                if verdict is None:
+                    checked[p.id] = now
+                    continue
+                moved += _move_locked(rt, p.id, now, reads.fresh())
     bind_job(None)
     return moved
 

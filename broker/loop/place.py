@@ -60,6 +60,7 @@ from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, tr
 from broker.market.availability import pool_outlooks
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED
+from broker.services.bulkhead import bulkhead, job_event_after
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.store.tables import Job, JobEvent, Placement
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
@@ -141,15 +142,19 @@ def place_pending(rt: Runtime, now: datetime) -> int:
     placed: list[str] = []
     budgets = HardBudgetGate(rt.engine, now, rt.extras)
     memo = BookMemo()  # deadline jobs of one shape share their usable book and pool histories this tick
-    for job_id in ids:
-        bind_job(None)
-        placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets, memo)
-        if placement_id:
-            placed.append(placement_id)
-            crashpoint("place.after_commit")
-            scope = launch_placement(rt, placement_id, now)
-            if scope:  # the rest of this tick avoids it too: no hammering a pool that just said no
-                blocklist = blocklist | {scope}
+    with bulkhead(rt, "place_pending", now) as bh:
+        for job_id in ids:
+            bind_job(None)
+            if bh.skip(job_id):
+                continue
+            with bh.item(job_id, job_event_after(rt, job_id, "place_pending", now)):
+                placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets, memo)
+                if placement_id:
+                    placed.append(placement_id)
+                    crashpoint("place.after_commit")
+                    scope = launch_placement(rt, placement_id, now)
+                    if scope:  # the rest of this tick avoids it too: no hammering a pool that just said no
+                        blocklist = blocklist | {scope}
     return len(placed)
 
 

@@ -39,6 +39,7 @@ from broker.loop.place import (
 )
 from broker.loop.sync import observe_instances, stop_placement
 from broker.runtime import Runtime
+from broker.services.bulkhead import bulkhead, job_event_after
 from broker.services.jobs import add_event, spec_of
 from broker.store.bulk import select_among
 from broker.store.tables import Job, Placement
@@ -104,25 +105,44 @@ def return_onprem(rt: Runtime, now: datetime) -> int:
         preempted = preemptions_of(session, [job.id for _, job, _, _ in screened], now)
     returned = 0
     books = BookMemo()  # the deadline jobs of one shape share their usable book and pool histories this tick
-    for p, job, view, current in screened:
-        with Session(rt.engine) as session:
-            verdict = _decide(
-                rt,
-                session,
-                p,
-                job,
-                view,
-                current,
-                blocklist,
-                now,
-                _Reads(budgets, refused.get(job.id, frozenset()), books, preempted.get(job.id, ())),
-            )
-            if verdict is None:
-                memo.keep(p, job, view, current, spec_of(job), by_policy=True)
+    with bulkhead(rt, "return_onprem", now) as bh:
+        for p, job, view, current in screened:
+            if bh.skip(p.id):
                 continue
-        returned += _return_locked(rt, p.id, blocklist, now)
+            with bh.item(p.id, job_event_after(rt, job.id, "return_onprem", now, placement_id=p.id)):
+                returned += _return_one(
+                    rt,
+                    p,
+                    job,
+                    view,
+                    current,
+                    blocklist,
+                    now,
+                    memo,
+                    reads=_Reads(budgets, refused.get(job.id, frozenset()), books, preempted.get(job.id, ())),
+                )
     memo.save()
     return returned
+
+
+def _return_one(
+    rt: Runtime,
+    p: Any,
+    job: Any,
+    view: Any,
+    current: Any,
+    blocklist: frozenset[str],
+    now: datetime,
+    memo: Any,
+    *,
+    reads: Any,
+) -> int:
+    with Session(rt.engine) as session:
+        verdict = _decide(rt, session, p, job, view, current, blocklist, now, reads)
+        if verdict is None:
+            memo.keep(p, job, view, current, spec_of(job), by_policy=True)
+            return 0
+    return _return_locked(rt, p.id, blocklist, now)
 
 
 _Row = tuple[Any, Any, Instance, Offering]  # a placement, its job, the instance's view, its pool in the book now

@@ -53,6 +53,7 @@ from broker.loop.place import launch_failed, launch_placement
 from broker.market.availability import record_reclaim
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED, LOG_TAIL_CHARS, NOTICE_GRACE
+from broker.services.bulkhead import Bulkhead, bulkhead, job_event
 from broker.services.jobs import add_event, spec_of
 from broker.store.bulk import select_among
 from broker.store.tables import Job, Placement, PlacementReport
@@ -69,12 +70,20 @@ _J = Job.__table__  # type: ignore[attr-defined]
 def sync_instances(rt: Runtime, now: datetime) -> int:
     """Returns the number of placements whose state changed. Works on the live placements of this replica's
     shards (`broker.store.shards`; all of them outside a tick)."""
+    with bulkhead(rt, "sync_instances", now) as bh:
+        return _sync(rt, now, bh)
+
+
+def _sync(rt: Runtime, now: datetime, bh: Bulkhead) -> int:
     rows, risen = _snapshot(rt, now)
+    if bh.known:
+        rows = [(p, job) for p, job in rows if not bh.skip(p.id)]
     views = observe_instances(rt, [p for p, _ in rows])
     changed = 0
     for p, _ in rows:
         if p.instance_id is None:
-            changed += _relaunch(rt, p.id, now)
+            with bh.item(p.id):
+                changed += _relaunch(rt, p.id, now)
     attention, exact = [], []
     for p, job in rows:
         if p.instance_id is not None:
@@ -83,14 +92,14 @@ def sync_instances(rt: Runtime, now: datetime) -> int:
                 exact.append(p.id)
             elif not verdict:
                 attention.append(p.id)
-    attention = sorted(attention + _over_ceiling(rt, exact, now))
+    attention = sorted(attention + _over_ceiling(rt, exact, now, bh))
     if rt.tick_cache is not None:  # for return-on-prem's screen: what sync left alone is as it read it
         touched = {p.id for p, _ in rows if p.instance_id is None} | set(attention)
         rt.tick_cache.settled = {p.id: (p, job) for p, job in rows if p.id not in touched}
         rt.tick_cache.touched = sorted(touched)
     size = rt.settings.loop_batch_size
     for start in range(0, len(attention), size):
-        changed += _sync_batch(rt, attention[start : start + size], now)
+        changed += _sync_batch(rt, attention[start : start + size], now, bh)
     return changed
 
 
@@ -114,7 +123,7 @@ SnapPlacement = namedtuple("SnapPlacement", [c.name for c in _SNAP_P] + ["near_c
 SnapJob = namedtuple("SnapJob", [c.name for c in _SNAP_J])  # type: ignore[misc]
 
 
-def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
+def _over_ceiling(rt: Runtime, ids: list[str], now: datetime, bh: Bulkhead) -> list[str]:
     """Of the running placements `ids` (near their ceilings by the database's bound, or on a pool whose price
     rose), those whose exact projection (`_projected_spend`, in Decimal) breaks their job's ceiling: read whole
     (`broker.store.bulk.select_among`)."""
@@ -124,9 +133,10 @@ def _over_ceiling(rt: Runtime, ids: list[str], now: datetime) -> list[str]:
         for p in select_among(conn, query, _P.c.id, ids):
             if p.started_at is None:
                 continue
-            projected, _ = _projected_spend(rt, p, p, now)
-            if projected > p.max_total_usd:
-                over.append(p.id)
+            with bh.item(p.id):
+                projected, _ = _projected_spend(rt, p, p, now)
+                if projected > p.max_total_usd:
+                    over.append(p.id)
     return over
 
 
@@ -265,11 +275,12 @@ def _settled(p: Any, job: Any, view: Instance | ProviderError | None, risen: fro
     return None
 
 
-def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
+def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime, bh: Bulkhead) -> int:
     """Sync a batch of placements in one transaction: the placements row-locked (skipping those another replica
     holds), their jobs locked in id order (so two replicas' batches never wait on each other in a cycle),
     their instances read again under the locks, each placement handled in a savepoint (a provider error undoes
-    that placement's changes only). Returns how many placements changed state."""
+    that placement's changes only; any other exception too, caught by the step's bulkhead, which records it on the
+    job). Returns how many placements changed state."""
     with Session(rt.engine, expire_on_commit=False) as session:
         placements, jobs = lock_batch(session, ids, lambda p: p.state in _LIVE and p.instance_id is not None)
         if not placements:
@@ -284,7 +295,8 @@ def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime) -> int:
             bind_job(job, p)
             before = p.state
             try:
-                with session.begin_nested():
+                record = job_event(session, job, "sync_instances", now, placement_id=p.id)
+                with bh.item(p.id, record, passes=(ProviderError,)), session.begin_nested():
                     _sync_one(rt, session, provider, p, job, now, views[p.instance_id])
             except ProviderError as exc:
                 log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
@@ -334,13 +346,14 @@ def _sync_one(
             session.add(p)
         return
     if inst.started_at is not None and p.started_at is None:
-        p.started_at = inst.started_at
+        started = _within(inst.started_at, p.created_at, now)
+        p.started_at = started
         p.state = PlacementState.RUNNING.value
-        p.accrued_until = inst.started_at
+        p.accrued_until = started
         session.add(p)
         # the timeline keeps `placed` and `launched` before `started`; accrual counts from the real start
         add_event(
-            session, job, inst.started_at, "started", f"running on {p.offering_key}", not_before=p.created_at,
+            session, job, started, "started", f"running on {p.offering_key}", not_before=p.created_at,
             placement_id=p.id,
         )  # fmt: skip
     if p.attempt_uri is not None and _agent_verdict(rt, session, provider, p, job, inst, now):
@@ -528,7 +541,8 @@ def _ended(
     """Record a placement's end and move its job on: succeeded, failed (its own command failed: not retried),
     or back to pending with the work its last checkpoint saved."""
     p.state = state.value
-    p.ended_at = (inst.ended_at if inst and inst.ended_at else None) or now
+    ended = inst.ended_at if inst and inst.ended_at else None
+    p.ended_at = _within(ended, p.started_at or p.created_at, now) if ended is not None else now
     session.add(p)
     remaining = Decimal("0") if state is PlacementState.SUCCEEDED else _remaining_after(p, inst)
     if state is PlacementState.PREEMPTED:  # the ledger prices the work lost since the last checkpoint as wasted
@@ -563,6 +577,13 @@ def _ended(
             job.checkpoint_provider = p.provider
             job.checkpoint_region = p.region
     session.add(job)
+
+
+def _within(at: datetime, earliest: datetime, now: datetime) -> datetime:
+    """A time a provider reports for a placement (its instance's start or end), kept between the placement's
+    creation (or start, less a day of clock skew) and now: a hostile or broken answer (year 1, year 9999) would
+    otherwise have accrual walk two thousand years of days, or overflow."""
+    return min(max(at, earliest - timedelta(days=1)), now)
 
 
 def stop_placement(

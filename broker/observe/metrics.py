@@ -7,7 +7,8 @@ Two sources, one registry per `Runtime` (`rt.metrics.registry`), served by `GET 
   feed age and failure per feed, spend rate (USD/h of running placements) and month-to-date spend per tenant
   and team.
 - `LoopMetrics` counts what happens in this process: tick step durations (a histogram labelled by step), step
-  failures, burst decisions by decision and reason code, the time of the last completed tick.
+  failures, items a step failed on and skipped (`overspill_tick_item_errors_total{step}`) or quarantined, burst
+  decisions by decision and reason code, the time of the last completed tick.
 
 Label sets are bounded: no job, placement or instance ids ever become labels. Steps, states, decisions and reason
 codes are fixed sets; providers, feeds and pressure sources come from configuration; tenants from API keys. Teams
@@ -87,6 +88,19 @@ class LoopMetrics:
         self.step_failures = Counter(
             "overspill_tick_step_failures",
             "Control-loop steps that raised (the next step still ran).",
+            ["step"],
+            registry=self.registry,
+        )
+        self.item_errors = Counter(
+            "overspill_tick_item_errors",
+            "Items (placements, mailbox entries, feeds, report runs...) a control-loop step failed on and skipped "
+            "(the step went on with the others), by step.",
+            ["step"],
+            registry=self.registry,
+        )
+        self.items_quarantined = Counter(
+            "overspill_tick_items_quarantined",
+            "Items a step quarantined after they failed `tick_item_quarantine_after` ticks in a row, by step.",
             ["step"],
             registry=self.registry,
         )

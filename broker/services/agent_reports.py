@@ -33,12 +33,14 @@ import json
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session
 
 from agent import protocol as proto
+from agent.bounded import HostileInput, bounded_time, clean_text
 from broker.api.auth import callback_token
 from broker.config.settings import Settings
 from broker.services.jobs import add_event
@@ -47,7 +49,9 @@ from providers.model import JobState, PlacementState
 
 LIVE = (PlacementState.LAUNCHING.value, PlacementState.QUEUED.value, PlacementState.RUNNING.value)
 NOTICE_DEFAULT = timedelta(minutes=2)  # a preempt notice without a deadline: the shortest one a cloud gives
-NOTICE_GRACE = timedelta(seconds=60)  # past a notice's deadline, for the final checkpoint's upload and report
+NOTICE_GRACE = timedelta(seconds=60)
+# how far from now a notice's deadline may lie (clouds give minutes; a day covers a late report and any clock skew)
+NOTICE_HORIZON = timedelta(days=1)  # past a notice's deadline, for the final checkpoint's upload and report
 LOG_TAIL_CHARS = 4000  # of the final report's log tail, kept in the event
 _HOURS = Decimal("0.000001")
 # prefix of an infrastructure failure's `placement.detail` (broker.loop.sync): `place.refused_pools` then leaves
@@ -101,8 +105,11 @@ def check_report(
 
 def take_report(session: Session, p: Placement, job: Job, report: proto.Report, via: str, now: datetime) -> bool:
     """Record a checked report on the row-locked placement `p` and its job (see the module docstring). Returns
-    False when it was taken before (nothing changes). The caller commits."""
-    data = asdict(report)
+    False when it was taken before (nothing changes). The caller commits. Raises ReportRefused(422) for a notice
+    whose deadline lies beyond `NOTICE_HORIZON` of `now` (checked before anything is written or computed with
+    it). Text is stored cleaned (`agent.bounded.clean_text`: no NUL, no control characters, no lone surrogates)."""
+    deadline = notice_deadline(report, now)
+    data = _cleaned(asdict(report))
     data.pop("signature")
     table = PlacementReport.__table__  # type: ignore[attr-defined]
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
@@ -114,8 +121,11 @@ def take_report(session: Session, p: Placement, job: Job, report: proto.Report, 
         "received_at": now,
         "data": json.loads(json.dumps(data, default=str)),
     }
-    result = session.execute(insert(table).values(**row).on_conflict_do_nothing(index_elements=["placement_id", "seq"]))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    # RETURNING, not the row count: through psycopg 3 that read -1 for this INSERT ... ON CONFLICT DO NOTHING, so
+    # on PostgreSQL every report looked taken before and none was ever applied (tests/poison found it)
+    fresh = insert(table).values(**row).on_conflict_do_nothing(index_elements=["placement_id", "seq"])
+    inserted = session.execute(fresh.returning(table.c.seq)).first()
+    if inserted is None:
         return False
     p.last_report_at = max(now, p.last_report_at) if p.last_report_at else now
     session.add(p)
@@ -126,22 +136,27 @@ def take_report(session: Session, p: Placement, job: Job, report: proto.Report, 
         _checkpointed(p, job, report.checkpointed)
     if kind is proto.ReportKind.STARTED:
         add_event(
-            session, job, now, "agent_started", f"the agent started the attempt ({report.detail})", placement_id=p.id
+            session,
+            job,
+            now,
+            "agent_started",
+            f"the agent started the attempt ({clean_text(report.detail, 500)})",
+            placement_id=p.id,
         )
     elif kind is proto.ReportKind.NOTICE and report.notice is not None:
-        _notice(session, p, job, report.notice, now)
+        _notice(session, p, job, report.notice, deadline or now + NOTICE_DEFAULT, now)
     elif kind is proto.ReportKind.FINAL and p.outcome is None:
         assert report.outcome is not None
         p.outcome = report.outcome.value
         p.exit_code = report.exit_code
-        p.detail = report.detail[:500]
-        tail = report.log_tail[-LOG_TAIL_CHARS:]
+        p.detail = clean_text(report.detail, 500)
+        tail = clean_text(report.log_tail[-LOG_TAIL_CHARS:], LOG_TAIL_CHARS)
         add_event(
             session,
             job,
             now,
             "attempt_reported",
-            f"the agent reports {report.outcome.value} (exit code {report.exit_code}) {report.detail}".strip(),
+            f"the agent reports {report.outcome.value} (exit code {report.exit_code}) {p.detail}".strip(),
             placement_id=p.id,
             outcome=report.outcome.value,
             exit_code=report.exit_code,
@@ -165,13 +180,34 @@ def _checkpointed(p: Placement, job: Job, fraction: float) -> None:
         job.remaining_work_hours = max(Decimal("0"), p.work_hours_at_start - saved)
 
 
-def _notice(session: Session, p: Placement, job: Job, notice: proto.Notice, now: datetime) -> None:
+def notice_deadline(report: proto.Report, now: datetime) -> datetime | None:
+    """The deadline of `report`'s notice in UTC, None without one (or unreadable: the default applies, as for a
+    notice without a deadline); ReportRefused(422) when it lies beyond `NOTICE_HORIZON` of `now` either way, so
+    no time at the calendar's ends (9999-12-31, year 10000 in UTC) ever reaches deadline arithmetic."""
+    if report.notice is None or not report.notice.deadline:
+        return None
+    if parse_time(report.notice.deadline) is None:
+        return None
+    try:
+        return bounded_time(report.notice.deadline, "report.notice.deadline", now, NOTICE_HORIZON)
+    except HostileInput as exc:
+        raise ReportRefused(422, str(exc)) from None
+
+
+def _cleaned(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value, len(value))
+    if isinstance(value, dict):
+        return {k: _cleaned(v) for k, v in value.items()}
+    return value
+
+
+def _notice(session: Session, p: Placement, job: Job, notice: proto.Notice, deadline: datetime, now: datetime) -> None:
     if notice.kind != "preempt":
         add_event(
             session, job, now, "rebalance_notice", f"{notice.source} warns of elevated reclaim risk", placement_id=p.id
         )
         return
-    deadline = parse_time(notice.deadline) or now + NOTICE_DEFAULT
     if p.notice_deadline_at is None or deadline < p.notice_deadline_at:
         p.notice_deadline_at = deadline
     add_event(
@@ -188,8 +224,9 @@ def _notice(session: Session, p: Placement, job: Job, notice: proto.Notice, now:
 
 
 def parse_time(value: str | None) -> datetime | None:
-    """An ISO 8601 time with a zone, as the agent writes them; None for a missing or unreadable one."""
-    if not value:
+    """An ISO 8601 time with a zone, as the agent writes them; None for a missing or unreadable one (not range
+    checked: `notice_deadline` does that)."""
+    if not value or not isinstance(value, str):
         return None
     try:
         at = datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -303,6 +303,23 @@ class TickReplica(SQLModel, table=True):
     seen_at: datetime = _at(nullable=False)
 
 
+class TickItemFailure(SQLModel, table=True):
+    """One item (a placement, a mailbox entry, a feed, a report run...) that raised in a tick step
+    (`broker.services.bulkhead`): how many ticks in a row it failed, the last error, and since when it is quarantined
+    (skipped by its step until an operator deletes the row). The row goes once the
+    item succeeds again."""
+
+    __tablename__ = "tick_item_failure"
+
+    step: str = Field(primary_key=True, max_length=64)
+    item: str = Field(primary_key=True, max_length=400)
+    failures: int = 0
+    last_error: str = Field(default="", max_length=1000)
+    first_at: datetime = _at(nullable=False)
+    last_at: datetime = _at(nullable=False)
+    quarantined_at: datetime | None = _at()
+
+
 class CheckpointCopyRow(SQLModel, table=True):
     """Resume state of checkpoint copies (`providers.storage.CopyState` as JSON, keyed by copy id) and the lease
     that keeps two replicas from staging one placement's checkpoint at once (`lease_owner`, `lease_until_at`)."""

@@ -37,6 +37,7 @@ from broker.finance.reports.deliver import DeliveryError, DestinationRefused, de
 from broker.finance.reports.period import label, relative_period
 from broker.finance.reports.render import render
 from broker.runtime import Runtime
+from broker.services.bulkhead import Bulkhead, bulkhead
 from broker.services.jobs import new_id
 from broker.store.tables import ReportRunRow, ReportScheduleRow
 
@@ -144,12 +145,20 @@ def deliver_pending_reports(rt: Runtime, now: datetime) -> int:
             .where(ReportRunRow.delivery_state == "pending")
             .order_by(col(ReportRunRow.delivery_attempts), col(ReportRunRow.created_at), col(ReportRunRow.id))
         ).all()
-    return run_bounded(
-        (partial(_deliver_run, rt, run_id, now) for run_id in ids),
-        workers=rt.settings.delivery_workers,
-        budget_seconds=rt.settings.delivery_step_seconds,
-        name="report-deliveries",
-    )
+    with bulkhead(rt, "deliver_reports", now) as bh:
+        return run_bounded(
+            (partial(_guarded_delivery, rt, run_id, now, bh) for run_id in ids if not bh.skip(run_id)),
+            workers=rt.settings.delivery_workers,
+            budget_seconds=rt.settings.delivery_step_seconds,
+            name="report-deliveries",
+        )
+
+
+def _guarded_delivery(rt: Runtime, run_id: str, now: datetime, bh: Bulkhead) -> bool:
+    """One delivery behind the step's bulkhead: an unexpected error is this run's, never the other runs'."""
+    with bh.item(run_id):
+        return _deliver_run(rt, run_id, now)
+    return False
 
 
 def _deliver_run(rt: Runtime, run_id: str, now: datetime) -> bool:
@@ -195,14 +204,19 @@ def run_due_reports(rt: Runtime, now: datetime) -> int:
             )
         ).all()
     done = 0
-    for schedule_id in due:
-        claimed = _claim(rt, schedule_id, now)
-        if claimed is None:
-            continue
-        run_id, dest = claimed
-        done += _execute(rt, run_id, dest, now)
-    for run_id, dest in _stale_runs(rt, now):
-        done += _execute(rt, run_id, dest, now)
+    with bulkhead(rt, "run_due_reports", now) as bh:
+        for schedule_id in due:
+            if bh.skip(f"schedule:{schedule_id}"):
+                continue
+            with bh.item(f"schedule:{schedule_id}"):
+                claimed = _claim(rt, schedule_id, now)
+                if claimed is not None:
+                    done += _execute(rt, claimed[0], claimed[1], now)
+        for run_id, dest in _stale_runs(rt, now):
+            if bh.skip(f"run:{run_id}"):
+                continue
+            with bh.item(f"run:{run_id}"):
+                done += _execute(rt, run_id, dest, now)
     return done
 
 
