@@ -175,8 +175,10 @@ def submit_job(
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
     region or provider constraints...), the deadline has passed, `checkpoint_uri` is not under one of the
     tenant's allowed prefixes in `checkpoints` (none given: any checkpoint_uri is refused), or a secret reference is
-    not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), and Conflict
-    when the key was used for a different request.
+    not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), Conflict
+    when the key was used for a different request, and TooManyRequests (429, naming `max_pending_jobs_per_tenant`)
+    when `settings` are given and the tenant already has that many pending jobs (a replay of an accepted job is
+    still answered with it; submissions committing concurrently may pass the cap by their number).
     """
     prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings)
     if isinstance(prepared, _Refused):
