@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -46,7 +47,7 @@ from broker.config.settings import Settings
 from broker.console import router as console_router
 from broker.observe.logging_setup import configure_logging
 from broker.runtime import Runtime, build_runtime
-from broker.services.errors import BrokerError
+from broker.services.errors import BrokerError, Conflict
 from broker.store.db_async import AsyncPgPool
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,13 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return http_problem(request, exc)
+
+    @app.exception_handler(StaleDataError)
+    async def state_raced(request: Request, exc: StaleDataError) -> Response:
+        # a conditional write (broker/store/tables.py) found the job or placement in another state than it read
+        return await broker_error(
+            request, Conflict("state", "the job changed state while this request was applied; read it and retry")
+        )
 
     @app.exception_handler(BrokerError)
     async def broker_error(request: Request, exc: BrokerError) -> Response:

@@ -26,6 +26,7 @@ from broker.config.launch import instance_extras
 from broker.config.local_pool import build_local_pool, local_pool_enabled, with_local_store
 from broker.config.providers import build_providers
 from broker.config.settings import Settings
+from broker.loop.waitmemo import WaitMemo
 from broker.market.catalog import CatalogCache
 from broker.observe.metrics import LoopMetrics
 from broker.store import migrate
@@ -84,6 +85,8 @@ class Runtime:
     # when the move step last asked the deadline policy about a running placement and it stayed, by placement id
     # (`broker.loop.move`): asked again after `move_check_seconds`
     move_checked: dict[str, datetime] = field(default_factory=dict)
+    # the pending jobs the placement round found no pool for, skipped while nothing they depend on changed
+    wait_memo: WaitMemo = field(default_factory=WaitMemo)
     _publisher: AgentPublisher | None = field(default=None, repr=False)
     # the deadline policy, built from the settings on first use (an embedding or a test may set its own)
     deadline_policy: Strategy | None = field(default=None, repr=False)

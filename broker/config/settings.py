@@ -415,7 +415,33 @@ class Settings(BaseSettings):
     wait_value_usd_per_gpu_hour: float = Field(
         default=0.5, description="what an hour of queueing costs you per GPU (ranking only, never charged)"
     )
-    max_placements_per_tick: int = Field(default=500, description="pending jobs the placement step takes per tick")
+    max_placements_per_tick: int = Field(
+        default=500,
+        ge=1,
+        description="how many pending jobs one placement round looks at, shared among the tenants with jobs waiting "
+        "in weighted fair share (tenant_weights)",
+    )
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='each tenant\'s weight in the placement round\'s fair share, e.g. {"acme": 2, "beta": 1}: a '
+        "tenant's turns are its weight over the weights of the tenants with jobs waiting, counted against the jobs "
+        "it already runs (as Kueue's fair sharing and Slurm's fairshare do); a job's priority orders it only within "
+        "its tenant. Tenants not named weigh default_tenant_weight",
+    )
+    default_tenant_weight: float = Field(
+        default=1.0, gt=0, description="the fair-share weight of a tenant not named in tenant_weights"
+    )
+    placement_scan_per_tenant: int = Field(
+        default=2000,
+        ge=1,
+        description="how many of one tenant's pending jobs (highest priority, then oldest) a placement round reads "
+        "to choose from; jobs whose wait cannot have changed since the last look are skipped without being judged",
+    )
+    max_pending_jobs_per_tenant: int = Field(
+        default=10_000,
+        ge=1,
+        description="how many pending jobs one tenant may have; a submission beyond it is refused with 429",
+    )
     orphan_grace_seconds: float = Field(default=600.0, description="an untracked instance younger than this is spared")
     orphan_sweep_seconds: float = Field(default=300.0, description="how often tagged instances are checked for owners")
 
@@ -598,6 +624,16 @@ class Settings(BaseSettings):
         from broker.config.tenants import validate_tenant
 
         return validate_tenant(value)
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        import math
+
+        for tenant, weight in value.items():
+            if not math.isfinite(weight) or weight <= 0:
+                raise ValueError(f"tenant_weights[{tenant!r}] = {weight}: a weight must be a positive finite number")
+        return value
 
     @field_validator("slurm_cloud_paths")
     @classmethod

@@ -222,6 +222,12 @@ class HardBudgetGate:
                 return reason
         return None
 
+    def blocking(self) -> frozenset[int]:
+        """The ids of the hard budgets spent now (none read when there is no hard budget)."""
+        if not self._budgets:
+            return frozenset()
+        return frozenset(b for b, reason in self._all_reasons().items() if reason)
+
     def _all_reasons(self) -> dict[int, str | None]:
         """Every hard budget's reason, computed on first need for all of them at once (`spent_many`)."""
         if self._reasons is None:

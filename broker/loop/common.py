@@ -3,6 +3,7 @@ the blocklist and the log context of a job."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import ColumnElement, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from broker.runtime import Runtime
 
 T = TypeVar("T", bound=SQLModel)
+
+log = logging.getLogger(__name__)
 
 
 def locked(query: SelectOfScalar[T]) -> SelectOfScalar[T]:
@@ -73,6 +77,19 @@ def lock_running(session: Session, pid: str, live: Sequence[str] = LIVE_STATES) 
     if job.state != JobState.RUNNING.value or job.current_placement_id != p.id:
         return None
     return p, job
+
+
+def commit_unless_raced(session: Session, what: str) -> bool:
+    """Commit the step's writes on one job; False, with everything rolled back, when a conditional write found a
+    job's or placement's state changed since it was read (`StaleDataError`: a cancel, a PATCH or another step
+    committed first; broker/store/tables.py). The row is then the next look's: the step goes on with the others."""
+    try:
+        session.commit()
+    except StaleDataError:
+        session.rollback()
+        log.info("%s: its state changed meanwhile; left to the next look", what)
+        return False
+    return True
 
 
 def upsert(session: Session, model: type[SQLModel], rows: list[dict[str, Any]], keys: list[str]) -> None:

@@ -47,7 +47,15 @@ from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
 from broker.finance.unaccrued import unaccrued_by, unaccrued_usd
-from broker.loop.common import LIVE_STATES, active_blocklist, bind_job, event_once, in_scope, lock_running
+from broker.loop.common import (
+    LIVE_STATES,
+    active_blocklist,
+    bind_job,
+    commit_unless_raced,
+    event_once,
+    in_scope,
+    lock_running,
+)
 from broker.loop.place import (
     BookMemo,
     RunningNow,
@@ -319,7 +327,7 @@ def _move_locked(rt: Runtime, pid: str, now: datetime, reads: Reads) -> int:
             why = verdict.describe(current)
             if not verdict.now:
                 event_once(session, job, p, now, "move_planned", f"at its next checkpoint: {why}")
-                session.commit()
+                commit_unless_raced(session, f"moving {job.id}")
                 return 0
             stop_placement(session, provider, p, job, now, f"moving: {why}")
             to = verdict.then.offering.key if verdict.then.offering is not None else ""
@@ -330,6 +338,7 @@ def _move_locked(rt: Runtime, pid: str, now: datetime, reads: Reads) -> int:
             log.warning("moving %s: %s failed: %s", job.id, p.provider, exc)
             session.rollback()
             return 0
-        session.commit()
+        if not commit_unless_raced(session, f"moving {job.id}"):
+            return 0  # cancelled (or ended) meanwhile: the sync step stops what is left of it
         rt.move_checked.pop(p.id, None)
         return 1

@@ -25,6 +25,7 @@ with the same token, which finds the instance if the request got through, and ne
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, col, func, or_, select
 
 from broker.agent_side.attempt_spec import boots_agent
@@ -57,12 +59,14 @@ from broker.loop.common import (
     locked,
 )
 from broker.loop.stage import Staging, checkpoint_location, stage_checkpoint, transfer_rate
+from broker.loop.waitmemo import Waiting, WaitMemo
 from broker.market.availability import pool_outlooks
 from broker.runtime import Runtime
 from broker.services.agent_reports import INFRA_FAILED
 from broker.services.bulkhead import bulkhead, job_event_after
 from broker.services.jobs import add_event, new_id, spec_of
 from broker.store.tables import Job, JobEvent, Placement
+from federation.fairshare import fair_order
 from federation.placement import Candidate, PlacementContext, blocked, evaluate, place, quote
 from federation.strategies import NOTICE_SECONDS, Move, Plan, PoolOutlook, Preemption, RunState, decide
 from pricing.book import PriceBook
@@ -129,33 +133,141 @@ def placement_context(rt: Runtime, job: Job, now: datetime, blocklist: frozenset
 
 
 def place_pending(rt: Runtime, now: datetime) -> int:
-    """Place as many pending jobs as the catalog allows, highest priority first. Returns placements made."""
+    """Place as many pending jobs as the catalog allows, the tenants taking turns in weighted fair share
+    (`federation.fairshare.fair_order`; `priority` orders jobs only within a tenant), at most
+    `max_placements_per_tick` looked at. A job whose wait cannot have changed since the last round looked at it
+    (`WaitMemo`) is skipped without being judged. A job whose state changed while it was judged (a cancel, a PATCH:
+    the conditional write finds no row, `StaleDataError`) is left to the next round. Returns placements made."""
     book = rt.catalog.book(now)
+    settings = rt.settings
     with Session(rt.engine) as session:
         blocklist = active_blocklist(session, now)
-        ids = session.exec(
-            select(Job.id)
-            .where(Job.state == JobState.PENDING.value)
-            .order_by(col(Job.priority).desc(), col(Job.id))
-            .limit(rt.settings.max_placements_per_tick)
-        ).all()
-    placed: list[str] = []
+        queues = pending_queues(session, settings.placement_scan_per_tenant)
+        running = running_by_tenant(session)
     budgets = HardBudgetGate(rt.engine, now, rt.extras)
+    looked = rt.wait_memo.renew(book, blocklist, budgets.blocking())
+    fresh = {tenant: [w.job_id for w in queue if not looked.unchanged(w)] for tenant, queue in queues.items()}
+    ids = fair_order(
+        fresh,
+        settings.max_placements_per_tick,
+        weights=settings.tenant_weights,
+        running=running,
+        default_weight=settings.default_tenant_weight,
+    )
+    placed: list[str] = []
     memo = BookMemo()  # deadline jobs of one shape share their usable book and pool histories this tick
+    verdicts: dict[tuple[Any, ...], str] = {}  # shape -> why no pool fits it, this round
+    first_book = book
+    with Session(rt.engine) as session:  # an unlocked snapshot: only to skip jobs a write would not change
+        snapshot = {j.id: j for j in session.exec(select(Job).where(col(Job.id).in_(ids))).all()} if ids else {}
     with bulkhead(rt, "place_pending", now) as bh:
         for job_id in ids:
             bind_job(None)
             if bh.skip(job_id):
                 continue
+            seen = snapshot.get(job_id)
+            shape = _shape(seen) if seen is not None else None
+            if seen is not None and shape is not None and verdicts.get(shape) == seen.wait_reason:
+                # a job of the same shape found no pool in this round, and this one already says why: judging it
+                # would change nothing and write nothing
+                looked.remember(_fingerprint(seen))
+                continue
             with bh.item(job_id, job_event_after(rt, job_id, "place_pending", now)):
-                placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets, memo)
+                try:
+                    placement_id, book = _place_one(rt, job_id, book, blocklist, now, budgets, memo, verdicts, looked)
+                except StaleDataError:
+                    log.info("job %s changed state while it was being placed; the next round looks again", job_id)
+                    continue
                 if placement_id:
                     placed.append(placement_id)
                     crashpoint("place.after_commit")
-                    scope = launch_placement(rt, placement_id, now)
+                    try:
+                        scope = launch_placement(rt, placement_id, now)
+                    except StaleDataError:
+                        log.info(
+                            "placement %s changed state while it was launched; the next tick looks again", placement_id
+                        )
+                        continue
                     if scope:  # the rest of this tick avoids it too: no hammering a pool that just said no
                         blocklist = blocklist | {scope}
+    if book is not first_book or blocklist != looked.blocklist:
+        rt.wait_memo.forget()  # an on-prem queue or the blocklist changed mid-round: judge everyone afresh
     return len(placed)
+
+
+def pending_queues(session: Session, per_tenant: int) -> dict[str, list[Waiting]]:
+    """Each tenant's pending jobs, highest priority then oldest first, at most `per_tenant` of each (one
+    statement: a window over the pending jobs by tenant), with their fingerprints (`Waiting`)."""
+    rank = (
+        func.row_number()
+        .over(partition_by=col(Job.tenant), order_by=(col(Job.priority).desc(), col(Job.id)))
+        .label("rank")
+    )
+    inner = (
+        select(Job.id, Job.tenant, *_FINGERPRINT, rank)  # type: ignore[call-overload]
+        .where(Job.state == JobState.PENDING.value)
+        .subquery()
+    )
+    rows = session.exec(
+        select(inner.c.id, inner.c.tenant, *(inner.c[c.key] for c in _FINGERPRINT))  # type: ignore[call-overload]
+        .where(inner.c.rank <= per_tenant)
+        .order_by(inner.c.tenant, inner.c.rank)
+    ).all()
+    out: dict[str, list[Waiting]] = {}
+    for job_id, tenant, *fingerprint in rows:
+        out.setdefault(tenant, []).append(Waiting(job_id, tuple(fingerprint)))
+    return out
+
+
+# the columns of a pending job its placement verdict reads besides its shape (which no write but a PATCH changes,
+# and a PATCH changes one of these too): `WaitMemo` compares them
+_FINGERPRINT = (
+    col(Job.updated_at),
+    col(Job.max_total_usd),
+    col(Job.max_hourly_usd),
+    col(Job.deadline_at),
+    col(Job.spent_usd),
+    col(Job.remaining_work_hours),
+    col(Job.attempts),
+)
+
+
+def _fingerprint(job: Job) -> Waiting:
+    return Waiting(job.id, tuple(getattr(job, c.key) for c in _FINGERPRINT))
+
+
+def running_by_tenant(session: Session) -> dict[str, int]:
+    """How many jobs each tenant runs now: its usage in the fair share."""
+    rows = session.exec(
+        select(Job.tenant, func.count())  # type: ignore[call-overload]
+        .where(Job.state == JobState.RUNNING.value)
+        .group_by(col(Job.tenant))
+    ).all()
+    return {tenant: int(n) for tenant, n in rows}
+
+
+def _shape(job: Job) -> tuple[Any, ...] | None:
+    """What a never-placed job's verdict depends on besides the round's book, blocklist and budgets: two jobs of
+    one shape get the same answer from `choose_pool`. None for a job whose answer is its own (a deadline, earlier
+    attempts: refused pools and unaccrued runs)."""
+    if job.deadline_at is not None or job.attempts:
+        return None
+    spec = {k: v for k, v in job.spec.items() if k not in _NOT_SHAPE}
+    return (
+        job.tenant,
+        job.team,
+        job.project,
+        json.dumps(spec, sort_keys=True, default=str),
+        job.remaining_work_hours,
+        job.spent_usd,
+        job.checkpoint_uri,
+        job.checkpoint_provider,
+        job.checkpoint_region,
+    )
+
+
+# spec fields no placement decision reads
+_NOT_SHAPE = frozenset({"name", "command", "env", "secrets", "registry_secret", "image", "priority"})
 
 
 def _place_one(
@@ -166,17 +278,28 @@ def _place_one(
     now: datetime,
     budgets: HardBudgetGate | None = None,
     memo: BookMemo | None = None,
+    verdicts: dict[tuple[Any, ...], str] | None = None,
+    looked: WaitMemo | None = None,
 ) -> tuple[str | None, PriceBook]:
+    """Judge one pending job under its row lock and place it (or record why it waits, or pause it). `verdicts`
+    shares this round's "no pool" answers among jobs of one shape (`_shape`); `looked` remembers a job that waits
+    so later rounds skip it while nothing it depends on changed. Raises `StaleDataError` when the job's state
+    changed between its read and the write (nothing is written then)."""
     with Session(rt.engine, expire_on_commit=False) as session:
         job = session.exec(locked(select(Job).where(Job.id == job_id))).first()
         if job is None or job.state != JobState.PENDING.value:
             return None, book  # another replica has it, or it changed state
         bind_job(job)
-        ctx = placement_context(rt, job, now, blocklist | refused_pools(session, job))
-        # a run that ended this tick is accrued later in it (accrue_costs): its stretch counts against the ceiling
-        ended = unaccrued_usd(session.connection(), now, _P.c.job_id == job.id, extras=rt.extras)
-        ctx = replace(ctx, spent_usd=ctx.spent_usd + ended) if ended else ctx
-        best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets, memo=memo)
+        shape = _shape(job) if verdicts is not None else None
+        known = verdicts.get(shape) if verdicts is not None and shape is not None else None
+        if known is not None:
+            best, reason, pause = None, known, False  # a job of the same shape found no pool in this round
+        else:
+            ctx = placement_context(rt, job, now, blocklist | refused_pools(session, job))
+            # a run that ended this tick is accrued later in it (accrue_costs): its stretch counts against the ceiling
+            ended = unaccrued_usd(session.connection(), now, _P.c.job_id == job.id, extras=rt.extras)
+            ctx = replace(ctx, spent_usd=ctx.spent_usd + ended) if ended else ctx
+            best, reason, pause = choose_pool(rt, session, job, book, ctx, now, budgets, memo=memo)
         if best is None:
             if pause:
                 job.state = JobState.PAUSED.value
@@ -186,6 +309,10 @@ def _place_one(
                 session.add(job)
                 add_event(session, job, now, "paused" if pause else "waiting", reason)
             session.commit()
+            if not pause and shape is not None and verdicts is not None:
+                verdicts[shape] = reason
+            if not pause and looked is not None and job.deadline_at is None:
+                looked.remember(_fingerprint(job))
             return None, book
         off = best.offering
         twin = book.on_demand_price(off)

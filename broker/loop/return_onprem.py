@@ -28,7 +28,7 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from broker.finance.budgets import HardBudgetGate
-from broker.loop.common import LIVE_STATES, active_blocklist, event_once, in_scope, lock_running
+from broker.loop.common import LIVE_STATES, active_blocklist, commit_unless_raced, event_once, in_scope, lock_running
 from broker.loop.place import (
     BookMemo,
     choose_pool,
@@ -400,8 +400,7 @@ def _return_locked(rt: Runtime, pid: str, blocklist: frozenset[str], now: dateti
             log.warning("returning %s on-prem: %s failed: %s", job.id, p.provider, exc)
             session.rollback()
             return 0
-        session.commit()
-        return returned
+        return returned if commit_unless_raced(session, f"returning {job.id} on-prem") else 0
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from typing import Any
 
 from sqlalchemy import Float, Numeric, cast, literal
 from sqlalchemy import select as core_select
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, col, select
 
 from broker.crashpoints import crashpoint
@@ -300,6 +301,9 @@ def _sync_batch(rt: Runtime, ids: Sequence[str], now: datetime, bh: Bulkhead) ->
                     _sync_one(rt, session, provider, p, job, now, views[p.instance_id])
             except ProviderError as exc:
                 log.warning("sync of %s on %s failed: %s", p.id, p.provider, exc)
+                continue
+            except StaleDataError:  # its job was cancelled (or changed) between the batch's read and this write
+                log.info("sync of %s: its job changed state meanwhile; left to the next tick", p.id)
                 continue
             if p.state != before:
                 log.info("placement %s", p.state, extra={"previous_state": before, "job_state": job.state})

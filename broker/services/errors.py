@@ -37,3 +37,9 @@ class PayloadTooLarge(BrokerError):
     """The request's content passes a size limit once read or decompressed (413); the message names the limit."""
 
     status_code = 413
+
+
+class TooManyRequests(BrokerError):
+    """A per-tenant cap is reached (429); the message names the cap and its setting."""
+
+    status_code = 429

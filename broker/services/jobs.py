@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ import psycopg
 from sqlalchemy import insert, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, col, select
 
 from broker.agent_side.attempt_spec import secret_ref_refusal
@@ -29,7 +31,7 @@ from broker.finance.unaccrued import unaccrued_usd
 from broker.market.catalog import CatalogCache
 from broker.services import jobs_pg
 from broker.services.accelerator_names import check_accelerators
-from broker.services.errors import Conflict, NotFoundError, Unprocessable
+from broker.services.errors import Conflict, NotFoundError, TooManyRequests, Unprocessable
 from broker.store.db_async import AsyncPgPool
 from broker.store.tables import AuditEntry, Job, JobEvent, Placement
 from federation.placement import ever_feasible
@@ -174,13 +176,16 @@ def submit_job(
     Returns (job, created). Raises Unprocessable when no pool could ever run the job (wrong accelerator,
     region or provider constraints...), the deadline has passed, `checkpoint_uri` is not under one of the
     tenant's allowed prefixes in `checkpoints` (none given: any checkpoint_uri is refused), or a secret reference is
-    not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), and Conflict
-    when the key was used for a different request.
+    not under one of the tenant's secret prefixes in `settings` (none given: any secret is refused), Conflict
+    when the key was used for a different request, and TooManyRequests (429, naming `max_pending_jobs_per_tenant`)
+    when `settings` are given and the tenant already has that many pending jobs (a replay of an accepted job is
+    still answered with it; submissions committing concurrently may pass the cap by their number).
     """
     prepared = _prepare(catalog, tenant, create, idempotency_key, now, request_id, checkpoints, settings)
     if isinstance(prepared, _Refused):
         return _replay_or_raise(engine, tenant, prepared), False
     row, event = prepared
+    cap = settings.max_pending_jobs_per_tenant if settings is not None else None
     try:
         # Core inserts, one transaction: the hot path of the API skips the ORM's unit of work.
         with engine.begin() as conn:
@@ -188,6 +193,8 @@ def submit_job(
                 key = conn.execute(_KEY_REVOKED_AT, {"key_id": key_id}).first()
                 if key is None or key.revoked_at is not None:
                     raise InvalidKey()
+            if cap is not None and conn.execute(_PENDING_OF_TENANT, {"tenant": tenant}).scalar_one() >= cap:
+                raise _AtCap()
             conn.execute(_INSERT_JOB, [row])
             conn.execute(_INSERT_EVENT, [event])
             if audit is not None:
@@ -199,7 +206,30 @@ def submit_job(
         if existing is None:
             raise
         return _replayed(existing, row["request_hash"]), False
+    except _AtCap:
+        earlier = _by_idempotency_key(engine, tenant, row["idempotency_key"]) if row["idempotency_key"] else None
+        if earlier is None:  # (a replay of a job accepted earlier is answered with it, cap or not)
+            raise pending_cap_reached(cap or 0) from None
+        return _replayed(earlier, row["request_hash"]), False
     return Job(**row), True
+
+
+class _AtCap(Exception):
+    """The tenant has `max_pending_jobs_per_tenant` pending jobs: nothing is inserted."""
+
+
+def pending_cap_reached(cap: int) -> TooManyRequests:
+    """The 429 of a submission beyond the tenant's pending-job cap."""
+    return TooManyRequests(
+        "max_pending_jobs_per_tenant",
+        f"this tenant already has {cap} pending jobs, the most it may have (max_pending_jobs_per_tenant = {cap}); "
+        "wait for some to be placed, or cancel some, and submit again",
+    )
+
+
+# how many pending jobs a tenant has; the cap may be passed by submissions committing concurrently (each reads the
+# count before its own insert): by at most the number of submissions in flight for the tenant
+_PENDING_OF_TENANT = text("SELECT count(*) FROM job WHERE tenant = :tenant AND state = 'pending'")
 
 
 async def submit_job_async(
@@ -230,6 +260,15 @@ async def submit_job_async(
         earlier = await anyio.to_thread.run_sync(_replay_or_raise, engine, tenant, prepared)
         return job_public(earlier, None), False
     row, event = prepared
+    if settings is not None and await jobs_pg.pending_jobs(pool, tenant) >= settings.max_pending_jobs_per_tenant:
+        earlier = (
+            await anyio.to_thread.run_sync(_by_idempotency_key, engine, tenant, row["idempotency_key"])
+            if row["idempotency_key"]
+            else None
+        )
+        if earlier is None:
+            raise pending_cap_reached(settings.max_pending_jobs_per_tenant)
+        return job_public(_replayed(earlier, row["request_hash"]), None), False
     try:
         inserted = await jobs_pg.insert_submission(pool, row, event, audit, key_id)
     except psycopg.errors.UniqueViolation:
@@ -463,8 +502,31 @@ def list_jobs(
     return JobPage(items=items, next_cursor=_encode_cursor(jobs[-1].id) if more else None)
 
 
+_RACE_RETRIES = 8  # re-reads of a job whose state changed between a service's read and its conditional write
+
+
+def _retrying(action: Callable[[], Job]) -> Job:
+    """Run `action` (one read-check-write transaction on a job) again while its conditional write finds the job's
+    state changed since its read (`StaleDataError`, see broker/store/tables.py): each run re-reads and re-checks, so
+    the answer is decided on the state the write applies to. Raises Conflict once the job kept changing."""
+    for _ in range(_RACE_RETRIES):
+        try:
+            return action()
+        except StaleDataError:
+            continue
+    raise Conflict("state", "the job kept changing state while this request was applied; read it and retry")
+
+
 def cancel_job(engine: Engine, tenant: str, job_id: str, now: datetime) -> Job:
-    """Mark the job cancelled; the next tick stops any instance it holds. Cancelling twice is harmless."""
+    """Mark the job cancelled; the next tick stops any instance it holds. Cancelling twice is harmless.
+
+    The write is conditional on the state the cancel read (a placement round or a PATCH that committed in
+    between makes it re-read and cancel the job as it is now), so "cancelled" is never answered for a job that a
+    concurrent writer then moved on: the cancel is the job's last transition."""
+    return _retrying(lambda: _cancel_once(engine, tenant, job_id, now))
+
+
+def _cancel_once(engine: Engine, tenant: str, job_id: str, now: datetime) -> Job:
     with Session(engine, expire_on_commit=False) as session:
         job = session.exec(select(Job).where(Job.id == job_id).with_for_update()).first()
         if job is None or job.tenant != tenant:
@@ -489,7 +551,14 @@ def update_job(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now:
     round judges it under the new limits, and it waits or pauses again, with the reason, if they still do not fit.
 
     Raises NotFoundError (not this tenant's), Conflict (the job has ended) and Unprocessable naming the field: a
-    ceiling below what the job has already spent, a deadline in the past."""
+    ceiling below what the job has already spent, a deadline in the past.
+
+    The write is conditional on the state read: a cancel (or a placement) that commits between the read and the
+    write makes it re-read and decide again, so a PATCH never resumes a job that was cancelled meanwhile."""
+    return _retrying(lambda: _update_once(engine, tenant, job_id, update, now))
+
+
+def _update_once(engine: Engine, tenant: str, job_id: str, update: JobUpdate, now: datetime) -> Job:
     changes = update.model_dump(mode="json", include=update.model_fields_set)
     with Session(engine, expire_on_commit=False) as session:
         job = session.exec(select(Job).where(Job.id == job_id).with_for_update()).first()

@@ -129,3 +129,12 @@ async def insert_submission(
             return True
         raise
     return bool(rows and rows[0][0])
+
+
+_PENDING_SQL = f"SELECT count(*) FROM {_JOB.name} WHERE tenant = %(tenant)s AND state = 'pending'"
+
+
+async def pending_jobs(pool: AsyncPgPool, tenant: str) -> int:
+    """How many pending jobs `tenant` has (for the per-tenant cap, read before the submission's insert)."""
+    rows = await pool.fetch(_PENDING_SQL, {"tenant": tenant}, retry_stale=True)
+    return int(rows[0][0]) if rows else 0

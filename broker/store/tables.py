@@ -2,6 +2,13 @@
 
 Every row that belongs to a user carries its `tenant`. Ledger rows (`cost_entry`) are append-only; a job's
 `spent_usd` is the sum of its ledger rows, updated in the same transaction as each append.
+
+A job's and a placement's `state` is also their version (`_STATE_IS_VERSION`): every ORM write of either row is
+`UPDATE ... WHERE id = ? AND state = <the state it was read in>` and checks the row count, so a transition decided
+on a state that changed meanwhile (a cancel committed between a PATCH's read and its write; SQLite takes no row
+lock, `FOR UPDATE` is a no-op there) writes nothing and raises `sqlalchemy.orm.exc.StaleDataError` instead of
+overwriting: the caller re-reads, or leaves the row to its next look. Core statements that set `state` must carry
+the same condition themselves.
 """
 
 from __future__ import annotations
@@ -11,9 +18,17 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint
+from sqlalchemy.orm import declared_attr
 from sqlmodel import Field, SQLModel
 
 from broker.store.db import Money, UTCDateTime
+
+
+def _state_is_version(cls: Any) -> dict[str, Any]:
+    """Mapper options making the table's `state` column its version: the ORM's UPDATE and DELETE of a row say
+    `AND state = <as read>` and raise `StaleDataError` when no row matched; the application sets the new value
+    (`version_id_generator=False`), so a write that does not change the state still checks it."""
+    return {"version_id_col": cls.__table__.c.state, "version_id_generator": False}
 
 
 def _money(default: Decimal | None = Decimal("0"), *, nullable: bool = False) -> Any:
@@ -74,10 +89,18 @@ class Job(SQLModel, table=True):
     updated_at: datetime = _at(nullable=False)
     finished_at: datetime | None = _at()
 
+    @declared_attr  # type: ignore[misc]
+    def __mapper_args__(cls) -> dict[str, Any]:
+        return _state_is_version(cls)
+
 
 class Placement(SQLModel, table=True):
     __tablename__ = "placement"
     __table_args__ = (Index("ix_placement_state", "state"),)
+
+    @declared_attr  # type: ignore[misc]
+    def __mapper_args__(cls) -> dict[str, Any]:
+        return _state_is_version(cls)
 
     id: str = Field(primary_key=True, max_length=40)
     job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
