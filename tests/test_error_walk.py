@@ -101,3 +101,31 @@ def test_unknown_accelerator_is_named_with_the_nearest_known(client: TestClient)
         assert problem["errors"][0]["field"] == "accelerators"
     # a known name passes this check (and is ranked or queued as before)
     assert client.post("/v1/quotes", json=job_body(accelerators=["a100"])).status_code == 200
+
+
+HTTP_COMMANDS = [
+    ["jobs"],
+    ["pools"],
+    ["cancel", "job_x"],
+    ["notice", "job_x"],
+    ["events", "job_x"],
+    ["logs", "job_x"],
+    ["update", "job_x", "--priority", "1"],
+]
+
+
+@pytest.mark.parametrize("command", HTTP_COMMANDS, ids=lambda c: c[0])
+def test_every_http_command_says_in_one_line_that_the_broker_cannot_be_reached(
+    command: list[str], tmp_path: Path
+) -> None:
+    """Each HTTP command, run against a port where no broker listens, reaches the client and fails in one line
+    naming the broker's address: a command whose code path is broken (a name it cannot resolve, an import it
+    forgot) fails here with a traceback instead."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    done = overspill([*command, "--url", f"http://127.0.0.1:{port}", "--api-key", DEV_API_KEY], tmp_path)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], done.stderr

@@ -427,7 +427,7 @@ def notice(
     """Development drill: deliver a spot interruption notice to the job's running attempt, as its cloud would;
     the agent checkpoints, the job is re-placed and resumes (the local pool; refused in production)."""
     _job_command(
-        lambda: BrokerClient(url, api_key).notice(job_id),
+        lambda: _client(url, api_key).notice(job_id),
         as_json,
         lambda got: (
             f"notice delivered to {got['instance_id']} (attempt {got['placement_id']}), deadline {got['deadline']}"
@@ -447,7 +447,7 @@ def events(
 ) -> None:
     """A job's timeline, oldest first: when it was placed, launched, started, noticed, checkpointed, re-placed,
     finished, and what it cost (one line per event; --json: one JSON object per line)."""
-    client = BrokerClient(url, api_key)
+    client = _client(url, api_key)
     try:
         stream = client.follow_events(job_id) if follow else iter(client.events(job_id))
         for event in stream:
