@@ -14,6 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from broker.cli import watch
 from broker.cli.db import describe as describe_database
 from broker.cli.db import open_settings
 from broker.cli.output import Column, print_table, usage_error
@@ -27,6 +28,7 @@ prices_app = typer.Typer(help="Price feeds and catalogs.")
 app.add_typer(prices_app, name="prices")
 app.add_typer(report_app, name="report")
 app.add_typer(costs_app, name="costs")
+watch.register(app)  # logs, attempts, status (broker/cli/watch.py)
 console = Console()
 err = Console(stderr=True)
 
@@ -369,37 +371,6 @@ def cancel(
     )
 
 
-@app.command()
-def logs(
-    job_id: Annotated[str, typer.Argument(help="the job's id")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until it ends")
-    ] = False,
-    attempt: Annotated[str | None, typer.Option(help="a placement id of the job (default: its latest attempt)")] = None,
-    offset: Annotated[int, typer.Option(min=0, help="the byte of the log to start at")] = 0,
-    url: UrlOpt = None,
-    api_key: KeyOpt = None,
-) -> None:
-    """Print a job's output (stdout and stderr as its instance agent stored them), while it runs or after."""
-    client = BrokerClient(url, api_key)
-    out = sys.stdout.buffer
-    try:
-        if follow:
-            for piece in client.follow_logs(job_id, attempt, offset):
-                out.write(piece)
-                out.flush()
-        else:
-            while True:
-                data, offset, _ = client.logs(job_id, attempt, offset)
-                if not data:
-                    break
-                out.write(data)
-            out.flush()
-    except ApiError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
-
-
 @app.command(name="jobs")
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="filter by state")] = None,
@@ -424,6 +395,7 @@ def list_jobs(
         Column("team", "text", drop=4),
         Column("state", "id"),
         Column("where", "text", drop=3),
+        Column("progress", "text", drop=6),
         Column("spent", "money"),
         Column("ceiling", "money", drop=1),
         Column("note", "text", drop=5),
@@ -439,6 +411,7 @@ def list_jobs(
                 j["team"],
                 j["state"],
                 where,
+                watch.progress_text(j),
                 f"${j['spent_usd']}",
                 f"${j['max_total_usd']}",
                 j["wait_reason"][:60],

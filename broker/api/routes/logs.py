@@ -20,6 +20,7 @@ from sqlmodel import Session
 from broker.api.deps import RuntimeDep, Submitter
 from broker.services import job_logs
 from broker.services.agent_reports import LIVE
+from broker.services.job_attempts import placement_of_attempt
 from broker.store.tables import Placement
 from providers.storage import StorageError
 
@@ -50,7 +51,8 @@ def job_logs_route(
     rt: RuntimeDep,
     principal: Submitter,
     attempt: Annotated[
-        str | None, Query(max_length=40, description="a placement id of the job (default: latest)")
+        str | None,
+        Query(max_length=40, description="an attempt number (1 = the first) or placement id (default: the latest)"),
     ] = None,
     offset: Annotated[int, Query(ge=0, le=2**53, description="the byte of the log to start at")] = 0,
     follow: Annotated[bool, Query(description="stream the log as it grows until the attempt ends")] = False,
@@ -59,6 +61,7 @@ def job_logs_route(
     ] = None,
 ) -> Response:
     """The job's output (stdout and stderr, merged in arrival order) from `offset`."""
+    attempt = placement_of_attempt(rt.engine, principal.tenant, job_id, attempt)  # a number: the Nth attempt
     p, ended = job_logs.attempt_of(rt.engine, principal.tenant, job_id, attempt)
     if p is None or p.attempt_uri is None:  # no attempt has run on an agent yet: nothing logged
         return Response(b"", media_type=TEXT, headers={"X-Overspill-Next-Offset": str(offset)})

@@ -25,7 +25,7 @@ from sqlmodel import Session
 from broker.api.auth import callback_token
 from broker.api.deps import RuntimeDep
 from broker.runtime import Runtime
-from broker.services.agent_reports import ReportRefused, check_report, parse_report, take_report
+from broker.services.agent_reports import ReportRefused, check_report, parse_report, take_report, wakes_loop
 from broker.services.errors import Unprocessable
 from broker.services.jobs import add_event
 from broker.store.tables import Job, Placement
@@ -121,6 +121,8 @@ def take_agent_report(
                 raise ReportRefused(404, f"no job for placement {placement_id!r}")
             taken = take_report(session, p, job, parsed, "callback", rt.clock())
             session.commit()
+        if taken and wakes_loop(parsed):
+            rt.wakeup.wake(job.id)  # the interval loop acts on it now, not at its next tick
     except ReportRefused as exc:
         if exc.status == 422:
             raise Unprocessable("report", str(exc)) from None
