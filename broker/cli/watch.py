@@ -24,7 +24,7 @@ from rich.table import Table
 from overspill.client import TERMINAL_STATES, ApiError, BrokerClient
 
 console = Console()
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 UrlOpt = Annotated[str | None, typer.Option("--url", envvar="OVERSPILL_URL", help="broker URL")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="OVERSPILL_API_KEY", help="API key")]
@@ -123,7 +123,7 @@ def follow_job(
     out: Any,
     *,
     offset: int = 0,
-    poll_seconds: float = POLL_SECONDS,
+    poll_seconds: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Follow the job across its attempts until it is over (see the module docstring); the exit code."""
@@ -159,7 +159,7 @@ def follow_job(
             continue
         if job["state"] in TERMINAL_STATES:
             return _ended(job)
-        sleep(poll_seconds)
+        sleep(POLL_SECONDS if poll_seconds is None else poll_seconds)
 
 
 def _ended(job: dict[str, Any]) -> int:
