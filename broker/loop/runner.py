@@ -3,8 +3,8 @@
 Between two ticks the loop is not idle: a job whose agent report calls for it at once (a final report, a preempt
 notice: `Runtime.wakeup`, marked by the report callback) gets the report steps (`WAKE_STEPS`: read the mailboxes,
 sync, place, accrue) run for it right away, and while an instance works to a preempt notice (its final checkpoint
-and report on the way) the mailboxes are read every `NOTICE_POLL_SECONDS`, so the job is re-placed within about
-a second of its final report, not at the next tick.
+and report on the way) the mailboxes alone are read every `NOTICE_POLL_SECONDS` (the other steps run once one
+brings a report), so the job is re-placed within about a second of its final report, not at the next tick.
 """
 
 from __future__ import annotations
@@ -69,11 +69,17 @@ def wait_and_wake(rt: Runtime, stop: threading.Event, until: float) -> int:
         if not woken and not awaiting:
             continue
         full_tick_seconds = rt.last_tick_seconds  # a short run must not shorten the ceiling guard's horizon
+        steps = WAKE_STEPS
         if woken:
             log.info("woken for %s: running the report steps now", ", ".join(sorted(woken)))
-        _report(tick(rt, rt.clock(), WAKE_STEPS), "wake")
+        else:  # only the mailboxes (one list call per store and tenant); the cloud is asked once a report came
+            polled = tick(rt, rt.clock(), WAKE_STEPS[:1])
+            _report(polled, "mailbox poll")
+            steps = WAKE_STEPS[1:] if polled.count("read_mailboxes") else ()
+        if steps:
+            _report(tick(rt, rt.clock(), steps), "wake")
+            runs += 1
         rt.last_tick_seconds = full_tick_seconds
-        runs += 1
         awaiting = _awaiting_final(rt)
     return runs
 
