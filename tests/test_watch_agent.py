@@ -10,7 +10,9 @@ not booted: its reports and log chunks are written as it writes them):
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +20,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import uvicorn
 from sqlmodel import Session, select
+from typer.testing import CliRunner
 
 from agent import protocol as proto
 from broker.api.auth import callback_token
+from broker.app import create_app
 from broker.cli import watch
+from broker.cli.main import app
 from broker.loop.runner import wait_and_wake
 from broker.loop.tick import tick
 from broker.store.tables import Job, Placement
@@ -60,6 +66,26 @@ def _job(at: Launched) -> Job:
         job = s.get(Job, at.job_id)
         assert job is not None
         return job
+
+
+@contextlib.contextmanager
+def _serving(at: Launched) -> Iterator[str]:
+    """The broker's API for `at.rt` on a real uvicorn server (the CLI speaks HTTP)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(runtime=at.rt), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
 
 
 def _notice(at: Launched) -> proto.Notice:
@@ -105,6 +131,14 @@ def test_progress_and_the_last_durable_checkpoint_are_fields_of_the_job(at: Laun
     assert job["progress"]["fraction"] == 0.9 and job["checkpoint"]["fraction"] == 0.5
     assert job["checkpoint"]["units"] is None, "that report names no checkpoint position"
     assert Decimal(job["remaining_work_hours"]) == (work * Decimal("0.1")).quantize(Decimal("0.001"))
+    # the CLI shows them: `status` and the `jobs` table
+    with _serving(at) as url:
+        env = {"OVERSPILL_URL": url, "COLUMNS": "250"}
+        status = CliRunner().invoke(app, ["status", at.job_id], env=env)
+        assert status.exit_code == 0, status.output
+        assert "900/1000 (90%)" in status.stdout and "50% of the work" in status.stdout
+        listed = CliRunner().invoke(app, ["jobs"], env=env)
+        assert listed.exit_code == 0 and "900/1000 (90%)" in listed.stdout, listed.stdout
 
 
 def test_a_final_report_wakes_the_loop_and_the_job_is_re_placed_at_once(at: Launched) -> None:
