@@ -30,6 +30,7 @@ from broker.api.problems import PROBLEM_MEDIA_TYPE, FieldError, Problem, problem
 from broker.api.ratelimit import RateLimit, SharedBuckets
 from broker.api.request_id import RequestIdMiddleware
 from broker.api.routes import (
+    attempts,
     audit,
     budgets,
     catalog,
@@ -262,6 +263,7 @@ def create_app(
     for router in (
         jobs.router,
         logs.router,
+        attempts.router,
         catalog.router,
         keys.router,
         placements.router,

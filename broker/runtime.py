@@ -57,6 +57,30 @@ class TickCache:
     touched: list[str] = field(default_factory=list)
 
 
+class Wakeup:
+    """Jobs whose agent report calls for the loop at once (a final report, a preempt notice): the API marks them
+    (`wake`), the interval loop (`broker.loop.runner.run_forever`) waits on it between ticks and runs the report
+    steps as soon as one is marked, instead of at its next tick. Thread-safe; a process without a loop ignores it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._jobs: set[str] = set()
+
+    def wake(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs.add(job_id)
+            self._event.set()
+
+    def wait(self, timeout: float) -> set[str]:
+        """The jobs marked since the last call, waiting up to `timeout` seconds for one (an empty set: none)."""
+        self._event.wait(max(0.0, timeout))
+        with self._lock:
+            jobs, self._jobs = self._jobs, set()
+            self._event.clear()
+        return jobs
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -92,6 +116,8 @@ class Runtime:
     deadline_policy: Strategy | None = field(default=None, repr=False)
     # one decision at a time per process: the DP policies fill their table caches while deciding
     deadline_policy_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # jobs whose reports wake the interval loop at once (a final report, a preempt notice)
+    wakeup: Wakeup = field(default_factory=Wakeup, repr=False)
 
     def deadline_strategy(self) -> Strategy:
         """This process's deadline policy (`settings.deadline_policy`), built once so that a DP policy's solved

@@ -22,16 +22,25 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from overspill.defaults import DEFAULT_URL, DEV_API_KEY, check_url
+from overspill.defaults import DEFAULT_URL, DEV_API_KEY, TERMINAL_STATES, check_url
 from overspill.errors import ApiError
 
 __all__ = ["TERMINAL_STATES", "ApiError", "BrokerClient", "Client"]
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+@dataclass(frozen=True)
+class LogPage:
+    """One read of a job's log (`BrokerClient.log_page`)."""
+
+    data: bytes
+    next_offset: int
+    ended: bool
+    placement_id: str | None
 
 
 class BrokerClient:
@@ -152,6 +161,23 @@ class BrokerClient:
         resp = self._raw("GET", f"/v1/jobs/{job_id}/logs", params=params)
         ended = resp.headers.get("X-Overspill-Attempt-Ended") == "true"
         return resp.content, int(resp.headers.get("X-Overspill-Next-Offset", offset + len(resp.content))), ended
+
+    def log_page(self, job_id: str, attempt: str | int | None = None, offset: int = 0) -> LogPage:
+        """One read of the job's log (`attempt`: a number from 1 or a placement id; default the latest with a log):
+        the bytes from `offset`, where to read on, whether the attempt ended, and the placement read (None: no
+        attempt of the job has a log yet, or ever will)."""
+        params: dict[str, Any] = {"offset": offset} | ({"attempt": str(attempt)} if attempt is not None else {})
+        resp = self._raw("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return LogPage(
+            data=resp.content,
+            next_offset=int(resp.headers.get("X-Overspill-Next-Offset", offset + len(resp.content))),
+            ended=resp.headers.get("X-Overspill-Attempt-Ended") == "true",
+            placement_id=resp.headers.get("X-Overspill-Attempt"),
+        )
+
+    def attempts(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's attempts (placements), first to latest: number, pool, state, times, cost, why each ended."""
+        return self._call("GET", f"/v1/jobs/{job_id}/attempts")["items"]  # type: ignore[no-any-return]
 
     def follow_logs(self, job_id: str, attempt: str | None = None, offset: int = 0) -> Iterator[bytes]:
         """The job's log from `offset` as it grows, until its attempt ends."""

@@ -35,3 +35,7 @@ def check_url(url: str, source: str = "url") -> str:
     if not parts.hostname:
         raise ValueError(f"{source}: {text!r} has no host; expected {EXPECTED_FORM}")
     return text.rstrip("/")
+
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+"""The job states a job never leaves."""

@@ -183,6 +183,9 @@ def test_watch_a_job_from_pending_to_done_with_its_spend_growing(browser: Any, b
     state_now = tab.text("[data-testid=job-state]")
     assert second > first > 0, (first, second, state_now)
     assert tab.page.is_visible("[data-testid=placement]") or state_now != "running"
+    # the simulated market runs no agent: the console says the progress is an estimate, and no checkpoint is known
+    expect(tab.page.locator("[data-testid=job-progress]")).to_contain_text("progress not reported")
+    expect(tab.page.locator("[data-testid=job-checkpoint]")).to_have_text("no durable checkpoint yet")
     tab.shot("job-running")
 
     wait_state(tab, "succeeded", timeout_s=120)

@@ -302,6 +302,24 @@ class PlacementPublic(BaseModel):
     ended_at: datetime | None
 
 
+class ProgressPublic(BaseModel):
+    """What the job's workload last reported through its progress file (units of its whole work, any unit)."""
+
+    done: float = Field(description="units of work done")
+    total: float = Field(description="units of work in the whole job")
+    fraction: float = Field(description="done / total, at most 1")
+    reported_at: datetime = Field(description="when the broker received the report")
+
+
+class CheckpointPublic(BaseModel):
+    """The job's last durable checkpoint: stored in its checkpoint store, where its next attempt resumes from."""
+
+    fraction: float = Field(description="the share of the job's work it holds")
+    work_hours: Decimal = Field(description="the hours of the job's work it holds")
+    units: float | None = Field(description="its position in the workload's units, when the workload reports it")
+    placement_id: str = Field(description="the attempt that stored it")
+
+
 class JobPublic(BaseModel):
     id: str
     tenant: str
@@ -317,7 +335,16 @@ class JobPublic(BaseModel):
     max_total_usd: Decimal
     max_hourly_usd: Decimal | None
     work_hours: Decimal
-    remaining_work_hours: Decimal = Field(description="work left; goes down while the job runs (an estimate)")
+    remaining_work_hours: Decimal = Field(
+        description="work left: from the reported progress when the job reports it, else an estimate that goes "
+        "down with the time it runs"
+    )
+    progress: ProgressPublic | None = Field(
+        default=None, description="the progress the job's workload last reported (null: it reports none)"
+    )
+    checkpoint: CheckpointPublic | None = Field(
+        default=None, description="the last durable checkpoint (null: none reported yet)"
+    )
     deadline: datetime | None
     attempts: int
     created_at: datetime
@@ -329,6 +356,26 @@ class JobPublic(BaseModel):
     spec: dict[str, Any]
 
 
+class AttemptPublic(BaseModel):
+    """One attempt of a job: a placement, numbered from 1 in the order the attempts were made."""
+
+    number: int = Field(description="1 for the first attempt; pass it as `attempt` to read that attempt's log")
+    placement_id: str
+    pool: str = Field(description="the offering it ran on")
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    capacity_type: str
+    state: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    cost_usd: Decimal
+    end_reason: str = Field(description="why it ended ('' while it runs)")
+    has_log: bool = Field(description="it ran the instance agent, which stores its log")
+
+
 class Page(BaseModel, Generic[T]):
     """Every list answer: `items`, and `next_cursor` to send back as `cursor` for the next page (null: no more).
     Lists that are not paged (bounded by `limit` or small by nature) always answer `next_cursor: null`."""
@@ -338,6 +385,10 @@ class Page(BaseModel, Generic[T]):
 
 
 class JobPage(Page[JobPublic]):
+    pass
+
+
+class AttemptPage(Page[AttemptPublic]):
     pass
 
 

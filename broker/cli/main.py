@@ -20,12 +20,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from broker.cli import watch
+from broker.cli.connect import client as _client
 from broker.cli.output import Column, fail, money, plural, print_table, usage_error
 from broker.finance.cli import costs_app, report_app
 from overspill.errors import ApiError
 
 if TYPE_CHECKING:
-    from overspill.client import BrokerClient
+    pass
 
 app = typer.Typer(help="Overspill: burst GPU training jobs to the cheapest suitable pool within a cost ceiling.")
 keys_app = typer.Typer(help="API keys.")
@@ -34,6 +36,7 @@ prices_app = typer.Typer(help="Price feeds and catalogs.")
 app.add_typer(prices_app, name="prices")
 app.add_typer(report_app, name="report")
 app.add_typer(costs_app, name="costs")
+watch.register(app)  # logs, attempts, status (broker/cli/watch.py)
 console = Console()
 err = Console(stderr=True)
 
@@ -101,18 +104,6 @@ def _load_spec(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         usage_error(f"{path}: must hold one job spec (a mapping of fields), not {type(data).__name__}")
     return data
-
-
-def _client(url: str | None, api_key: str | None) -> BrokerClient:
-    """The API client of an HTTP command; a broker URL that is not `http(s)://HOST[:PORT]` is a usage error naming
-    where it came from (`--url` or OVERSPILL_URL) and the expected form."""
-    from overspill.client import BrokerClient
-
-    try:
-        return BrokerClient(url, api_key)
-    except ValueError as exc:
-        given = "--url" if any(a == "--url" or a.startswith("--url=") for a in sys.argv) else "OVERSPILL_URL"
-        usage_error(str(exc).replace("url: ", f"{given}: ", 1) if url else str(exc))
 
 
 def _nullcontext() -> Any:
@@ -460,37 +451,6 @@ def events(
         _fail(exc)
 
 
-@app.command()
-def logs(
-    job_id: Annotated[str, typer.Argument(help="the job's id")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until it ends")
-    ] = False,
-    attempt: Annotated[str | None, typer.Option(help="a placement id of the job (default: its latest attempt)")] = None,
-    offset: Annotated[int, typer.Option(min=0, help="the byte of the log to start at")] = 0,
-    url: UrlOpt = None,
-    api_key: KeyOpt = None,
-) -> None:
-    """Print a job's output (stdout and stderr as its instance agent stored them), while it runs or after."""
-    client = _client(url, api_key)
-    out = sys.stdout.buffer
-    try:
-        if follow:
-            for piece in client.follow_logs(job_id, attempt, offset):
-                out.write(piece)
-                out.flush()
-        else:
-            while True:
-                data, offset, _ = client.logs(job_id, attempt, offset)
-                if not data:
-                    break
-                out.write(data)
-            out.flush()
-    except ApiError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
-
-
 @app.command(name="jobs")
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="filter by state")] = None,
@@ -515,6 +475,7 @@ def list_jobs(
         Column("team", "text", drop=4),
         Column("state", "id"),
         Column("where", "text", drop=3),
+        Column("progress", "text", drop=6),
         Column("spent", "money"),
         Column("ceiling", "money", drop=1),
         Column("note", "text", drop=5),
@@ -530,6 +491,7 @@ def list_jobs(
                 j["team"],
                 j["state"],
                 where,
+                watch.progress_text(j),
                 money(j["spent_usd"]),
                 money(j["max_total_usd"]),
                 j["wait_reason"][:60],

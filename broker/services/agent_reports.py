@@ -168,6 +168,14 @@ def take_report(session: Session, p: Placement, job: Job, report: proto.Report, 
     return True
 
 
+def wakes_loop(report: proto.Report) -> bool:
+    """A report the loop should act on at once rather than at its next tick: a final report (the verdict, a
+    preempted attempt to re-place) or a preempt notice (its final report follows within seconds)."""
+    if report.kind is proto.ReportKind.FINAL:
+        return True
+    return report.kind is proto.ReportKind.NOTICE and report.notice is not None and report.notice.kind == "preempt"
+
+
 def _checkpointed(p: Placement, job: Job, fraction: float) -> None:
     """Raise the placement's saved work to what a durable checkpoint of `fraction` of the job holds."""
     fraction = min(1.0, max(0.0, fraction))

@@ -32,8 +32,10 @@ from broker.market.catalog import CatalogCache
 from broker.services import jobs_pg
 from broker.services.accelerator_names import check_accelerators
 from broker.services.errors import Conflict, NotFoundError, TooManyRequests, Unprocessable
+from broker.services.job_notes import launch_times, waiting_note
+from broker.services.job_progress import checkpoint_public, latest_reports, progress_public, remaining_from_progress
 from broker.store.db_async import AsyncPgPool
-from broker.store.tables import AuditEntry, Job, JobEvent, Placement
+from broker.store.tables import AuditEntry, Job, JobEvent, Placement, PlacementReport
 from federation.placement import ever_feasible
 from pricing.book import PriceBook
 from providers.model import JobSpec, JobState, SecretReference, hours_between
@@ -441,6 +443,14 @@ def _last_ran(session: Session, job_ids: list[str]) -> dict[str, Placement]:
 
 def get_job(engine: Engine, tenant: str, job_id: str) -> tuple[Job, Placement | None]:
     """The tenant's job and the placement to show: its current one, or for a job that ended, its last."""
+    job, placement, _ = get_job_with_report(engine, tenant, job_id)
+    return job, placement
+
+
+def get_job_with_report(
+    engine: Engine, tenant: str, job_id: str
+) -> tuple[Job, Placement | None, PlacementReport | None]:
+    """`get_job`, with the shown placement's newest report carrying progress (for `job_public`)."""
     with Session(engine, expire_on_commit=False) as session:
         job = session.get(Job, job_id)
         if job is None or job.tenant != tenant:
@@ -448,7 +458,16 @@ def get_job(engine: Engine, tenant: str, job_id: str) -> tuple[Job, Placement | 
         placement = session.get(Placement, job.current_placement_id) if job.current_placement_id else None
         if placement is None and job.state in _SHOWS_LAST_PLACEMENT:
             placement = _last_ran(session, [job.id]).get(job.id)
-        return job, placement
+        report = latest_reports(session, [placement.id]).get(placement.id) if placement is not None else None
+        return job, placement, report
+
+
+def launch_time_of(engine: Engine, placement: Placement | None) -> tuple[float, int] | None:
+    """The measured launch time of the pool of a placement still starting (`job_notes.launch_times`)."""
+    if placement is None or placement.started_at is not None:
+        return None
+    with Session(engine) as session:
+        return launch_times(session, {placement.offering_key}).get(placement.offering_key)
 
 
 def _encode_cursor(job_id: str) -> str:
@@ -498,7 +517,14 @@ def list_jobs(
         )
         ended = [j.id for j in jobs if not j.current_placement_id and j.state in _SHOWS_LAST_PLACEMENT]
         last = _last_ran(session, ended)
-    items = [job_public(j, placements.get(j.current_placement_id or "") or last.get(j.id), now) for j in jobs]
+        shown = {j.id: placements.get(j.current_placement_id or "") or last.get(j.id) for j in jobs}
+        reports = latest_reports(session, [p.id for p in shown.values() if p is not None])
+        launch = launch_times(session, {p.offering_key for p in shown.values() if p is not None and not p.started_at})
+    items = [
+        job_public(j, p, now, reports.get(p.id) if p else None, launch.get(p.offering_key) if p else None)
+        for j in jobs
+        for p in [shown[j.id]]
+    ]
     return JobPage(items=items, next_cursor=_encode_cursor(jobs[-1].id) if more else None)
 
 
@@ -646,21 +672,34 @@ def live_remaining(job: Job, placement: Placement | None, now: datetime | None) 
     return max(Decimal(0), placement.work_hours_at_start - max(ran, Decimal(0))).quantize(Decimal("0.001"))
 
 
-def job_public(job: Job, placement: Placement | None, now: datetime | None = None) -> JobPublic:
-    """The API's view of a job; with `now`, `remaining_work_hours` counts down while it runs."""
+def job_public(
+    job: Job,
+    placement: Placement | None,
+    now: datetime | None = None,
+    report: PlacementReport | None = None,
+    launch: tuple[float, int] | None = None,
+) -> JobPublic:
+    """The API's view of a job; `report` is the placement's newest report carrying progress
+    (`job_progress.latest_reports`): its progress and checkpoint are shown, and the work left comes from the
+    progress when the job reports it; else, with `now`, `remaining_work_hours` counts down while it runs. `launch`:
+    the placement's pool's measured launch time (`job_notes.launch_times`), for the note of a job starting there."""
+    by_progress = remaining_from_progress(job, report) if job.state == JobState.RUNNING.value else None
+    shown_state = public_state(job, placement)
     return JobPublic(
         id=job.id,
         tenant=job.tenant,
         name=job.name,
         team=job.team,
         project=job.project,
-        state=public_state(job, placement),
-        wait_reason=job.wait_reason,
+        state=shown_state,
+        wait_reason=waiting_note(job, placement, shown_state, launch, now),
         spent_usd=job.spent_usd,
         max_total_usd=job.max_total_usd,
         max_hourly_usd=job.max_hourly_usd,
         work_hours=job.work_hours,
-        remaining_work_hours=live_remaining(job, placement, now),
+        remaining_work_hours=by_progress if by_progress is not None else live_remaining(job, placement, now),
+        progress=progress_public(report),
+        checkpoint=checkpoint_public(job, placement, report),
         deadline=job.deadline_at,
         attempts=job.attempts,
         created_at=job.created_at,

@@ -113,8 +113,8 @@ def list_jobs(
 
 @router.get("/{job_id}", operation_id="jobs.get", response_model=JobPublic, responses=_links(200, "the job"))
 def get_job(job_id: str, rt: RuntimeDep, principal: Submitter) -> JobPublic:
-    job, placement = svc.get_job(rt.engine, principal.tenant, job_id)
-    return svc.job_public(job, placement, rt.clock())
+    job, placement, report = svc.get_job_with_report(rt.engine, principal.tenant, job_id)
+    return svc.job_public(job, placement, rt.clock(), report, svc.launch_time_of(rt.engine, placement))
 
 
 @router.patch(

@@ -29,6 +29,7 @@ from broker.api.deps import RuntimeDep, Submitter
 from broker.api.follows import FollowsFull, FollowSlots, Slot
 from broker.runtime import Runtime
 from broker.services import job_logs
+from broker.services.job_attempts import placement_of_attempt
 from providers.storage import StorageError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -76,7 +77,8 @@ async def job_logs_route(
     rt: RuntimeDep,
     principal: Submitter,
     attempt: Annotated[
-        str | None, Query(max_length=40, description="a placement id of the job (default: latest)")
+        str | None,
+        Query(max_length=40, description="an attempt number (1 = the first) or placement id (default: the latest)"),
     ] = None,
     offset: Annotated[int, Query(ge=0, le=2**53, description="the byte of the log to start at")] = 0,
     follow: Annotated[bool, Query(description="stream the log as it grows until the attempt ends")] = False,
@@ -85,6 +87,7 @@ async def job_logs_route(
     ] = None,
 ) -> Response:
     """The job's output (stdout and stderr, merged in arrival order) from `offset`."""
+    attempt = await run_in_threadpool(placement_of_attempt, rt.engine, principal.tenant, job_id, attempt)
     p, ended = await run_in_threadpool(job_logs.attempt_of, rt.engine, principal.tenant, job_id, attempt)
     if p is None or p.attempt_uri is None:  # no attempt has run on an agent yet: nothing logged
         return Response(b"", media_type=TEXT, headers={"X-Overspill-Next-Offset": str(offset)})

@@ -27,7 +27,14 @@ from sqlmodel import Session
 from broker.api.auth import callback_token
 from broker.api.deps import RuntimeDep
 from broker.runtime import Runtime
-from broker.services.agent_reports import ReportRefused, check_report, check_signature, parse_report, take_report
+from broker.services.agent_reports import (
+    ReportRefused,
+    check_report,
+    check_signature,
+    parse_report,
+    take_report,
+    wakes_loop,
+)
 from broker.services.errors import Unprocessable
 from broker.services.jobs import add_event
 from broker.store.tables import Job, Placement
@@ -124,6 +131,8 @@ def take_agent_report(
                 raise ReportRefused(404, f"no job for placement {placement_id!r}")
             taken = take_report(session, p, job, parsed, "callback", rt.clock())
             session.commit()
+        if taken and wakes_loop(parsed):
+            rt.wakeup.wake(job.id)  # the interval loop acts on it now, not at its next tick
     except ReportRefused as exc:
         if exc.status == 422:
             raise Unprocessable("report", str(exc)) from None

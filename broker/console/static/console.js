@@ -509,6 +509,9 @@ async function renderJob(id) {
               h("dt", {}, "Price"), h("dd", {}, `${usd(p.hourly_usd)}/h`),
               h("dt", {}, "Placement"), h("dd", {}, `${p.state} · ${p.id}`),
               h("dt", {}, "Started"), h("dd", {}, when(p.started_at)),
+              ...(job.wait_reason && (job.state === "starting" || job.state === "pending")
+                ? [h("dt", {}, "Note"), h("dd", { "data-testid": "wait-reason" }, job.wait_reason)]
+                : []),
             )
           : h("p", { class: "muted", "data-testid": "wait-reason" }, job.wait_reason || (TERMINAL.has(job.state) ? "Not running." : "Waiting.")),
       ),
@@ -524,8 +527,26 @@ async function renderJob(id) {
         "section",
         { class: "card" },
         h("h2", {}, "Work"),
-        bar(1 - ratio(job.remaining_work_hours, job.work_hours), "work done", { warn: 2 }),
+        bar(1 - ratio(job.remaining_work_hours, job.work_hours), "work done", {
+          warn: 2,
+          marks: job.checkpoint ? [job.checkpoint.fraction * 100] : [],
+        }),
         h("p", { class: "small" }, `${job.remaining_work_hours} of ${job.work_hours} h left · ${job.attempts} attempt(s)`),
+        h(
+          "p",
+          { class: "small", "data-testid": "job-progress" },
+          job.progress
+            ? `progress ${job.progress.done} of ${job.progress.total} (${(job.progress.fraction * 100).toFixed(0)}%) · reported ${when(job.progress.reported_at)}`
+            : "progress not reported (the work left is estimated from the time run)",
+        ),
+        h(
+          "p",
+          { class: "small", "data-testid": "job-checkpoint" },
+          job.checkpoint
+            ? `last durable checkpoint: ${(job.checkpoint.fraction * 100).toFixed(0)}% of the work (${job.checkpoint.work_hours} h)` +
+                (job.checkpoint.units !== null ? ` at ${job.checkpoint.units}` : "")
+            : "no durable checkpoint yet",
+        ),
         h("p", { class: "muted small" }, `team ${job.team} · project ${job.project}`),
         h("p", { class: "muted small" }, `submitted ${when(job.created_at)}`, job.finished_at ? ` · ended ${when(job.finished_at)}` : ""),
       ),
