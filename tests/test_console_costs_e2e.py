@@ -56,7 +56,7 @@ def month(broker: Broker) -> str:
     """Seed this month's ledger (up to yesterday, or today on the 1st) for tenant demo; return the month."""
     now = datetime.now(UTC)
     start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    engine = make_engine(broker.config.settings)
+    engine = make_engine(broker.settings)
     seed_ledger(engine, "demo", start, days=max(1, now.day - 1), entries=1200, seed=11)
     engine.dispose()
     return f"{start:%Y-%m}"

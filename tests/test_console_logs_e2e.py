@@ -53,7 +53,7 @@ def _store_log(broker: Broker, stores: Path, job_id: str, placement_id: str, tex
     """What the instance agent does: the attempt's log as offset-named chunks under its prefix in the store, and
     the attempt's location on the placement (as the broker records it when it launches an agent instance)."""
     prefix = attempt_prefix(f"file://{stores}/", "demo", job_id, placement_id)
-    engine = make_engine(broker.config.settings)
+    engine = make_engine(broker.settings)
     try:
         with Session(engine) as session:
             p = session.get(Placement, placement_id)

@@ -55,7 +55,11 @@ def test_example_job_survives_a_notice_with_bit_identical_weights(broker: Broker
 
 
 def test_notice_is_refused_in_production(tmp_path: Path) -> None:
-    secrets = {"OVERSPILL_BOOTSTRAP_API_KEY": "ovs_prodadmin_" + "k" * 40, "OVERSPILL_CALLBACK_SECRET": "c" * 40}
+    secrets = {
+        "OVERSPILL_BOOTSTRAP_API_KEY": "ovs_prodadmin_" + "k" * 40,
+        "OVERSPILL_CALLBACK_SECRET": "c" * 40,
+        "OVERSPILL_METRICS_TOKEN": "m" * 40,  # production refuses to start without one
+    }
     b = Broker.start(tmp_path, {"OVERSPILL_ENV": "production", "OVERSPILL_LOCAL_POOL": "true", **secrets})
     try:
         job_id = job_id_of(b.cli("submit", str(example_job(tmp_path, **STEPS))))
