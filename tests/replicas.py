@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -216,6 +217,7 @@ def run_replicas(
         for w in workers:
             if w.poll() is None:
                 w.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
     summaries: list[dict[str, Any]] = []
     errors = list(problems)
     for i, (w, out) in enumerate(zip(workers, outputs, strict=True)):

@@ -460,7 +460,10 @@ def _template_dir() -> Path:
     """Where a set-up accounting database is kept between sessions, keyed by the set-up and the MariaDB build."""
     mariadbd = find_daemon("mariadbd") or ""
     stamp = f"{_accounting_commands()}|{_SMALL_INNODB}|{mariadbd}|{os.stat(mariadbd).st_mtime if mariadbd else 0}"
-    return Path(tempfile.gettempdir()) / f"overspill-slurmdbd-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+    return (
+        Path(os.environ.get("OVERSPILL_TEST_CACHE", "/var/tmp"))
+        / f"overspill-slurmdbd-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+    )
 
 
 def _start_accounting(cluster: SlurmCluster, db_port: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -85,6 +86,7 @@ def cluster(postgres: Any) -> Iterator[Cluster]:
         for proc in procs:
             proc.wait(timeout=30)
         rt.engine.dispose()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def _burst(

@@ -8,6 +8,7 @@ guess keys from a fresh "address" every request. Now `serve` trusts the header o
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ def serve(workers: int, **settings: str) -> Iterator[tuple[str, str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _guesses(base: str, n: int) -> list[httpx.Response]:

@@ -14,6 +14,7 @@ import asyncio
 import math
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -64,6 +65,7 @@ def cluster(postgres: Any) -> Iterator[Cluster]:
     with running_apis(env, 2) as urls:
         yield Cluster(urls=urls, rt=rt)
     rt.engine.dispose()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _guess() -> dict[str, str]:

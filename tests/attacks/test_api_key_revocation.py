@@ -11,6 +11,7 @@ the database.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -105,6 +106,7 @@ def cluster(postgres: Any) -> Iterator[Cluster]:
     with running_apis(env, 2) as urls:
         yield Cluster(urls=urls, rt=rt)
     rt.engine.dispose()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _keys(cluster: Cluster, n: int) -> list[str]:
