@@ -147,6 +147,14 @@ def descendants_including_zombies(root: int) -> list[int]:
     return zombies
 
 
+# processes a tool keeps for the machine on purpose, not a test's leftovers: podman's pause process, which holds its
+# namespaces for every later podman command (killing it would only make the next one start another)
+KEPT_BY_DESIGN = ("catatonit -P",)
+# files a library caches in the temporary directory for the next process (lark, used by python-hcl2, keeps its
+# parsed grammar there)
+LIBRARY_CACHES = (".lark_cache_",)
+
+
 def leaked_processes(before: set[int]) -> dict[int, str]:
     """Descendants of this process started during the run and still alive after the grace: pid -> command line."""
     deadline = time.monotonic() + GRACE_SECONDS
@@ -154,6 +162,7 @@ def leaked_processes(before: set[int]) -> dict[int, str]:
         _reap_zombie_children()
         alive = {pid: command_line(pid) for pid in descendants(os.getpid()) if pid not in before}
         alive = {pid: cmd for pid, cmd in alive.items() if not any(h in cmd for h in PYTHON_HELPERS)}
+        alive = {pid: cmd for pid, cmd in alive.items() if not cmd.startswith(KEPT_BY_DESIGN)}
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
@@ -207,6 +216,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     run_tmp = config.stash[_RUN_TMP]
     with contextlib.suppress(OSError):
         for entry in sorted(run_tmp.iterdir()):
+            if entry.name.startswith(LIBRARY_CACHES):
+                continue
             kind = "folder" if entry.is_dir() and not entry.is_symlink() else "file"
             leaks.append(f"temporary {kind} left: {entry.name} (in {tempfile.gettempdir()})")
     shutil.rmtree(run_tmp, ignore_errors=True)

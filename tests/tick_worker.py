@@ -6,6 +6,8 @@ START_ISO, so several workers started together tick the same simulated moments a
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,8 +25,10 @@ def main() -> None:
     def clock() -> datetime:
         return now
 
+    data_dir = Path(mkdtemp())
+    atexit.register(shutil.rmtree, data_dir, True)  # the run's leak check counts folders left behind
     settings = Settings(
-        database_url=url, data_dir=Path(mkdtemp()), bootstrap_api_key=DEV_API_KEY, tick_interval_seconds=step * 60
+        database_url=url, data_dir=data_dir, bootstrap_api_key=DEV_API_KEY, tick_interval_seconds=step * 60
     )
     rt = build_runtime(settings, clock=clock)
     failures = 0
