@@ -121,9 +121,15 @@ class BrokerClient:
         return self._call("POST", f"/v1/jobs/{job_id}/notice")  # type: ignore[no-any-return]
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's events, oldest first."""
-        answer = self._call("GET", f"/v1/jobs/{job_id}/events")
-        return answer["items"] if isinstance(answer, dict) else answer  # type: ignore[no-any-return]
+        """All the job's events, oldest first (every page of `GET /v1/jobs/{id}/events`, `after=<last id>`)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            params: dict[str, Any] = {"limit": 1000, **({"after": str(out[-1]["id"])} if out else {})}
+            answer = self._call("GET", f"/v1/jobs/{job_id}/events", params=params)
+            items = answer["items"] if isinstance(answer, dict) else answer
+            out.extend(items)
+            if len(items) < 1000:
+                return out
 
     def follow_events(self, job_id: str, *, interval: float = 2.0) -> Iterator[dict[str, Any]]:
         """Every event of the job, oldest first, then each new one as it comes, until the job has ended (succeeded,
