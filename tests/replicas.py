@@ -217,7 +217,6 @@ def run_replicas(
         for w in workers:
             if w.poll() is None:
                 w.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
     summaries: list[dict[str, Any]] = []
     errors = list(problems)
     for i, (w, out) in enumerate(zip(workers, outputs, strict=True)):
@@ -236,6 +235,7 @@ def run_replicas(
         live = len(s.exec(select(Placement.id).where(col(Placement.ended_at).is_(None))).all())
         running = len(s.exec(select(Placement.id).where(Placement.state == "running")).all())
     rt.engine.dispose()
+    shutil.rmtree(workdir, ignore_errors=True)
     return ReplicaReport(
         jobs=jobs,
         accepted=accepted,

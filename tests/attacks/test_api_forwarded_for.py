@@ -58,6 +58,7 @@ def serve(workers: int, **settings: str) -> Iterator[tuple[str, str]]:
         proc.terminate()
         proc.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(f"{work}-checkpoints", ignore_errors=True)  # the default checkpoint store beside it
 
 
 def _guesses(base: str, n: int) -> list[httpx.Response]:
