@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,31 @@ def future_randomised(trace: SpotTrace, cut: int, seed: int, on_demand_usd: floa
         for z in trace.zones
     }
     return SpotTrace.from_bits(bits, {z.zone: z.spot_usd[0] for z in trace.zones}, on_demand_usd, trace.gap_seconds)
+
+
+def running_placement(pid: str, job_id: str, tenant: str, created_at: Any, **overrides: Any) -> Any:
+    """A `Placement` row of `job_id` running on a one-GPU AWS spot pool (launch token = its id), for tests that need
+    one in the database without launching it."""
+    from broker.store.tables import Placement
+
+    fields: dict[str, Any] = {
+        "id": pid,
+        "job_id": job_id,
+        "tenant": tenant,
+        "offering_key": "aws/us-east-1/us-east-1a/p4d.24xlarge/spot",
+        "provider": "aws",
+        "region": "us-east-1",
+        "zone": "us-east-1a",
+        "instance_type": "p4d.24xlarge",
+        "capacity_type": "spot",
+        "accelerator": "A100",
+        "accelerator_count": 1,
+        "hourly_usd": Decimal("1"),
+        "on_demand_hourly_usd": Decimal("3"),
+        "expected_cost_usd": Decimal("2"),
+        "launch_token": pid,
+        "state": "running",
+        "created_at": created_at,
+        **overrides,
+    }
+    return Placement(**fields)

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,7 +37,7 @@ from broker.runtime import Runtime
 from broker.services.job_logs import follow_log
 from broker.store.tables import Placement
 from overspill.client import Client
-from tests.builders import agent_store, job_body
+from tests.builders import agent_store, job_body, running_placement
 from tests.conftest import MovableClock
 from tests.served_api import served
 
@@ -61,28 +60,7 @@ def running_attempt(rt: Runtime, clock: MovableClock, job_id: str, tenant: str) 
     pid = "plc_" + uuid.uuid4().hex[:12]
     uri = f"{rt.settings.checkpoint_stores[STORE_PLACE]}tenants/{tenant}/jobs/{job_id}/attempts/{pid}/"
     with Session(rt.engine) as s:
-        s.add(
-            Placement(
-                id=pid,
-                job_id=job_id,
-                tenant=tenant,
-                offering_key="aws/us-east-1/us-east-1a/p4d.24xlarge/spot",
-                provider="aws",
-                region="us-east-1",
-                zone="us-east-1a",
-                instance_type="p4d.24xlarge",
-                capacity_type="spot",
-                accelerator="A100",
-                accelerator_count=1,
-                hourly_usd=Decimal("1"),
-                on_demand_hourly_usd=Decimal("3"),
-                expected_cost_usd=Decimal("2"),
-                launch_token=pid,
-                state="running",
-                created_at=clock(),
-                attempt_uri=uri,
-            )
-        )
+        s.add(running_placement(pid, job_id, tenant, clock(), attempt_uri=uri))
         s.commit()
     logs = Path(uri.removeprefix("file://")) / "logs"
     logs.mkdir(parents=True)

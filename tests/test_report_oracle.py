@@ -6,7 +6,6 @@ PostgreSQL. Only a correctly signed report (which only the placement's instance 
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,8 +14,7 @@ from sqlmodel import Session
 from agent import protocol as proto
 from broker.api.auth import callback_token
 from broker.runtime import Runtime
-from broker.store.tables import Placement
-from tests.builders import job_body
+from tests.builders import job_body, running_placement
 from tests.conftest import MovableClock
 
 KNOWN = "plc_known0000001"
@@ -28,27 +26,7 @@ def known(client: TestClient, rt: Runtime, clock: MovableClock) -> str:
     job = client.post("/v1/jobs", json=job_body())
     assert job.status_code in (201, 202), job.text
     with Session(rt.engine) as s:
-        s.add(
-            Placement(
-                id=KNOWN,
-                job_id=job.json()["id"],
-                tenant="demo",
-                offering_key="aws/us-east-1/us-east-1a/p4d.24xlarge/spot",
-                provider="aws",
-                region="us-east-1",
-                zone="us-east-1a",
-                instance_type="p4d.24xlarge",
-                capacity_type="spot",
-                accelerator="A100",
-                accelerator_count=1,
-                hourly_usd=Decimal("1"),
-                on_demand_hourly_usd=Decimal("3"),
-                expected_cost_usd=Decimal("2"),
-                launch_token=KNOWN,
-                state="running",
-                created_at=clock(),
-            )
-        )
+        s.add(running_placement(KNOWN, job.json()["id"], "demo", clock()))
         s.commit()
     return KNOWN
 
